@@ -1,0 +1,55 @@
+"""mlcache: make the slow parts of a machine-learning workflow run once.
+
+``Memory(...).cache`` memoizes functions to disk with joblib's API; see the
+README for the full tour.
+"""
+
+from __future__ import annotations
+
+from ._default import cache, default_location
+from .codecs import register_codec
+from .errors import (
+    CacheError,
+    CacheWarning,
+    ConfigError,
+    EntryCorrupted,
+    EntryNotFound,
+    RegistryError,
+    StoreError,
+    UnsupportedValue,
+)
+from .hashing import hash_value
+from .memory import (
+    Memory,
+    MemorizedFunc,
+    MemorizedResult,
+    NotMemorizedFunc,
+    NotMemorizedResult,
+    expires_after,
+)
+from .store import register_store_backend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheError",
+    "CacheWarning",
+    "ConfigError",
+    "EntryCorrupted",
+    "EntryNotFound",
+    "MemorizedFunc",
+    "MemorizedResult",
+    "Memory",
+    "NotMemorizedFunc",
+    "NotMemorizedResult",
+    "RegistryError",
+    "StoreError",
+    "UnsupportedValue",
+    "__version__",
+    "cache",
+    "default_location",
+    "expires_after",
+    "hash_value",
+    "register_codec",
+    "register_store_backend",
+]

@@ -1,0 +1,100 @@
+"""Codecs turn a value into a JSON layout plus raw segments, and back.
+
+A codec never touches files: the entry format (:mod:`mlcache.entry`) lays the
+segments out 64-byte aligned and gives them back to :meth:`Codec.decode`
+either read into memory or memory-mapped, through :class:`Segments`.
+
+Selection is explicit: safe codecs are asked in registration order whether
+they *fully* represent the value (``can_encode`` is a strict structural check,
+not a try-and-see); pickle is used only when none does and pickle is allowed,
+and refusing it raises :class:`~mlcache.errors.UnsupportedValue` naming the type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+from .._registry import Registry
+from ..errors import UnsupportedValue
+
+__all__ = ["Codec", "Encoded", "Segments", "codecs", "register_codec", "select_codec"]
+
+
+class Encoded(NamedTuple):
+    """What a codec produces: a JSON-serialisable layout and the raw segments."""
+
+    layout: dict[str, Any]
+    segments: Sequence[Any]  # bytes-like objects / contiguous numpy arrays
+
+
+class Segments(Protocol):
+    """The stored segments of one entry, as the entry reader hands them out."""
+
+    def __len__(self) -> int: ...
+
+    def buffer(self, index: int) -> memoryview:
+        """Segment ``index`` as bytes."""
+        ...
+
+    def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:  # type: ignore[type-arg]
+        """Segment ``index`` viewed as an array (memory-mapped when the reader maps)."""
+        ...
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """One family of values. ``safe`` codecs never run code when decoding."""
+
+    name: str
+    safe: bool
+
+    def can_encode(self, value: Any) -> bool: ...
+
+    def encode(self, value: Any) -> Encoded: ...
+
+    def decode(self, layout: dict[str, Any], segments: Segments) -> Any: ...
+
+
+def _check_codec(obj: object) -> None:
+    if not isinstance(obj, Codec):
+        raise TypeError(
+            f"{obj!r} is not a codec: it needs name, safe, can_encode, encode and decode"
+        )
+
+
+codecs: Registry[Codec] = Registry("codec", _check_codec)
+
+
+def register_codec(codec: Codec, *, replace: bool = False) -> None:
+    """Register a codec instance under ``codec.name``."""
+    codecs.register(codec.name, codec, replace=replace)
+
+
+def select_codec(value: Any, *, allow_pickle: bool) -> Codec:
+    """The codec that stores ``value``: the first safe codec that fully represents it,
+    else pickle when allowed."""
+    for name in codecs:
+        codec = codecs[name]
+        if codec.safe and codec.can_encode(value):
+            return codec
+    if allow_pickle:
+        return codecs["pickle"]
+    raise UnsupportedValue(
+        f"a value of type {type(value).__module__}.{type(value).__qualname__} needs pickle "
+        "to be stored, and pickle is disabled (allow_pickle=False); return numpy arrays, "
+        "plain Python data (int, float, str, bytes, None, list, tuple, dict), or allow pickle"
+    )
+
+
+def _register_builtin() -> None:
+    from .numpy import NumpyCodec
+    from .pickle import PickleCodec
+
+    register_codec(NumpyCodec())
+    register_codec(PickleCodec())
+
+
+_register_builtin()

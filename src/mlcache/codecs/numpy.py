@@ -1,0 +1,114 @@
+"""The ``npy`` codec: numpy arrays and plain containers of them, never pickled.
+
+A value is a tree of: numpy arrays (any non-object dtype, any shape, C or F
+order), numpy scalars, ``None``, ``bool``, ``int``, ``float``, ``complex``,
+``str``, ``bytes``, and ``tuple`` / ``list`` / ``dict`` of those (dict keys may
+be any tree value). Arrays and bytes become raw segments, so every array comes
+back memory-mapped when the reader maps; the rest is JSON in the layout.
+Exact types only: a subclass (``OrderedDict``, ``np.matrix``) goes to pickle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import Encoded, Segments
+
+_SCALARS = (type(None), bool, int, float, str)
+_MAX_DEPTH = 100
+
+
+def _array_ok(a: np.ndarray) -> bool:
+    return type(a) is np.ndarray and not a.dtype.hasobject and a.dtype.fields is None
+
+
+class NumpyCodec:
+    """Arrays and plain data, decoded without running any code."""
+
+    name = "npy"
+    safe = True
+
+    def can_encode(self, value: Any) -> bool:
+        return self._ok(value, 0)
+
+    def _ok(self, v: Any, depth: int) -> bool:
+        t = type(v)
+        if t in _SCALARS or t is bytes or t is complex:
+            return True
+        if t is np.ndarray:
+            return _array_ok(v)
+        if isinstance(v, np.generic):
+            return not v.dtype.hasobject and v.dtype.fields is None
+        if depth > _MAX_DEPTH:
+            return False
+        if t is list or t is tuple:
+            return all(self._ok(x, depth + 1) for x in v)
+        if t is dict:
+            return all(self._ok(k, depth + 1) and self._ok(x, depth + 1) for k, x in v.items())
+        return False
+
+    def encode(self, value: Any) -> Encoded:
+        segments: list[Any] = []
+        tree = self._enc(value, segments)
+        return Encoded({"tree": tree}, segments)
+
+    def _enc(self, v: Any, segs: list[Any]) -> Any:
+        t = type(v)
+        if t is str or t is bool or v is None:
+            return v
+        if t is int:
+            return v if -(1 << 53) < v < (1 << 53) else {"int": str(v)}
+        if t is float:
+            return {"f": v.hex()}  # exact, including nan/inf/-0.0
+        if t is complex:
+            return {"c": [v.real.hex(), v.imag.hex()]}
+        if t is bytes:
+            segs.append(v)
+            return {"b": len(segs) - 1}
+        if t is list:
+            return [self._enc(x, segs) for x in v]
+        if t is tuple:
+            return {"t": [self._enc(x, segs) for x in v]}
+        if t is dict:
+            return {"d": [[self._enc(k, segs), self._enc(x, segs)] for k, x in v.items()]}
+        if isinstance(v, np.generic):
+            return {"s": self._enc(np.asarray(v), segs)}
+        a: np.ndarray = v
+        if a.flags.c_contiguous:
+            order = "C"
+        elif a.flags.f_contiguous:
+            order = "F"
+        else:
+            a, order = np.ascontiguousarray(a), "C"
+        segs.append(a)
+        return {"a": len(segs) - 1, "dtype": a.dtype.str, "shape": list(a.shape), "order": order}
+
+    def decode(self, layout: dict[str, Any], segments: Segments) -> Any:
+        return self._dec(layout["tree"], segments)
+
+    def _dec(self, n: Any, segs: Segments) -> Any:
+        if n is None or type(n) in (str, bool, int):
+            return n
+        if type(n) is list:
+            return [self._dec(x, segs) for x in n]
+        if type(n) is not dict:
+            raise ValueError(f"bad npy layout node {n!r}")
+        if "f" in n:
+            return float.fromhex(n["f"])
+        if "a" in n:
+            return segs.array(n["a"], np.dtype(n["dtype"]), tuple(n["shape"]), n["order"])
+        if "t" in n:
+            return tuple(self._dec(x, segs) for x in n["t"])
+        if "d" in n:
+            return {self._dec(k, segs): self._dec(x, segs) for k, x in n["d"]}
+        if "b" in n:
+            return bytes(segs.buffer(n["b"]))
+        if "s" in n:
+            return self._dec(n["s"], segs)[()]
+        if "int" in n:
+            return int(n["int"])
+        if "c" in n:
+            return complex(float.fromhex(n["c"][0]), float.fromhex(n["c"][1]))
+        raise ValueError(f"bad npy layout node {n!r}")

@@ -1,0 +1,109 @@
+"""Settings as frozen, keyword-only dataclasses, validated when made."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .compression import Compression, parse_compress
+from .errors import ConfigError
+
+__all__ = ["MMAP_MODES", "MemoryConfig", "parse_bytes", "parse_duration"]
+
+#: accepted ``mmap_mode`` values (``"w+"`` would truncate the cached file)
+MMAP_MODES = (None, "r", "r+", "c")
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: int | str | None) -> int | None:
+    """``10_000``, ``"10K"``, ``"1.5GB"``, ``"2GiB"`` -> bytes (powers of 1024, as joblib)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"a byte size must be an int or a string like '10GB', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"a byte size cannot be negative, got {value}")
+        return value
+    if isinstance(value, str):
+        m = _BYTES.match(value)
+        if m:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ConfigError(f"a byte size must be an int or a string like '10GB', got {value!r}")
+
+
+def parse_duration(value: _dt.timedelta | str | float | None) -> float | None:
+    """A timedelta, seconds, or ``"7d"``/``"12h"``/``"30m"``/``"10s"`` -> seconds."""
+    if value is None:
+        return None
+    if isinstance(value, _dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and re.match(r"^\s*\d+(\.\d+)?\s*[smhdw]\s*$", value):
+        v = value.strip()
+        seconds = float(v[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[v[-1]]
+    else:
+        raise ConfigError(f"a duration must be a timedelta, seconds or like '7d', got {value!r}")
+    if seconds < 0:
+        raise ConfigError(f"a duration cannot be negative, got {value!r}")
+    return seconds
+
+
+def check_mmap_mode(mode: Any) -> str | None:
+    if mode not in MMAP_MODES:
+        raise ConfigError(
+            f"mmap_mode must be one of None, 'r', 'r+', 'c'; got {mode!r}"
+            + (" ('w+' would truncate the cached file)" if mode == "w+" else "")
+        )
+    return mode  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryConfig:
+    """Everything a :class:`~mlcache.Memory` was configured with, validated."""
+
+    location: str | None
+    backend: str = "local"
+    mmap_mode: str | None = None
+    compress: Compression | None = None
+    verbose: int = 1
+    bytes_limit: int | None = None
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    allow_pickle: bool = True
+
+    def __post_init__(self) -> None:
+        if self.location is not None and not isinstance(self.location, str):
+            raise TypeError(f"location must be a str or os.PathLike, got {self.location!r}")
+        if not isinstance(self.backend, str):
+            raise TypeError(f"backend must be a str, got {type(self.backend).__name__}")
+        check_mmap_mode(self.mmap_mode)
+        if not isinstance(self.verbose, int):
+            raise TypeError(f"verbose must be an int, got {self.verbose!r}")
+        if not isinstance(self.backend_options, dict):
+            raise TypeError(f"backend_options must be a dict, got {self.backend_options!r}")
+
+    @classmethod
+    def make(cls, location: Any, backend: str, mmap_mode: Any, compress: Any, verbose: Any,
+             bytes_limit: Any, backend_options: Any, allow_pickle: bool) -> MemoryConfig:
+        if location is not None:
+            if not isinstance(location, (str, os.PathLike)):
+                raise TypeError(
+                    f"location must be None, a str or a pathlib.Path, got "
+                    f"{type(location).__name__}"
+                )
+            location = os.fspath(location)
+        return cls(
+            location=location,
+            backend=backend,
+            mmap_mode=mmap_mode,
+            compress=parse_compress(compress),
+            verbose=int(verbose or 0),
+            bytes_limit=parse_bytes(bytes_limit),
+            backend_options=dict(backend_options or {}),
+            allow_pickle=bool(allow_pickle),
+        )

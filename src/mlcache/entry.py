@@ -1,0 +1,330 @@
+"""The entry file format of the function cache (one file per cached call).
+
+This module alone reads and writes these bytes; ``docs/format.md`` holds the
+same table. All integers are little-endian.
+
+========  ======  ===========================================================
+offset    size    field
+========  ======  ===========================================================
+0         8       magic ``b"\\x93MLCACHE"``
+8         2       format version (u16), currently 1
+10        2       flags (u16), 0
+12        4       layout length L (u32): JSON, how to decode the payload
+16        4       info length I (u32): JSON, metadata (time, duration, args)
+20        4       segment count (u32)
+24        8       payload offset P (u64), a multiple of 64
+32        8       payload length N (u64)
+40        8       xxh3-64 of the payload bytes [P, P+N)
+48        8       xxh3-64 of bytes [0, 48) + layout + info
+56        8       reserved, zero
+64        L       layout JSON: ``{"codec", "c": codec layout, "seg": [[off, len], ...],
+                  "z": compression or null, "raw": [uncompressed len, ...]}``
+64+L      I       info JSON
+...               zero padding up to P
+P         N       segments, each at a 64-byte aligned offset (relative to P),
+                  zero padding between them
+========  ======  ===========================================================
+
+When the payload is checked
+    The header checksum is always checked. The payload checksum is checked on
+    every read into memory (it costs ~4% of reading the bytes) and on
+    memory-mapped reads of payloads up to :data:`VERIFY_MAPPED_MAX`; for larger
+    memory-mapped payloads only the file size is checked at load, so a hit stays
+    O(1) in the array size, and :func:`verify_file` (``Memory.verify()``) checks
+    the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+import numpy as np
+import xxhash
+
+from .codecs import Encoded
+from .compression import Compression
+from .errors import EntryCorrupted
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "EntryReader", "read_info", "verify_file", "write_entry"]
+
+MAGIC = b"\x93MLCACHE"
+FORMAT_VERSION = 1
+ALIGN = 64
+HEADER = struct.Struct("<8sHHIII QQQQQ")  # 64 bytes
+assert HEADER.size == 64
+#: memory-mapped payloads up to this size are checksummed at load
+VERIFY_MAPPED_MAX = 16 << 20
+_FIRST_READ = 1 << 16
+_WRITE_CHUNK = 1 << 25
+
+_MMAP_ACCESS = {"r": mmap.ACCESS_READ, "r+": mmap.ACCESS_WRITE, "c": mmap.ACCESS_COPY}
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGN
+
+
+def _as_bytes(seg: Any) -> memoryview:
+    if isinstance(seg, np.ndarray):
+        a = seg if seg.flags.c_contiguous else seg.T  # F-ordered: its transpose is C
+        return memoryview(a.reshape(-1).view(np.uint8))
+    mv = memoryview(seg)
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def _write_all(f: BinaryIO, data: memoryview) -> None:
+    while data:
+        n = f.write(data)
+        if n is None or n <= 0:
+            raise OSError("short write")
+        data = data[n:]
+
+
+def write_entry(
+    f: BinaryIO,
+    codec: str,
+    encoded: Encoded,
+    info: dict[str, Any],
+    compression: Compression | None = None,
+) -> int:
+    """Write one entry to the seekable binary file ``f``; return its size in bytes."""
+    raws = [_as_bytes(s) for s in encoded.segments]
+    if compression is not None:
+        datas = [memoryview(compression.compress(r)) for r in raws]
+    else:
+        datas = raws
+    seg_table = []
+    pos = 0
+    for d in datas:
+        seg_table.append([pos, d.nbytes])
+        pos += d.nbytes + _pad(d.nbytes)
+    payload_len = pos
+    layout = {
+        "codec": codec,
+        "c": encoded.layout,
+        "seg": seg_table,
+        "z": None if compression is None else [compression.name, compression.level],
+        "raw": [r.nbytes for r in raws],
+    }
+    layout_b = json.dumps(layout, separators=(",", ":")).encode()
+    info_b = json.dumps(info, separators=(",", ":"), default=str).encode()
+    meta_end = HEADER.size + len(layout_b) + len(info_b)
+    payload_off = meta_end + _pad(meta_end)
+
+    f.write(bytes(HEADER.size))
+    f.write(layout_b + info_b + bytes(payload_off - meta_end))
+    h = xxhash.xxh3_64()
+    zeros = bytes(ALIGN)
+    for d in datas:
+        for start in range(0, d.nbytes, _WRITE_CHUNK):
+            chunk = d[start : start + _WRITE_CHUNK]
+            h.update(chunk)  # hash then write while the chunk is in cache
+            _write_all(f, chunk)
+        pad = zeros[: _pad(d.nbytes)]
+        h.update(pad)
+        f.write(pad)
+    fields = [MAGIC, FORMAT_VERSION, 0, len(layout_b), len(info_b), len(datas)]
+    fields += [payload_off, payload_len, h.intdigest()]
+    head = HEADER.pack(*fields, 0, 0)
+    header_sum = xxhash.xxh3_64_intdigest(head[:48] + layout_b + info_b)
+    f.seek(0)
+    f.write(HEADER.pack(*fields, header_sum, 0))
+    return payload_off + payload_len
+
+
+class _Header:
+    __slots__ = ("info_b", "layout", "n_seg", "payload_len", "payload_off", "payload_sum")
+
+    def __init__(self, head: bytes, where: str) -> None:
+        if len(head) < HEADER.size:
+            raise EntryCorrupted(f"{where}: truncated header ({len(head)} bytes)")
+        magic, version, _flags, lay_n, info_n, n_seg, p_off, p_len, p_sum, h_sum, _r = (
+            HEADER.unpack_from(head)
+        )
+        if magic != MAGIC:
+            raise EntryCorrupted(f"{where}: not an mlcache entry (bad magic)")
+        if version != FORMAT_VERSION:
+            raise EntryCorrupted(f"{where}: unsupported entry format version {version}")
+        end = HEADER.size + lay_n + info_n
+        if end > len(head) or end > p_off:
+            raise EntryCorrupted(f"{where}: header longer than the data read")
+        body = head[HEADER.size : end]
+        if xxhash.xxh3_64_intdigest(head[:48] + body) != h_sum:
+            raise EntryCorrupted(f"{where}: header checksum mismatch")
+        try:
+            self.layout = json.loads(body[:lay_n])
+        except ValueError as exc:
+            raise EntryCorrupted(f"{where}: bad layout ({exc})") from None
+        self.info_b = body[lay_n:]
+        self.n_seg = n_seg
+        self.payload_off = p_off
+        self.payload_len = p_len
+        self.payload_sum = p_sum
+
+
+def _size(f: BinaryIO) -> int:
+    try:
+        return os.fstat(f.fileno()).st_size
+    except (OSError, AttributeError, ValueError):
+        pos = f.tell()
+        size = f.seek(0, os.SEEK_END)
+        f.seek(pos)
+        return size
+
+
+class EntryReader:
+    """Reads one entry; its :meth:`array` and :meth:`buffer` serve the codec.
+
+    Parameters
+    ----------
+    path:
+        The entry file.
+    mmap_mode:
+        ``None`` reads the payload into memory; ``"r"``, ``"r+"`` or ``"c"`` map
+        arrays from the file (as :class:`numpy.memmap`).
+    """
+
+    def __init__(self, source: str | BinaryIO, mmap_mode: str | None = None) -> None:
+        if isinstance(source, str):
+            self.path = source
+            with open(source, "rb") as f:
+                self._read(f, mmap_mode)
+        else:  # an open file of a store without local paths
+            self.path = str(getattr(source, "name", "<entry>"))
+            try:
+                source.fileno()
+            except (OSError, AttributeError, ValueError):
+                mmap_mode = None  # nothing to map
+            self._read(source, mmap_mode)
+
+    def _read(self, f: BinaryIO, mmap_mode: str | None) -> None:
+        path = self.path
+        head = f.read(_FIRST_READ)
+        size = _size(f)
+        if len(head) >= HEADER.size:
+            lay_n, info_n = struct.unpack_from("<II", head, 12)
+            if len(head) < HEADER.size + lay_n + info_n <= size:  # a long layout
+                head += f.read(HEADER.size + lay_n + info_n - len(head))
+        h = self._h = _Header(head, path)
+        end = h.payload_off + h.payload_len
+        if size != end:
+            raise EntryCorrupted(f"{path}: size {size} bytes, header says {end}")
+        lay = h.layout
+        try:
+            self.codec: str = lay["codec"]
+            self.codec_layout: dict[str, Any] = lay["c"]
+            self._seg: list[list[int]] = lay["seg"]
+            z = lay["z"]
+            self._raw_len: list[int] = lay["raw"]
+            self._comp = None if z is None else Compression(z[0], z[1])
+        except (KeyError, TypeError, IndexError, ValueError):
+            raise EntryCorrupted(f"{path}: bad layout") from None
+        if len(self._seg) != h.n_seg or len(self._raw_len) != h.n_seg:
+            raise EntryCorrupted(f"{path}: segment table does not match the header")
+        for off, n in self._seg:
+            if off < 0 or n < 0 or off + n > h.payload_len:
+                raise EntryCorrupted(f"{path}: segment outside the payload")
+        # compressed entries cannot be mapped: they are read into memory
+        self._mode = mmap_mode if self._comp is None else None
+        self._mm: mmap.mmap | None = None
+        self._payload: Any
+        if self._mode is not None:
+            # map now, through this open file: mapping later by path could
+            # see a newer entry published under the same name meanwhile
+            self._map(f)
+            if h.payload_len <= VERIFY_MAPPED_MAX:
+                self._check(self._payload)
+        elif end <= len(head):
+            # small: already read. A private writable copy when not mapping, so
+            # that arrays come back writable as they would from a fresh compute.
+            view = memoryview(head)[h.payload_off : end]
+            self._check(view)
+            self._payload = bytearray(view)
+        else:
+            buf = np.empty(h.payload_len, dtype=np.uint8)  # no zero-fill pass
+            f.seek(h.payload_off)
+            mv = memoryview(buf)
+            got = 0
+            while got < h.payload_len:
+                n = f.readinto(mv[got:])
+                if not n:
+                    raise EntryCorrupted(f"{path}: truncated payload")
+                got += n
+            self._check(buf)
+            self._payload = buf
+
+    def _map(self, f: BinaryIO) -> None:
+        assert self._mode is not None
+        self._mm = mmap.mmap(f.fileno(), 0, access=_MMAP_ACCESS[self._mode])
+        self._payload = memoryview(self._mm)[self._h.payload_off :]
+
+    def _check(self, payload: Any) -> None:
+        if xxhash.xxh3_64_intdigest(payload) != self._h.payload_sum:
+            raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The entry's metadata (parsed on demand: hits do not pay for it)."""
+        try:
+            info = json.loads(self._h.info_b)
+        except ValueError:
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    # -- the Segments protocol ------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._seg)
+
+    def buffer(self, index: int) -> memoryview:
+        off, n = self._seg[index]
+        data = memoryview(self._payload)[off : off + n]
+        if self._comp is not None:
+            return memoryview(self._comp.decompress(data))
+        return data
+
+    def array(self, index: int, dtype: np.dtype, shape: Sequence[int], order: str) -> np.ndarray:  # type: ignore[type-arg]
+        off, n = self._seg[index]
+        count = int(np.prod(shape, dtype=np.int64))
+        if count * dtype.itemsize != self._raw_len[index]:
+            raise EntryCorrupted(f"{self.path}: array segment {index} has the wrong size")
+        order_ = "F" if order == "F" else "C"
+        if self._mode is not None:
+            arr = np.frombuffer(
+                self._mm,  # type: ignore[arg-type]
+                dtype=dtype,
+                count=count,
+                offset=self._h.payload_off + off,
+            ).reshape(shape, order=order_)
+            # joblib returns numpy.memmap instances: keep that contract
+            mm_arr = arr.view(np.memmap)
+            mm_arr.filename = os.path.abspath(self.path)  # type: ignore[misc]
+            mm_arr.offset = self._h.payload_off + off  # type: ignore[misc]
+            mm_arr.mode = self._mode  # type: ignore[misc]
+            mm_arr._mmap = self._mm  # type: ignore[attr-defined]
+            return mm_arr
+        flat = np.frombuffer(self.buffer(index), dtype=dtype, count=count)
+        if self._comp is not None:
+            flat = flat.copy()  # decompressed bytes are read-only
+        return flat.reshape(shape, order=order_)
+
+
+def read_info(path: str) -> dict[str, Any]:
+    """The metadata of the entry at ``path``, reading only its header."""
+    with open(path, "rb") as f:
+        head = f.read(_FIRST_READ)
+    h = _Header(head, path)
+    try:
+        info = json.loads(h.info_b)
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def verify_file(path: str) -> None:
+    """Check every byte of the entry at ``path``; raise :class:`EntryCorrupted` if damaged."""
+    EntryReader(path, mmap_mode=None)

@@ -1,0 +1,134 @@
+"""Function identity (which function) and code version (which version of its code).
+
+Identity is ``module.qualname``, made into a safe folder name by :func:`slug`.
+What each kind of function gets:
+
+==========================  =====================================================
+module-level function       ``package.module.func``
+method                      ``package.module.Class.method`` (``self`` is an argument)
+nested function             ``package.module.outer.<locals>.inner``; the values in
+                            its closure are part of the code version, so two
+                            closures over different values never share results
+lambda                      ``package.module.<lambda>`` plus its first line number
+``__main__`` (a script)     ``__main__.<script stem>.func``, so two scripts with a
+                            function of the same name do not collide
+notebook cell / REPL        ``__main__.func``: the temporary cell file name is not
+                            used, so results survive a kernel restart
+==========================  =====================================================
+
+The code version hashes the function's source text when it can be found
+(``inspect.getsource``; notebooks and ``python -c`` included when the source is
+in ``linecache``), else its bytecode, constants and names; plus the contents of
+its closure cells. A changed version is always a miss.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import types
+from collections.abc import Callable
+from typing import Any
+
+import xxhash
+
+__all__ = ["code_version", "func_identity", "slug"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def slug(name: str, *, max_len: int = 80) -> str:
+    """A readable, safe folder name for ``name``: sanitised text plus a short hash.
+
+    The result never contains a path separator or starts with a dot, so it can
+    never leave the folder it is joined to.
+
+    >>> slug("pkg.mod.f")
+    'pkg.mod.f-...'  # doctest: +SKIP
+    """
+    clean = _UNSAFE.sub("_", name).strip(".-")[:max_len] or "x"
+    return f"{clean}-{xxhash.xxh3_64_hexdigest(name.encode('utf-8', 'surrogatepass'))[:8]}"
+
+
+def _is_notebook_file(filename: str) -> bool:
+    base = os.path.basename(filename)
+    return (
+        filename.startswith("<")
+        or "ipykernel_" in filename
+        or base.startswith("ipython-input")
+        or "/tmp/xpython_" in filename
+    )
+
+
+def func_identity(func: Callable[..., Any]) -> str:
+    """The stable name under which ``func``'s results are stored."""
+    module = getattr(func, "__module__", None) or "<unknown>"
+    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    code = getattr(func, "__code__", None)
+    if module == "__main__" and code is not None and not _is_notebook_file(code.co_filename):
+        stem = os.path.splitext(os.path.basename(code.co_filename))[0]
+        module = f"__main__.{stem}"
+    if "<lambda>" in qualname and code is not None:
+        qualname = f"{qualname}-{code.co_firstlineno}"
+    return f"{module}.{qualname}"
+
+
+def _code_bytes(code: types.CodeType, h: xxhash.xxh3_128) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    h.update(repr(code.co_varnames).encode())
+    h.update(str(code.co_flags).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_bytes(const, h)
+        else:
+            h.update(repr(const).encode("utf-8", "surrogatepass"))
+
+
+def _source(func: Callable[..., Any]) -> str | None:
+    try:
+        return inspect.getsource(func)
+    except (OSError, TypeError):
+        return None
+
+
+def code_version(func: Callable[..., Any]) -> str:
+    """Hex digest of ``func``'s code: source text (or bytecode) plus closure contents.
+
+    Raises ``TypeError`` when a closure cell holds a value that cannot be hashed.
+    """
+    h = xxhash.xxh3_128()
+    target = inspect.unwrap(func) if hasattr(func, "__wrapped__") else func
+    source = _source(target)
+    code = getattr(target, "__code__", None)
+    if source is not None and not (code is not None and code.co_name == "<lambda>"):
+        h.update(b"src:" + source.encode("utf-8", "surrogatepass"))
+    elif code is not None:
+        # lambdas: several can share one source line, so use what they compile to
+        h.update(b"code:")
+        _code_bytes(code, h)
+    else:  # builtins and C extensions: their module and version
+        module = getattr(func, "__module__", "") or ""
+        top = module.split(".")[0]
+        version = getattr(__import__("sys").modules.get(top), "__version__", "")
+        h.update(f"builtin:{module}:{version}:{getattr(func, '__qualname__', '')}".encode())
+    cells = getattr(target, "__closure__", None)
+    if cells:
+        from .hashing import Hasher
+
+        sub = Hasher()
+        for cell in cells:
+            try:
+                value = cell.cell_contents
+            except ValueError:  # empty cell
+                value = None
+            if value is target or (hasattr(value, "func") and getattr(value, "func") is target):
+                continue  # a recursive reference to itself
+            if isinstance(value, types.FunctionType):
+                sub.update(func_identity(value))
+                sub.update(code_version(value) if value.__closure__ is None else "")
+                continue
+            sub.update(value)
+        h.update(b"closure:" + sub.hexdigest().encode())
+    return h.hexdigest()

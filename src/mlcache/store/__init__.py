@@ -1,0 +1,118 @@
+"""Stores: where entry bytes live. One small protocol, one registry.
+
+A store speaks in *names*: ``/``-separated relative paths such as
+``"pkg.mod.f-1a2b3c4d/9f86d081884c7d65/0123...cdef"``. It never interprets
+them. Optional powers are their own protocols: :class:`LocalPaths` (the store
+can hand out a local file path, which memory-mapping needs).
+
+Register a backend with :func:`mlcache.register_store_backend`; it then works
+as ``Memory(location, backend="name")``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol, runtime_checkable
+
+from .._registry import Registry
+
+__all__ = [
+    "EntryStat",
+    "LocalPaths",
+    "Store",
+    "check_name",
+    "register_store_backend",
+    "stores",
+]
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it is a safe relative entry name, else raise ``ValueError``."""
+    parts = name.split("/")
+    if not name or any(not _SEGMENT.match(p) for p in parts):
+        raise ValueError(f"invalid entry name {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class EntryStat:
+    """One stored object: its name, size in bytes and last-use time (epoch seconds)."""
+
+    name: str
+    size: int
+    last_used: float
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Where bytes live. Every write is atomic: readers see all of it or nothing."""
+
+    location: str
+
+    def open(self, name: str) -> BinaryIO:
+        """Open ``name`` for reading; raise :class:`~mlcache.errors.EntryNotFound`."""
+        ...
+
+    def write(self, name: str) -> AbstractContextManager[BinaryIO]:
+        """A seekable file whose content replaces ``name`` atomically when the block ends
+        without error."""
+        ...
+
+    def exists(self, name: str) -> bool: ...
+
+    def delete(self, name: str) -> bool:
+        """Remove ``name`` (a file, or everything under a folder name); True if it existed."""
+        ...
+
+    def list(self, prefix: str = "") -> Iterator[EntryStat]:
+        """Every stored object under ``prefix`` (recursively), temporaries excluded."""
+        ...
+
+    def touch(self, names: Iterable[str]) -> None:
+        """Record that ``names`` were just used (for least-recently-used eviction)."""
+        ...
+
+
+@runtime_checkable
+class LocalPaths(Protocol):
+    """A store whose objects are local files (so they can be memory-mapped)."""
+
+    def local_path(self, name: str) -> str: ...
+
+
+def _check_store(obj: object) -> None:
+    if not isinstance(obj, type):
+        raise TypeError(f"a store backend must be a class, got {obj!r}")
+    missing = [m for m in ("open", "write", "exists", "delete", "list", "touch")
+               if not callable(getattr(obj, m, None))]
+    if missing:
+        raise TypeError(
+            f"{obj.__qualname__} is not a store: it lacks {', '.join(missing)} "
+            "(see mlcache.store.Store)"
+        )
+
+
+StoreFactory = Callable[..., Any]
+stores: Registry[type] = Registry("store backend", _check_store)
+
+
+def register_store_backend(name: str, backend_class: type, *, replace: bool = False) -> None:
+    """Make ``backend_class`` usable as ``Memory(location, backend=name)``.
+
+    The class is called as ``backend_class(location, **backend_options)`` and must
+    implement :class:`Store`.
+
+    Examples
+    --------
+    >>> from mlcache.store.local import LocalStore
+    >>> register_store_backend("mydisk", LocalStore)  # doctest: +SKIP
+    """
+    stores.register(name, backend_class, replace=replace)
+
+
+stores.register("local", "mlcache.store.local:LocalStore")

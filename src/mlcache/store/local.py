@@ -1,0 +1,138 @@
+"""The local-directory store (the default): one file per entry, published by rename."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
+
+from .._atomic import atomic_file, is_temporary
+from ..errors import EntryNotFound, StoreError
+from . import EntryStat, check_name
+
+__all__ = ["LocalStore"]
+
+_GITIGNORE = "# created by mlcache: this folder is a cache, never commit it\n*\n"
+#: temporaries older than this are leftovers of a crashed writer
+STALE_TMP_SECONDS = 3600.0
+
+
+class LocalStore:
+    """Entries as files under a local folder.
+
+    Parameters
+    ----------
+    location:
+        The folder; created (mode 0o700) if missing. A ``.gitignore`` is added
+        unless one exists, so a cache inside a repository is never committed.
+    durable:
+        fsync each entry and its folder before publishing (default True), so a
+        power loss cannot leave a published but empty entry.
+    mode:
+        Permission bits for the folders mlcache creates (default 0o700: only the
+        owner can read cached values).
+    """
+
+    def __init__(self, location: str | os.PathLike[str], *, durable: bool = True,
+                 mode: int = 0o700) -> None:
+        root = os.path.abspath(os.fspath(location))
+        self.location = root
+        self.durable = durable
+        self.mode = mode
+        try:
+            os.makedirs(root, mode=mode, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the cache folder {root!r}: {exc.strerror}") from exc
+        if not os.path.isdir(root):
+            raise StoreError(f"the cache location {root!r} exists and is not a folder")
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise StoreError(f"the cache folder {root!r} is not writable by this user")
+        try:
+            fd = os.open(os.path.join(root, ".gitignore"), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                         0o644)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"cannot write in the cache folder {root!r}: {exc.strerror}") from exc
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(_GITIGNORE)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.location!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (self.location, self.durable, self.mode))
+
+    def local_path(self, name: str) -> str:
+        return os.path.join(self.location, name)
+
+    def open(self, name: str) -> BinaryIO:
+        try:
+            return open(os.path.join(self.location, name), "rb")
+        except FileNotFoundError:
+            raise EntryNotFound(name) from None
+
+    @contextlib.contextmanager
+    def write(self, name: str) -> Iterator[BinaryIO]:
+        path = os.path.join(self.location, check_name(name))
+        os.makedirs(os.path.dirname(path), mode=self.mode, exist_ok=True)
+        with atomic_file(path, durable=self.durable) as f:
+            yield f
+
+    def exists(self, name: str) -> bool:
+        return os.path.exists(os.path.join(self.location, name))
+
+    def delete(self, name: str) -> bool:
+        path = os.path.join(self.location, check_name(name))
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[EntryStat]:
+        start = os.path.join(self.location, prefix) if prefix else self.location
+        now = time.time()
+        stack = [start]
+        while stack:
+            folder = stack.pop()
+            try:
+                it = os.scandir(folder)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                            continue
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed meanwhile
+                    if is_temporary(e.name):
+                        if now - st.st_mtime > STALE_TMP_SECONDS:  # a crashed writer's
+                            with contextlib.suppress(OSError):
+                                os.unlink(e.path)
+                        continue
+                    if folder == self.location and e.name.startswith("."):
+                        continue  # .gitignore and other housekeeping
+                    rel = os.path.relpath(e.path, self.location).replace(os.sep, "/")
+                    yield EntryStat(rel, st.st_size, st.st_mtime)
+
+    def touch(self, names: Iterable[str]) -> None:
+        # last use is the file's mtime: atime is unreliable (noatime, relatime)
+        now = time.time()
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.utime(os.path.join(self.location, name), (now, now))
+
+
+def _rebuild(location: str, durable: bool, mode: int) -> LocalStore:
+    return LocalStore(location, durable=durable, mode=mode)
