@@ -20,9 +20,9 @@ from .errors import (
 )
 from .hashing import hash_value
 from .memory import (
-    Memory,
     MemorizedFunc,
     MemorizedResult,
+    Memory,
     NotMemorizedFunc,
     NotMemorizedResult,
     expires_after,

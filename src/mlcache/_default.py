@@ -24,8 +24,9 @@ def default_location() -> str:
         return os.path.join(base, "mlcache", "Cache")
     if sys.platform == "darwin":
         return os.path.expanduser("~/Library/Caches/mlcache")
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                        "mlcache")
+    return os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlcache"
+    )
 
 
 def default_memory() -> Memory:

@@ -15,8 +15,11 @@ from .memory import Memory
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mlcache", description=__doc__)
     parser.add_argument("--version", action="version", version=f"mlcache {__version__}")
-    parser.add_argument("--location", default=None,
-                        help="cache folder (default: $MLCACHE_DIR or the user cache folder)")
+    parser.add_argument(
+        "--location",
+        default=None,
+        help="cache folder (default: $MLCACHE_DIR or the user cache folder)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     verify = sub.add_parser("verify", help="check every entry's checksums")
     verify.add_argument("--fix", action="store_true", help="remove damaged entries")

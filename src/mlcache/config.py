@@ -88,13 +88,21 @@ class MemoryConfig:
             raise TypeError(f"backend_options must be a dict, got {self.backend_options!r}")
 
     @classmethod
-    def make(cls, location: Any, backend: str, mmap_mode: Any, compress: Any, verbose: Any,
-             bytes_limit: Any, backend_options: Any, allow_pickle: bool) -> MemoryConfig:
+    def make(
+        cls,
+        location: Any,
+        backend: str,
+        mmap_mode: Any,
+        compress: Any,
+        verbose: Any,
+        bytes_limit: Any,
+        backend_options: Any,
+        allow_pickle: bool,
+    ) -> MemoryConfig:
         if location is not None:
             if not isinstance(location, (str, os.PathLike)):
                 raise TypeError(
-                    f"location must be None, a str or a pathlib.Path, got "
-                    f"{type(location).__name__}"
+                    f"location must be None, a str or a pathlib.Path, got {type(location).__name__}"
                 )
             location = os.fspath(location)
         return cls(

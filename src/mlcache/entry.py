@@ -15,7 +15,7 @@ offset    size    field
 24        8       payload offset P (u64), a multiple of 64
 32        8       payload length N (u64)
 40        8       xxh3-64 of the payload bytes [P, P+N)
-48        8       xxh3-64 of bytes [0, 48) + layout + info
+48        8       xxh3-64 of layout + info, seeded with the xxh3-64 of bytes [0, 48)
 56        8       reserved, zero
 64        L       layout JSON: ``{"codec", "c": codec layout, "seg": [[off, len], ...],
                   "z": compression or null, "raw": [uncompressed len, ...]}``
@@ -36,6 +36,7 @@ When the payload is checked
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -94,10 +95,7 @@ def write_entry(
 ) -> int:
     """Write one entry to the seekable binary file ``f``; return its size in bytes."""
     raws = [_as_bytes(s) for s in encoded.segments]
-    if compression is not None:
-        datas = [memoryview(compression.compress(r)) for r in raws]
-    else:
-        datas = raws
+    datas = [memoryview(compression.compress(r)) for r in raws] if compression is not None else raws
     seg_table = []
     pos = 0
     for d in datas:
@@ -131,10 +129,22 @@ def write_entry(
     fields = [MAGIC, FORMAT_VERSION, 0, len(layout_b), len(info_b), len(datas)]
     fields += [payload_off, payload_len, h.intdigest()]
     head = HEADER.pack(*fields, 0, 0)
-    header_sum = xxhash.xxh3_64_intdigest(head[:48] + layout_b + info_b)
+    header_sum = _header_sum(head[:48], layout_b + info_b)
     f.seek(0)
     f.write(HEADER.pack(*fields, header_sum, 0))
     return payload_off + payload_len
+
+
+def _header_sum(fixed: Any, body: Any) -> int:
+    """xxh3-64 of the layout and info, seeded with xxh3-64 of the first 48 bytes."""
+    return xxhash.xxh3_64_intdigest(body, seed=xxhash.xxh3_64_intdigest(fixed))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_layout(data: bytes) -> Any:
+    # hits of one function mostly share a layout: parse each distinct one once.
+    # The result is shared, so readers must never mutate it.
+    return json.loads(data)
 
 
 class _Header:
@@ -153,14 +163,14 @@ class _Header:
         end = HEADER.size + lay_n + info_n
         if end > len(head) or end > p_off:
             raise EntryCorrupted(f"{where}: header longer than the data read")
-        body = head[HEADER.size : end]
-        if xxhash.xxh3_64_intdigest(head[:48] + body) != h_sum:
+        mv = memoryview(head)
+        if _header_sum(mv[:48], mv[HEADER.size : end]) != h_sum:
             raise EntryCorrupted(f"{where}: header checksum mismatch")
         try:
-            self.layout = json.loads(body[:lay_n])
+            self.layout = _parse_layout(head[HEADER.size : HEADER.size + lay_n])
         except ValueError as exc:
             raise EntryCorrupted(f"{where}: bad layout ({exc})") from None
-        self.info_b = body[lay_n:]
+        self.info_b = head[HEADER.size + lay_n : end]
         self.n_seg = n_seg
         self.payload_off = p_off
         self.payload_len = p_len
@@ -192,7 +202,7 @@ class EntryReader:
     def __init__(self, source: str | BinaryIO, mmap_mode: str | None = None) -> None:
         if isinstance(source, str):
             self.path = source
-            with open(source, "rb") as f:
+            with open(source, "rb", buffering=0) as f:
                 self._read(f, mmap_mode)
         else:  # an open file of a store without local paths
             self.path = str(getattr(source, "name", "<entry>"))
@@ -204,8 +214,8 @@ class EntryReader:
 
     def _read(self, f: BinaryIO, mmap_mode: str | None) -> None:
         path = self.path
-        head = f.read(_FIRST_READ)
         size = _size(f)
+        head = f.read(min(size, _FIRST_READ))
         if len(head) >= HEADER.size:
             lay_n, info_n = struct.unpack_from("<II", head, 12)
             if len(head) < HEADER.size + lay_n + info_n <= size:  # a long layout
@@ -288,7 +298,7 @@ class EntryReader:
         return data
 
     def array(self, index: int, dtype: np.dtype, shape: Sequence[int], order: str) -> np.ndarray:  # type: ignore[type-arg]
-        off, n = self._seg[index]
+        off, _n = self._seg[index]
         count = int(np.prod(shape, dtype=np.int64))
         if count * dtype.itemsize != self._raw_len[index]:
             raise EntryCorrupted(f"{self.path}: array segment {index} has the wrong size")

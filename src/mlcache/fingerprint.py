@@ -123,7 +123,7 @@ def code_version(func: Callable[..., Any]) -> str:
                 value = cell.cell_contents
             except ValueError:  # empty cell
                 value = None
-            if value is target or (hasattr(value, "func") and getattr(value, "func") is target):
+            if value is target or (hasattr(value, "func") and value.func is target):
                 continue  # a recursive reference to itself
             if isinstance(value, types.FunctionType):
                 sub.update(func_identity(value))

@@ -189,7 +189,9 @@ class Hasher:
         self._buf += b"G"
         self._str(module)
         self._str(qualname)
-        if isinstance(obj, types.FunctionType) and ("<lambda>" in qualname or "<locals>" in qualname):
+        if isinstance(obj, types.FunctionType) and (
+            "<lambda>" in qualname or "<locals>" in qualname
+        ):
             # not importable by name: its code decides what it does
             from .fingerprint import code_version
 
@@ -442,7 +444,9 @@ def _pandas(h: Hasher, obj: Any) -> None:
 def _pandas_values(h: Hasher, obj: Any) -> None:
     # repr(dtype) names categories, timezones and the storage of string dtypes
     h._str(repr(obj.dtype))
-    values = obj.to_numpy() if not hasattr(obj, "levels") else np.asarray(obj.tolist(), dtype=object)
+    values = (
+        obj.to_numpy() if not hasattr(obj, "levels") else np.asarray(obj.tolist(), dtype=object)
+    )
     h.update(np.asarray(values))
 
 

@@ -21,26 +21,21 @@ import time
 import types
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-if sys.version_info >= (3, 10):
-    from typing import ParamSpec
-else:  # pragma: no cover
-    from typing_extensions import ParamSpec
-
+from .callkey import CallKeyer
 from .codecs import codecs, select_codec
 from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
 from .entry import EntryReader, read_info, verify_file, write_entry
 from .errors import CacheWarning, EntryCorrupted, EntryNotFound, UnsupportedValue
 from .fingerprint import code_version, func_identity, slug
-from .callkey import CallKeyer
 from .limits import UsageLog, enforce_limits
 from .store import LocalPaths, Store, stores
 
 __all__ = [
-    "Memory",
     "MemorizedFunc",
     "MemorizedResult",
+    "Memory",
     "NotMemorizedFunc",
     "NotMemorizedResult",
     "expires_after",
@@ -106,13 +101,22 @@ class Memory:
         allow_pickle: bool = True,
     ) -> None:
         self._config = MemoryConfig.make(
-            location, backend, mmap_mode, compress, verbose, bytes_limit, backend_options,
+            location,
+            backend,
+            mmap_mode,
+            compress,
+            verbose,
+            bytes_limit,
+            backend_options,
             allow_pickle,
         )
         self.compress = compress
         if self._config.compress is not None and mmap_mode is not None:
-            warnings.warn("compressed results cannot be memory-mapped; they will be read "
-                          "into memory", CacheWarning, stacklevel=2)
+            warnings.warn(
+                "compressed results cannot be memory-mapped; they will be read into memory",
+                CacheWarning,
+                stacklevel=2,
+            )
         self.store: Store | None = None
         if self._config.location is not None:
             factory = stores[backend]
@@ -156,28 +160,43 @@ class Memory:
 
     def __reduce__(self) -> tuple[Any, ...]:
         c = self._config
-        args = (c.location, c.backend, c.mmap_mode, self.compress, c.verbose, c.bytes_limit,
-                c.backend_options)
+        args = (
+            c.location,
+            c.backend,
+            c.mmap_mode,
+            self.compress,
+            c.verbose,
+            c.bytes_limit,
+            c.backend_options,
+        )
         return (_rebuild_memory, (args, c.allow_pickle))
 
     @overload
-    def cache(self, func: Callable[P, R], ignore: Iterable[str] | None = ...,
-              verbose: int | None = ..., mmap_mode: str | None | bool = ...,
-              cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
-              ) -> MemorizedFunc[P, R]: ...
+    def cache(
+        self,
+        func: Callable[P, R],
+        ignore: Iterable[str] | None = ...,
+        verbose: int | None = ...,
+        mmap_mode: str | bool | None = ...,
+        cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
+    ) -> MemorizedFunc[P, R]: ...
 
     @overload
-    def cache(self, func: None = ..., ignore: Iterable[str] | None = ...,
-              verbose: int | None = ..., mmap_mode: str | None | bool = ...,
-              cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
-              ) -> Callable[[Callable[P, R]], MemorizedFunc[P, R]]: ...
+    def cache(
+        self,
+        func: None = ...,
+        ignore: Iterable[str] | None = ...,
+        verbose: int | None = ...,
+        mmap_mode: str | bool | None = ...,
+        cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
+    ) -> Callable[[Callable[P, R]], MemorizedFunc[P, R]]: ...
 
     def cache(
         self,
         func: Callable[P, R] | None = None,
         ignore: Iterable[str] | None = None,
         verbose: int | None = None,
-        mmap_mode: str | None | bool = False,
+        mmap_mode: str | bool | None = False,
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = None,
     ) -> Any:
         """Memoize ``func``: compute once per distinct arguments, then load.
@@ -204,20 +223,25 @@ class Memory:
         if mmap_mode is not False:
             check_mmap_mode(mmap_mode)
         if func is None:
-            return functools.partial(self.cache, ignore=ignore, verbose=verbose,
-                                     mmap_mode=mmap_mode,
-                                     cache_validation_callback=cache_validation_callback)
+            return functools.partial(
+                self.cache,
+                ignore=ignore,
+                verbose=verbose,
+                mmap_mode=mmap_mode,
+                cache_validation_callback=cache_validation_callback,
+            )
         if isinstance(func, (MemorizedFunc, NotMemorizedFunc)):
             func = func.func
         if not callable(func):
-            raise TypeError(f"Memory.cache expects a callable, got {type(func).__name__}: "
-                            f"{func!r}")
+            raise TypeError(f"Memory.cache expects a callable, got {type(func).__name__}: {func!r}")
         is_async = inspect.iscoroutinefunction(func)
         if self.store is None:
             return (AsyncNotMemorizedFunc if is_async else NotMemorizedFunc)(func)
         cls = AsyncMemorizedFunc if is_async else MemorizedFunc
         return cls(
-            func, self, ignore=ignore,
+            func,
+            self,
+            ignore=ignore,
             verbose=self._verbose if verbose is None else verbose,
             mmap_mode=self.mmap_mode if mmap_mode is False else mmap_mode,
             cache_validation_callback=cache_validation_callback,
@@ -253,11 +277,13 @@ class Memory:
             return
         assert self._usage is not None
         self._usage.flush()
-        removed = enforce_limits(self.store, bytes_limit=limit, items_limit=items_limit,
-                                 age_limit=age)
+        removed = enforce_limits(
+            self.store, bytes_limit=limit, items_limit=items_limit, age_limit=age
+        )
         if removed and self._verbose:
-            logger.info("[Memory] removed %d entries (%d bytes)", len(removed),
-                        sum(e.size for e in removed))
+            logger.info(
+                "[Memory] removed %d entries (%d bytes)", len(removed), sum(e.size for e in removed)
+            )
 
     def eval(self, func: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """``func(*args, **kwargs)``, computed only if not already cached."""
@@ -275,7 +301,8 @@ class Memory:
             try:
                 with self.store.open(e.name) as f:
                     EntryReader(f) if not isinstance(self.store, LocalPaths) else verify_file(
-                        self.store.local_path(e.name))
+                        self.store.local_path(e.name)
+                    )
             except EntryCorrupted:
                 damaged.append(e.name)
                 if fix:
@@ -333,20 +360,32 @@ class MemorizedFunc(Generic[P, R]):
             target = getattr(target, part, None)
         if target is self:  # decorated at module level: pickle by reference
             return self.__qualname__
-        return (_rebuild_func, (type(self), self.func, self.memory, self.ignore, self._verbose,
-                                self.mmap_mode, self.cache_validation_callback))
+        return (
+            _rebuild_func,
+            (
+                type(self),
+                self.func,
+                self.memory,
+                self.ignore,
+                self._verbose,
+                self.mmap_mode,
+                self.cache_validation_callback,
+            ),
+        )
 
     # -- keys ---------------------------------------------------------------
     def _prepare(self) -> CallKeyer:
         """Fingerprint the code (once per process) and drop older versions' results."""
         version = code_version(self.func)[:16]
         self._code_dir = f"{self._folder}/{version}"
-        old = {e.name.split("/")[1] for e in self._store.list(self._folder)
-               if e.name.count("/") >= 2} - {version}
+        old = {
+            e.name.split("/")[1] for e in self._store.list(self._folder) if e.name.count("/") >= 2
+        } - {version}
         for folder in old:
             if self._verbose:
-                logger.info("[Memory] %s: code changed, removing results of the old version",
-                            self.func_id)
+                logger.info(
+                    "[Memory] %s: code changed, removing results of the old version", self.func_id
+                )
             try:
                 self._store.delete(f"{self._folder}/{folder}")
             except OSError:
@@ -369,10 +408,10 @@ class MemorizedFunc(Generic[P, R]):
             else:
                 with store.open(name) as f:
                     reader = EntryReader(f, mmap_mode)
-            if validate and self.cache_validation_callback is not None:
-                if not self.cache_validation_callback(reader.info):
-                    store.delete(name)
-                    return _MISS
+            callback = self.cache_validation_callback
+            if validate and callback is not None and not callback(reader.info):
+                store.delete(name)
+                return _MISS
             codec = codecs[reader.codec]
             if not codec.safe and not self.memory.allow_pickle:
                 return _MISS  # written when pickle was allowed: never unpickle it now
@@ -380,9 +419,12 @@ class MemorizedFunc(Generic[P, R]):
         except (FileNotFoundError, EntryNotFound):
             return _MISS
         except Exception as exc:  # damaged entry, or a codec that cannot read it
-            warnings.warn(f"mlcache: discarding damaged cache entry of {self.func_id} "
-                          f"({type(exc).__name__}: {exc}); recomputing", CacheWarning,
-                          stacklevel=4)
+            warnings.warn(
+                f"mlcache: discarding damaged cache entry of {self.func_id} "
+                f"({type(exc).__name__}: {exc}); recomputing",
+                CacheWarning,
+                stacklevel=4,
+            )
             try:
                 store.delete(name)
             except OSError:
@@ -392,35 +434,52 @@ class MemorizedFunc(Generic[P, R]):
         self.memory._usage.note(name)
         return value
 
-    def _store_result(self, name: str, value: Any, duration: float,
-                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    def _store_result(
+        self, name: str, value: Any, duration: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """Write ``value``; on failure warn and return None (the value is never lost)."""
         assert self._keyer is not None
         codec = select_codec(value, allow_pickle=self.memory.allow_pickle)
-        info = {"func": self.func_id, "time": time.time(), "duration": duration,
-                "input_args": self._keyer.describe(args, kwargs), "codec": codec.name}
+        info = {
+            "func": self.func_id,
+            "time": time.time(),
+            "duration": duration,
+            "input_args": self._keyer.describe(args, kwargs),
+            "codec": codec.name,
+        }
         try:
             encoded = codec.encode(value)
         except Exception as exc:  # e.g. a result holding a lambda or a lock
-            warnings.warn(f"mlcache: the result of {self.func_id} cannot be stored "
-                          f"({type(exc).__name__}: {exc}); it is returned uncached",
-                          CacheWarning, stacklevel=4)
+            warnings.warn(
+                f"mlcache: the result of {self.func_id} cannot be stored "
+                f"({type(exc).__name__}: {exc}); it is returned uncached",
+                CacheWarning,
+                stacklevel=4,
+            )
             return None
         limit = self.memory.bytes_limit
         if limit is not None:
             size = sum(memoryview(s).nbytes for s in encoded.segments)
             if size > limit:
-                warnings.warn(f"mlcache: the result of {self.func_id} ({size} bytes) is larger "
-                              f"than bytes_limit ({limit}); it is returned uncached",
-                              CacheWarning, stacklevel=4)
+                warnings.warn(
+                    f"mlcache: the result of {self.func_id} ({size} bytes) is larger "
+                    f"than bytes_limit ({limit}); it is returned uncached",
+                    CacheWarning,
+                    stacklevel=4,
+                )
                 return None
         try:
             with self._store.write(name) as f:
-                info["size"] = write_entry(f, codec.name, encoded, info, self.memory._config.compress)
+                info["size"] = write_entry(
+                    f, codec.name, encoded, info, self.memory._config.compress
+                )
         except OSError as exc:
-            warnings.warn(f"mlcache: could not store the result of {self.func_id} in "
-                          f"{self.memory.location} ({exc}); it is returned uncached",
-                          CacheWarning, stacklevel=4)
+            warnings.warn(
+                f"mlcache: could not store the result of {self.func_id} in "
+                f"{self.memory.location} ({exc}); it is returned uncached",
+                CacheWarning,
+                stacklevel=4,
+            )
             return None
         if limit is not None:
             assert self.memory._usage is not None
@@ -434,8 +493,9 @@ class MemorizedFunc(Generic[P, R]):
             shown = ", ".join(f"{k}={v}" for k, v in self._keyer.describe(args, kwargs).items())
             logger.info("[Memory] calling %s(%s)", self.func_id, shown)
 
-    def _finish(self, name: str, out: Any, t0: float, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    def _finish(
+        self, name: str, out: Any, t0: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
         duration = time.perf_counter() - t0
         if self._verbose > 0:
             logger.info("[Memory] %s computed in %.3fs", self.func_id, duration)
@@ -447,8 +507,9 @@ class MemorizedFunc(Generic[P, R]):
                 out = loaded
         return out, meta or {}
 
-    def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-              ) -> tuple[Any, dict[str, Any]]:
+    def _call(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
         self._log_call(args, kwargs)
         t0 = time.perf_counter()
         out = self.func(*args, **kwargs)
@@ -511,8 +572,9 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
             return value  # type: ignore[no-any-return]
         return (await self._acall(name, args, kwargs))[0]  # type: ignore[no-any-return]
 
-    async def _acall(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-                     ) -> tuple[Any, dict[str, Any]]:
+    async def _acall(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
         self._log_call(args, kwargs)
         t0 = time.perf_counter()
         out = await self.func(*args, **kwargs)  # type: ignore[misc]
@@ -528,18 +590,31 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
         return MemorizedResult(self.memory, name, self.func_id, mmap_mode=self.mmap_mode)
 
 
-def _rebuild_func(cls: type[MemorizedFunc[Any, Any]], func: Callable[..., Any], memory: Memory,
-                  ignore: list[str], verbose: int, mmap_mode: str | None,
-                  callback: Callable[[dict[str, Any]], bool] | None) -> MemorizedFunc[Any, Any]:
-    return cls(func, memory, ignore=ignore, verbose=verbose, mmap_mode=mmap_mode,
-               cache_validation_callback=callback)
+def _rebuild_func(
+    cls: type[MemorizedFunc[Any, Any]],
+    func: Callable[..., Any],
+    memory: Memory,
+    ignore: list[str],
+    verbose: int,
+    mmap_mode: str | None,
+    callback: Callable[[dict[str, Any]], bool] | None,
+) -> MemorizedFunc[Any, Any]:
+    return cls(
+        func,
+        memory,
+        ignore=ignore,
+        verbose=verbose,
+        mmap_mode=mmap_mode,
+        cache_validation_callback=callback,
+    )
 
 
 class MemorizedResult:
     """A reference to one cached result: small, picklable; ``.get()`` loads it."""
 
-    def __init__(self, memory: Memory, name: str, func_id: str, *,
-                 mmap_mode: str | None = None) -> None:
+    def __init__(
+        self, memory: Memory, name: str, func_id: str, *, mmap_mode: str | None = None
+    ) -> None:
         self.memory = memory
         self.name = name
         self.func_id = func_id
@@ -563,8 +638,9 @@ class MemorizedResult:
                 with store.open(self.name) as f:
                     reader = EntryReader(f, self.mmap_mode)
         except (FileNotFoundError, EntryNotFound):
-            raise EntryNotFound(f"no cached result {self.name!r} (it may have been cleared)"
-                                ) from None
+            raise EntryNotFound(
+                f"no cached result {self.name!r} (it may have been cleared)"
+            ) from None
         codec = codecs[reader.codec]
         if not codec.safe and not self.memory.allow_pickle:
             raise UnsupportedValue(f"{self.name!r} needs pickle, and pickle is disabled")
@@ -620,12 +696,18 @@ class NotMemorizedFunc(Generic[P, R]):
 
 
 class AsyncNotMemorizedFunc(NotMemorizedFunc[P, R]):
-    async def call_and_shelve(self, *args: P.args, **kwargs: P.kwargs  # type: ignore[override]
-                              ) -> NotMemorizedResult:
+    async def call_and_shelve(
+        self,
+        *args: P.args,
+        **kwargs: P.kwargs,  # type: ignore[override]
+    ) -> NotMemorizedResult:
         return NotMemorizedResult(await self.func(*args, **kwargs))  # type: ignore[misc]
 
-    async def call(self, *args: P.args, **kwargs: P.kwargs  # type: ignore[override]
-                   ) -> tuple[R, dict[str, Any]]:
+    async def call(
+        self,
+        *args: P.args,
+        **kwargs: P.kwargs,  # type: ignore[override]
+    ) -> tuple[R, dict[str, Any]]:
         return await self.func(*args, **kwargs), {}  # type: ignore[misc]
 
 
@@ -645,15 +727,29 @@ class ExpiresAfter:
         return f"expires_after({self.delta})"
 
 
-def expires_after(days: float = 0, seconds: float = 0, microseconds: float = 0,
-                  milliseconds: float = 0, minutes: float = 0, hours: float = 0,
-                  weeks: float = 0) -> ExpiresAfter:
+def expires_after(
+    days: float = 0,
+    seconds: float = 0,
+    microseconds: float = 0,
+    milliseconds: float = 0,
+    minutes: float = 0,
+    hours: float = 0,
+    weeks: float = 0,
+) -> ExpiresAfter:
     """A ``cache_validation_callback`` that recomputes results older than the duration.
 
     >>> from mlcache import Memory, expires_after
     >>> mem = Memory(None)
     >>> f = mem.cache(lambda x: x, cache_validation_callback=expires_after(hours=1))
     """
-    return ExpiresAfter(_dt.timedelta(days=days, seconds=seconds, microseconds=microseconds,
-                                      milliseconds=milliseconds, minutes=minutes, hours=hours,
-                                      weeks=weeks))
+    return ExpiresAfter(
+        _dt.timedelta(
+            days=days,
+            seconds=seconds,
+            microseconds=microseconds,
+            milliseconds=milliseconds,
+            minutes=minutes,
+            hours=hours,
+            weeks=weeks,
+        )
+    )

@@ -36,6 +36,4 @@ class PickleCodec:
 
     def decode(self, layout: dict[str, Any], segments: Segments) -> Any:
         n = int(layout["oob"])
-        return pickle.loads(
-            segments.buffer(0), buffers=[segments.buffer(i + 1) for i in range(n)]
-        )
+        return pickle.loads(segments.buffer(0), buffers=[segments.buffer(i + 1) for i in range(n)])

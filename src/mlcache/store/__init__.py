@@ -88,8 +88,11 @@ class LocalPaths(Protocol):
 def _check_store(obj: object) -> None:
     if not isinstance(obj, type):
         raise TypeError(f"a store backend must be a class, got {obj!r}")
-    missing = [m for m in ("open", "write", "exists", "delete", "list", "touch")
-               if not callable(getattr(obj, m, None))]
+    missing = [
+        m
+        for m in ("open", "write", "exists", "delete", "list", "touch")
+        if not callable(getattr(obj, m, None))
+    ]
     if missing:
         raise TypeError(
             f"{obj.__qualname__} is not a store: it lacks {', '.join(missing)} "

@@ -36,8 +36,9 @@ class LocalStore:
         owner can read cached values).
     """
 
-    def __init__(self, location: str | os.PathLike[str], *, durable: bool = True,
-                 mode: int = 0o700) -> None:
+    def __init__(
+        self, location: str | os.PathLike[str], *, durable: bool = True, mode: int = 0o700
+    ) -> None:
         root = os.path.abspath(os.fspath(location))
         self.location = root
         self.durable = durable
@@ -51,8 +52,9 @@ class LocalStore:
         if not os.access(root, os.W_OK | os.X_OK):
             raise StoreError(f"the cache folder {root!r} is not writable by this user")
         try:
-            fd = os.open(os.path.join(root, ".gitignore"), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                         0o644)
+            fd = os.open(
+                os.path.join(root, ".gitignore"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644
+            )
         except FileExistsError:
             pass
         except OSError as exc:
