@@ -202,7 +202,7 @@ class EntryReader:
     def __init__(self, source: str | BinaryIO, mmap_mode: str | None = None) -> None:
         if isinstance(source, str):
             self.path = source
-            with open(source, "rb", buffering=0) as f:
+            with open(source, "r+b" if mmap_mode == "r+" else "rb", buffering=0) as f:
                 self._read(f, mmap_mode)
         else:  # an open file of a store without local paths
             self.path = str(getattr(source, "name", "<entry>"))

@@ -339,6 +339,7 @@ _DISPATCH: dict[type, Callable[[Hasher, Any], None]] = {
     type: _global,
     types.FunctionType: _global,
     types.BuiltinFunctionType: _global,
+    types.ModuleType: lambda h, m: (h._buf.extend(b"Mod"), h._str(m.__name__)),
     type(Ellipsis): lambda h, _: h._buf.extend(b"E"),
     range: lambda h, r: h._buf.extend(b"r" + _pack_q(r.start) + _pack_q(r.stop) + _pack_q(r.step)),
 }

@@ -416,7 +416,14 @@ class MemorizedFunc(Generic[P, R]):
             if not codec.safe and not self.memory.allow_pickle:
                 return _MISS  # written when pickle was allowed: never unpickle it now
             value = codec.decode(reader.codec_layout, reader)
-        except (FileNotFoundError, EntryNotFound):
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, EntryNotFound):
+            return _MISS
+        except OSError as exc:  # unreadable (permissions, I/O error): leave it in place
+            warnings.warn(
+                f"mlcache: cannot read the cache entry of {self.func_id} ({exc}); recomputing",
+                CacheWarning,
+                stacklevel=4,
+            )
             return _MISS
         except Exception as exc:  # damaged entry, or a codec that cannot read it
             warnings.warn(

@@ -1,0 +1,572 @@
+"""Memory, MemorizedFunc, MemorizedResult: the joblib-compatible API."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import inspect
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mlcache
+from mlcache import (
+    CacheWarning,
+    ConfigError,
+    Memory,
+    MemorizedFunc,
+    NotMemorizedFunc,
+    RegistryError,
+    StoreError,
+    UnsupportedValue,
+    expires_after,
+)
+
+CALLS: list[object] = []
+
+
+def double(x, scale=2.0):
+    """Double it."""
+    CALLS.append(x)
+    return x * scale
+
+
+def make_pair(n):
+    return {"a": np.arange(n, dtype=np.float32), "meta": (n, "x", None), "b": [np.ones((2, n))]}
+
+
+@pytest.fixture
+def mem(tmp_path):
+    CALLS.clear()
+    return Memory(tmp_path / "cache", verbose=0)
+
+
+# -- decorator forms and wrapper ------------------------------------------------
+def test_decorator_forms_and_wrapper_metadata(mem):
+    plain = mem.cache(double)
+    assert isinstance(plain, MemorizedFunc)
+    assert plain.__name__ == "double" and plain.__doc__ == "Double it."
+    assert str(inspect.signature(plain)) == "(x, scale=2.0)"
+
+    @mem.cache
+    def bare(x):
+        return x + 1
+
+    @mem.cache(ignore=["verbose"], verbose=0)
+    def with_args(x, verbose=False):
+        return x + 2
+
+    assert (plain(1), bare(1), with_args(1)) == (2.0, 2, 3)
+    assert mem.cache(plain).func is double  # re-wrapping unwraps
+
+
+def test_hit_and_equivalent_calls_share_one_entry(mem):
+    f = mem.cache(double)
+    assert f(3) == 6.0
+    assert f(x=3) == 6.0
+    assert f(3, 2.0) == 6.0
+    assert f(3, scale=2.0) == 6.0
+    assert CALLS == [3]
+    assert f(3, scale=3.0) == 9.0
+    assert CALLS == [3, 3]
+
+
+def test_ignore_drops_arguments(mem):
+    calls = []
+
+    @mem.cache(ignore=["verbose"])
+    def f(x, verbose=0):
+        calls.append(x)
+        return x
+
+    f(1, verbose=0)
+    f(1, verbose=5)
+    assert calls == [1]
+
+
+def test_location_none_means_no_caching(tmp_path):
+    mem = Memory(None)
+    f = mem.cache(double)
+    assert isinstance(f, NotMemorizedFunc)
+    CALLS.clear()
+    f(1)
+    f(1)
+    assert CALLS == [1, 1]
+    assert f.check_call_in_cache(1) is False
+    out, meta = f.call(2)
+    assert out == 4.0 and meta == {}
+    res = f.call_and_shelve(5)
+    assert res.get() == 10.0
+    res.clear()
+    with pytest.raises(KeyError):
+        res.get()
+    assert mem.eval(double, 4) == 8.0
+    mem.clear()
+    mem.reduce_size(bytes_limit=1)
+
+
+def test_location_accepts_str_and_path(tmp_path):
+    a = Memory(str(tmp_path / "s"), verbose=0)
+    b = Memory(tmp_path / "p", verbose=0)
+    assert a.location == str(tmp_path / "s")
+    assert b.location == str(tmp_path / "p")
+    assert (tmp_path / "p").is_dir()
+
+
+def test_cache_folder_is_private_and_gitignored(tmp_path):
+    Memory(tmp_path / "c", verbose=0)
+    assert (tmp_path / "c").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "c" / ".gitignore").read_text().strip().endswith("*")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / ".gitignore").write_text("mine\n")
+    Memory(tmp_path / "d", verbose=0)
+    assert (tmp_path / "d" / ".gitignore").read_text() == "mine\n"
+
+
+# -- arrays and mmap -----------------------------------------------------------
+def test_arrays_round_trip_writable_without_mmap(mem):
+    f = mem.cache(double)
+    x = np.arange(12.0).reshape(3, 4)
+    first = f(x)
+    second = f(x)
+    assert type(second) is np.ndarray and second.flags.writeable
+    np.testing.assert_array_equal(first, second)
+    second[0, 0] = 99  # a private copy: the cache is not changed
+    np.testing.assert_array_equal(f(x), x * 2)
+
+
+@pytest.mark.parametrize("mode", ["r", "c", "r+"])
+def test_mmap_modes_return_memmaps(tmp_path, mode):
+    mem = Memory(tmp_path, mmap_mode=mode, verbose=0)
+    f = mem.cache(double)
+    x = np.arange(1000.0)
+    first = f(x)
+    assert isinstance(first, np.memmap)  # consistent with later hits
+    hit = f(x)
+    assert isinstance(hit, np.memmap) and hit.mode == mode
+    assert hit.flags.writeable == (mode != "r")
+    np.testing.assert_array_equal(hit, x * 2)
+
+
+def test_containers_of_arrays_stay_mappable(tmp_path):
+    mem = Memory(tmp_path, mmap_mode="r", verbose=0)
+    f = mem.cache(make_pair)
+    f(5)
+    out = f(5)
+    assert isinstance(out["a"], np.memmap) and isinstance(out["b"][0], np.memmap)
+    assert out["meta"] == (5, "x", None)
+    np.testing.assert_array_equal(out["b"][0], np.ones((2, 5)))
+
+
+def test_per_function_mmap_mode_overrides(tmp_path):
+    mem = Memory(tmp_path, mmap_mode="r", verbose=0)
+    f = mem.cache(double, mmap_mode=None)
+    f(np.ones(3))
+    assert type(f(np.ones(3))) is np.ndarray
+
+
+# -- the other methods -----------------------------------------------------------
+def test_call_check_and_clear(mem):
+    f = mem.cache(double)
+    assert not f.check_call_in_cache(2)
+    out, meta = f.call(2)
+    assert out == 4.0 and meta["duration"] >= 0 and "time" in meta and "input_args" in meta
+    assert f.check_call_in_cache(2)
+    f.call(2)  # always computes
+    assert CALLS == [2, 2]
+    f.clear()
+    assert not f.check_call_in_cache(2)
+    f(2)
+    assert CALLS == [2, 2, 2]
+
+
+def test_call_and_shelve(mem):
+    f = mem.cache(double)
+    ref = f.call_and_shelve(np.arange(3))
+    np.testing.assert_array_equal(ref.get(), [0.0, 2.0, 4.0])
+    f.call_and_shelve(np.arange(3))
+    assert len(CALLS) == 1
+    again = pickle.loads(pickle.dumps(ref))
+    np.testing.assert_array_equal(again.get(), [0.0, 2.0, 4.0])
+    ref.clear()
+    with pytest.raises(KeyError):
+        ref.get()
+
+
+def test_memory_clear_and_eval(mem):
+    assert mem.eval(double, 5) == 10.0
+    assert mem.eval(double, 5) == 10.0
+    assert CALLS == [5]
+    mem.clear()
+    assert os.listdir(mem.location) == [".gitignore"]
+    assert mem.eval(double, 5) == 10.0
+    assert CALLS == [5, 5]
+
+
+def test_cache_validation_callback_and_expires_after(mem):
+    f = mem.cache(double, cache_validation_callback=expires_after(seconds=0.2))
+    f(1)
+    f(1)
+    assert CALLS == [1]
+    time.sleep(0.3)
+    assert not f.check_call_in_cache(1)
+    f(1)
+    assert CALLS == [1, 1]
+    never = mem.cache(double, cache_validation_callback=lambda meta: False)
+    never(7)
+    never(7)
+    assert CALLS.count(7) == 2
+    assert pickle.loads(pickle.dumps(expires_after(days=1))).delta == datetime.timedelta(days=1)
+
+
+def test_async_functions(mem):
+    calls = []
+
+    @mem.cache
+    async def fetch(x):
+        calls.append(x)
+        await asyncio.sleep(0)
+        return x * 10
+
+    assert asyncio.run(fetch(2)) == 20
+    assert asyncio.run(fetch(2)) == 20
+    assert calls == [2]
+    out, meta = asyncio.run(fetch.call(2))
+    assert out == 20 and calls == [2, 2]
+    ref = asyncio.run(fetch.call_and_shelve(3))
+    assert ref.get() == 30
+
+
+# -- keys: code, closures, methods, lambdas ----------------------------------------
+def test_changed_source_is_never_a_hit(tmp_path, monkeypatch):
+    mod = tmp_path / "userpkg_changing.py"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mem = Memory(tmp_path / "c", verbose=0)
+    results = []
+    for body in ("return x + 1", "return x + 100", "return x + 1"):
+        mod.write_text(f"def f(x):\n    {body}\n")
+        ns: dict = {}
+        exec(compile(mod.read_text(), str(mod), "exec"), ns)
+        func = ns["f"]
+        func.__module__ = "userpkg_changing"
+        # linecache must see the new text, as after an edit and a restart
+        import linecache
+
+        linecache.checkcache(str(mod))
+        results.append(mem.cache(func)(1))
+    assert results == [2, 101, 2]
+
+
+def test_closures_over_different_values_do_not_share(mem):
+    def make(k):
+        @mem.cache
+        def scaled(x):
+            return x * k
+
+        return scaled
+
+    assert make(2)(10) == 20
+    assert make(3)(10) == 30
+
+
+def test_methods_are_keyed_by_instance_state(mem):
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        @mem.cache
+        def apply(self, x):
+            CALLS.append(x)
+            return x * self.k
+
+    assert Scaler(2).apply(5) == 10
+    assert Scaler(2).apply(5) == 10
+    assert Scaler(3).apply(5) == 15
+    assert CALLS == [5, 5]
+
+
+def test_lambdas_on_one_line_do_not_collide(mem):
+    f, g = mem.cache(lambda x: x + 1), mem.cache(lambda x: x * 10)
+    assert (f(2), g(2), f(2), g(2)) == (3, 20, 3, 20)
+
+
+def test_main_script_functions(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            from mlcache import Memory
+            mem = Memory({str(tmp_path / "c")!r}, verbose=0)
+
+            @mem.cache
+            def prep(x):
+                print("COMPUTE")
+                return x * 2
+
+            print(prep(21))
+            """
+        )
+    )
+    runs = [
+        subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    assert runs[0].stdout.split() == ["COMPUTE", "42"]
+    assert runs[1].stdout.split() == ["42"]
+
+
+# -- pickling and other processes ---------------------------------------------------
+def test_memory_and_memorized_func_pickle(mem):
+    f = mem.cache(double, ignore=["scale"])
+    f(4)
+    g = pickle.loads(pickle.dumps(f))
+    assert g.ignore == ["scale"] and g.memory.location == mem.location
+    assert g.check_call_in_cache(4)
+    m2 = pickle.loads(pickle.dumps(Memory(mem.location, mmap_mode="r", bytes_limit="1M")))
+    assert (m2.mmap_mode, m2.bytes_limit) == ("r", 1 << 20)
+
+
+def _square_in_child(args):
+    location, x = args
+    f = Memory(location, verbose=0).cache(double)
+    return f.check_call_in_cache(x), f(x)
+
+
+def test_other_processes_share_results(mem):
+    import multiprocessing
+
+    f = mem.cache(double)
+    f(6)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        got = pool.map(_square_in_child, [(mem.location, 6), (mem.location, 7)])
+    assert got == [(True, 12.0), (False, 14.0)]
+    assert f.check_call_in_cache(7)
+
+
+def test_joblib_parallel_with_a_memorized_function(mem):
+    joblib = pytest.importorskip("joblib")
+    f = mem.cache(double)
+    out = joblib.Parallel(n_jobs=2)(joblib.delayed(f)(i) for i in range(4))
+    assert out == [0.0, 2.0, 4.0, 6.0]
+    assert all(f.check_call_in_cache(i) for i in range(4))
+
+
+# -- sklearn ------------------------------------------------------------------------
+FITS: list[int] = []
+
+
+def _counting_transformer():
+    from sklearn.base import BaseEstimator, TransformerMixin
+
+    class CountingScaler(TransformerMixin, BaseEstimator):
+        def fit(self, X, y=None):
+            FITS.append(len(X))
+            self.mean_ = X.mean(axis=0)
+            return self
+
+        def transform(self, X):
+            return X - self.mean_
+
+    return CountingScaler
+
+
+CountingScaler = None
+
+
+def test_sklearn_pipeline_does_not_refit_cached_steps(tmp_path):
+    pytest.importorskip("sklearn")
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.utils.validation import check_memory
+
+    global CountingScaler
+    CountingScaler = _counting_transformer()
+    CountingScaler.__module__ = __name__
+    CountingScaler.__qualname__ = "CountingScaler"
+    mem = Memory(tmp_path, verbose=0)
+    assert check_memory(mem) is mem
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 4)), np.arange(60) % 2
+    FITS.clear()
+    for _ in range(2):
+        pipe = Pipeline([("scale", CountingScaler()), ("clf", LogisticRegression())], memory=mem)
+        pipe.fit(X, y)
+    assert FITS == [60]
+    np.testing.assert_allclose(pipe.named_steps["scale"].mean_, X.mean(axis=0))
+    pipe2 = Pipeline([("scale", CountingScaler()), ("clf", LogisticRegression())], memory=mem)
+    pipe2.fit(X[:30], y[:30])
+    assert FITS == [60, 30]
+
+
+# -- limits --------------------------------------------------------------------------
+def test_bytes_limit_is_enforced_on_write_lru(tmp_path):
+    mem = Memory(tmp_path, verbose=0, bytes_limit="300K")
+    f = mem.cache(double)
+    for i in range(3):
+        f(np.full(10_000, i, dtype=np.float64))  # ~80 KB each
+    f(np.full(10_000, 0, dtype=np.float64))  # a hit: 0 is now the most recent
+    mem._usage.flush()
+    for i in range(3, 8):
+        f(np.full(10_000, i, dtype=np.float64))
+        total = sum(e.size for e in mem.store.list())
+        assert total <= 300 * 1024
+    assert f.check_call_in_cache(np.full(10_000, 7, dtype=np.float64))
+    assert not f.check_call_in_cache(np.full(10_000, 1, dtype=np.float64))
+
+
+def test_result_larger_than_the_limit_is_returned_not_stored(tmp_path):
+    mem = Memory(tmp_path, verbose=0, bytes_limit=1000)
+    f = mem.cache(double)
+    with pytest.warns(CacheWarning, match="larger than bytes_limit"):
+        out = f(np.ones(1000))
+    np.testing.assert_array_equal(out, 2 * np.ones(1000))
+    assert not f.check_call_in_cache(np.ones(1000))
+
+
+def test_reduce_size_limits(mem):
+    f = mem.cache(double)
+    for i in range(5):
+        f(np.full(1000, i, dtype=np.float64))
+        time.sleep(0.01)
+    mem.reduce_size(items_limit=3)
+    assert len(list(mem.store.list())) == 3
+    assert f.check_call_in_cache(np.full(1000, 4, dtype=np.float64))
+    size_one = max(e.size for e in mem.store.list())
+    mem.reduce_size(bytes_limit=size_one)
+    assert len(list(mem.store.list())) == 1
+    mem.reduce_size(age_limit=datetime.timedelta(seconds=0))
+    assert list(mem.store.list()) == []
+    with pytest.raises(ValueError):
+        mem.reduce_size(items_limit=-1)
+
+
+# -- failures never lose the result ---------------------------------------------------
+def test_store_failure_returns_the_value_with_one_warning(mem):
+    f = mem.cache(double)
+    f(1)  # creates the function folder
+    code_dir = os.path.join(mem.location, f._code_dir)
+    # a real failure: the entry name is taken by a folder the store cannot replace
+    name = f._name((2,), {})
+    os.makedirs(os.path.join(mem.location, name, "blocker"))
+    with pytest.warns(CacheWarning, match="could not store"):
+        assert f(2) == 4.0
+    assert os.path.isdir(code_dir)
+
+
+def test_disk_full_returns_the_value(mem, monkeypatch):
+    import errno
+
+    f = mem.cache(double)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mem.store, "write", full)
+    with pytest.warns(CacheWarning, match="No space left"):
+        assert f(3) == 6.0
+
+
+def test_damaged_entry_is_a_miss_with_a_warning_then_overwritten(mem):
+    f = mem.cache(double)
+    f(np.arange(100.0))
+    path = mem.store.local_path(f._name((np.arange(100.0),), {}))
+    data = bytearray(Path(path).read_bytes())
+    data[-5] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+    with pytest.warns(CacheWarning, match="damaged"):
+        np.testing.assert_array_equal(f(np.arange(100.0)), np.arange(100.0) * 2)
+    assert len(CALLS) == 2
+    np.testing.assert_array_equal(f(np.arange(100.0)), np.arange(100.0) * 2)
+    assert len(CALLS) == 2
+    assert mem.verify() == []
+
+
+def test_unstorable_result_is_returned_with_a_warning(mem):
+    import threading
+
+    f = mem.cache(lambda: threading.Lock())
+    with pytest.warns(CacheWarning, match="cannot be stored"):
+        lock = f()
+    assert hasattr(lock, "acquire")
+
+
+def test_allow_pickle_false_refuses_at_store_time(tmp_path):
+    mem = Memory(tmp_path, verbose=0, allow_pickle=False)
+    f = mem.cache(lambda n: {"ok": np.arange(n), "t": (1, 2.5)})
+    assert f(3)["t"] == (1, 2.5)
+    g = mem.cache(lambda: datetime.date(2020, 1, 1))
+    with pytest.raises(UnsupportedValue, match="datetime.date"):
+        g()
+
+
+def test_compressed_results(tmp_path):
+    mem = Memory(tmp_path, compress=("zlib", 6), verbose=0)
+    f = mem.cache(double)
+    x = np.zeros(100_000)
+    f(x)
+    np.testing.assert_array_equal(f(x), x)
+    assert sum(e.size for e in mem.store.list()) < x.nbytes / 10
+
+
+# -- bad input ------------------------------------------------------------------------
+def test_clear_errors_for_bad_input(tmp_path):
+    with pytest.raises(ConfigError, match="mmap_mode"):
+        Memory(tmp_path, mmap_mode="w+")
+    with pytest.raises(RegistryError, match="unknown store backend 'nope'"):
+        Memory(tmp_path, backend="nope")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StoreError, match="cannot create the cache folder"):
+        Memory(blocker / "sub")
+    mem = Memory(tmp_path / "ok", verbose=0)
+    with pytest.raises(TypeError, match="expects a callable"):
+        mem.cache(42)
+    with pytest.raises(ConfigError, match="not parameters"):
+        mem.cache(double, ignore=["y"])
+    with pytest.raises(ConfigError, match="mmap_mode"):
+        mem.cache(double, mmap_mode="x")
+    with pytest.raises(TypeError, match="location"):
+        Memory(42)
+    f = mem.cache(double)
+    import threading
+
+    with pytest.raises(TypeError, match="argument 'x' of type _thread.lock"):
+        f(threading.Lock())
+    with pytest.raises(TypeError):
+        f()  # missing argument, as the plain call would say
+
+
+def test_default_cache_decorator(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLCACHE_DIR", str(tmp_path / "default"))
+    calls = []
+
+    @mlcache.cache
+    def f(x):
+        calls.append(x)
+        return -x
+
+    assert f(1) == -1 and f(1) == -1 and calls == [1]
+    assert (tmp_path / "default").is_dir()
+    monkeypatch.delenv("MLCACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform.startswith("linux"):
+        assert mlcache.default_location() == str(tmp_path / "xdg" / "mlcache")
+
+
+def test_verbose_logs_through_the_mlcache_logger(tmp_path, caplog):
+    mem = Memory(tmp_path, verbose=10)
+    f = mem.cache(double)
+    with caplog.at_level("INFO", logger="mlcache"):
+        f(1)
+        f(1)
+    text = caplog.text
+    assert "calling" in text and "loaded from cache" in text
