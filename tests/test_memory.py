@@ -20,8 +20,8 @@ import mlcache
 from mlcache import (
     CacheWarning,
     ConfigError,
-    Memory,
     MemorizedFunc,
+    Memory,
     NotMemorizedFunc,
     RegistryError,
     StoreError,
@@ -238,7 +238,7 @@ def test_async_functions(mem):
     assert asyncio.run(fetch(2)) == 20
     assert asyncio.run(fetch(2)) == 20
     assert calls == [2]
-    out, meta = asyncio.run(fetch.call(2))
+    out, _meta = asyncio.run(fetch.call(2))
     assert out == 20 and calls == [2, 2]
     ref = asyncio.run(fetch.call_and_shelve(3))
     assert ref.get() == 30
