@@ -24,7 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     verify = sub.add_parser("verify", help="check every entry's checksums")
     verify.add_argument("--fix", action="store_true", help="remove damaged entries")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
+    demo = sub.add_parser("demo", help="time the function cache on generated data")
+    demo.add_argument("--size", type=int, default=4000, help="array side (default 4000)")
+    demo.add_argument("--quick", action="store_true", help="a small, fast run (for CI)")
     args = parser.parse_args(argv)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        if args.size <= 0:
+            parser.error(f"--size must be positive, got {args.size}")
+        run_demo(size=300 if args.quick else args.size, location=args.location)
+        return 0
     location = args.location or default_location()
     if not os.path.isdir(location):
         print(f"no cache at {location}", file=sys.stderr)

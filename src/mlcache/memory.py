@@ -297,18 +297,20 @@ class Memory:
         if self.store is None:
             return []
         damaged = []
-        for e in self.store.list():
+        store = self.store
+        for e in store.list():
             try:
-                with self.store.open(e.name) as f:
-                    EntryReader(f) if not isinstance(self.store, LocalPaths) else verify_file(
-                        self.store.local_path(e.name)
-                    )
+                if isinstance(store, LocalPaths):
+                    verify_file(store.local_path(e.name))
+                else:
+                    with store.open(e.name) as f:
+                        EntryReader(f)
             except EntryCorrupted:
                 damaged.append(e.name)
                 if fix:
-                    self.store.delete(e.name)
-            except EntryNotFound:
-                continue
+                    store.delete(e.name)
+            except (EntryNotFound, FileNotFoundError):
+                continue  # removed meanwhile
         return damaged
 
 
