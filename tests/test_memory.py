@@ -268,12 +268,16 @@ def test_closures_over_different_values_do_not_share(mem):
     def make(k):
         @mem.cache
         def scaled(x):
+            CALLS.append(k)
             return x * k
 
         return scaled
 
-    assert make(2)(10) == 20
-    assert make(3)(10) == 30
+    by2, by3 = make(2), make(3)
+    assert (by2(10), by3(10)) == (20, 30)
+    # one code version: the second closure must not discard the first one's results
+    assert (by2(10), by3(10), make(2)(10)) == (20, 30, 20)
+    assert CALLS == [2, 3]
 
 
 def test_methods_are_keyed_by_instance_state(mem):

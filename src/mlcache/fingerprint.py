@@ -17,9 +17,10 @@ notebook cell / REPL        ``__main__.func``: the temporary cell file name is n
 ==========================  =====================================================
 
 The code version hashes the function's source text when it can be found
-(``inspect.getsource``; notebooks and ``python -c`` included when the source is
-in ``linecache``), else its bytecode, constants and names; plus the contents of
-its closure cells. A changed version is always a miss.
+(``inspect.getsource``; notebooks included, their cells are in ``linecache``),
+else its bytecode, constants and names. The values in its closure cells are
+hashed separately (:func:`closure_digest`) and go into every call's key. A
+changed version is always a miss.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
 import xxhash
 
-__all__ = ["code_version", "func_identity", "slug"]
+__all__ = ["closure_digest", "code_version", "func_identity", "slug"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -94,9 +96,9 @@ def _source(func: Callable[..., Any]) -> str | None:
 
 
 def code_version(func: Callable[..., Any]) -> str:
-    """Hex digest of ``func``'s code: source text (or bytecode) plus closure contents.
+    """Hex digest of ``func``'s code: its source text, else its bytecode.
 
-    Raises ``TypeError`` when a closure cell holds a value that cannot be hashed.
+    Closure contents are not included: see :func:`closure_digest`.
     """
     h = xxhash.xxh3_128()
     target = inspect.unwrap(func) if hasattr(func, "__wrapped__") else func
@@ -110,25 +112,35 @@ def code_version(func: Callable[..., Any]) -> str:
         _code_bytes(code, h)
     else:  # builtins and C extensions: their module and version
         module = getattr(func, "__module__", "") or ""
-        top = module.split(".")[0]
-        version = getattr(__import__("sys").modules.get(top), "__version__", "")
+        top = sys.modules.get(module.split(".")[0])
+        version = getattr(top, "__version__", "")
         h.update(f"builtin:{module}:{version}:{getattr(func, '__qualname__', '')}".encode())
-    cells = getattr(target, "__closure__", None)
-    if cells:
-        from .hashing import Hasher
-
-        sub = Hasher()
-        for cell in cells:
-            try:
-                value = cell.cell_contents
-            except ValueError:  # empty cell
-                value = None
-            if value is target or (hasattr(value, "func") and value.func is target):
-                continue  # a recursive reference to itself
-            if isinstance(value, types.FunctionType):
-                sub.update(func_identity(value))
-                sub.update(code_version(value) if value.__closure__ is None else "")
-                continue
-            sub.update(value)
-        h.update(b"closure:" + sub.hexdigest().encode())
     return h.hexdigest()
+
+
+def closure_digest(func: Callable[..., Any]) -> str:
+    """Hex digest of the values ``func``'s closure captures ("" when it has none).
+
+    Two closures made by one factory share their code but not their results.
+    Raises ``TypeError`` when a captured value cannot be hashed.
+    """
+    target = inspect.unwrap(func) if hasattr(func, "__wrapped__") else func
+    cells = getattr(target, "__closure__", None)
+    if not cells:
+        return ""
+    from .hashing import Hasher
+
+    sub = Hasher()
+    for cell in cells:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            value = None
+        if value is target or getattr(value, "func", None) is target:
+            sub.update("<self>")  # a recursive reference to itself
+        elif isinstance(value, types.FunctionType):
+            # by identity and code, not by walking its globals
+            sub.update((func_identity(value), code_version(value), closure_digest(value)))
+        else:
+            sub.update(value)
+    return sub.hexdigest()

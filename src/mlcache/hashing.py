@@ -193,9 +193,10 @@ class Hasher:
             "<lambda>" in qualname or "<locals>" in qualname
         ):
             # not importable by name: its code decides what it does
-            from .fingerprint import code_version
+            from .fingerprint import closure_digest, code_version
 
             self._str(code_version(obj))
+            self._str(closure_digest(obj))
 
     def _reduce(self, obj: Any) -> None:
         try:

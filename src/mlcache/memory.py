@@ -28,7 +28,7 @@ from .codecs import codecs, select_codec
 from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
 from .entry import EntryReader, read_info, verify_file, write_entry
 from .errors import CacheWarning, EntryCorrupted, EntryNotFound, UnsupportedValue
-from .fingerprint import code_version, func_identity, slug
+from .fingerprint import closure_digest, code_version, func_identity, slug
 from .limits import UsageLog, enforce_limits
 from .store import LocalPaths, Store, stores
 
@@ -392,7 +392,8 @@ class MemorizedFunc(Generic[P, R]):
                 self._store.delete(f"{self._folder}/{folder}")
             except OSError:
                 pass
-        keyer = CallKeyer(self.func, self.ignore, (self.func_id + "\0" + version).encode())
+        prefix = "\0".join((self.func_id, version, closure_digest(self.func)))
+        keyer = CallKeyer(self.func, self.ignore, prefix.encode())
         self._keyer = keyer
         return keyer
 
