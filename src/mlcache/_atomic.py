@@ -55,7 +55,7 @@ def atomic_file(path: str, *, durable: bool = True, mode: int = 0o600) -> Iterat
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb", buffering=0) as f:
-            yield f  # type: ignore[misc]
+            yield f
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -23,7 +23,7 @@ __all__ = ["Compression", "parse_compress"]
 
 def _lz4() -> tuple[Callable[[bytes, int], bytes], Callable[[bytes], bytes]]:
     try:
-        import lz4.frame as lz4f  # type: ignore[import-not-found]
+        import lz4.frame as lz4f
     except ImportError:
         raise ConfigError("compress=('lz4', ...) needs the lz4 package: pip install lz4") from None
     return (lambda d, lvl: lz4f.compress(d, compression_level=lvl)), lz4f.decompress

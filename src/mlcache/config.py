@@ -60,7 +60,7 @@ def check_mmap_mode(mode: Any) -> str | None:
             f"mmap_mode must be one of None, 'r', 'r+', 'c'; got {mode!r}"
             + (" ('w+' would truncate the cached file)" if mode == "w+" else "")
         )
-    return mode  # type: ignore[no-any-return]
+    return mode
 
 
 @dataclass(frozen=True, kw_only=True)

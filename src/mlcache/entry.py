@@ -41,8 +41,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import xxhash
@@ -73,7 +72,7 @@ def _pad(n: int) -> int:
 def _as_bytes(seg: Any) -> memoryview:
     if isinstance(seg, np.ndarray):
         a = seg if seg.flags.c_contiguous else seg.T  # F-ordered: its transpose is C
-        return memoryview(a.reshape(-1).view(np.uint8))
+        return memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     mv = memoryview(seg)
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
@@ -258,10 +257,10 @@ class EntryReader:
         else:
             buf = np.empty(h.payload_len, dtype=np.uint8)  # no zero-fill pass
             f.seek(h.payload_off)
-            mv = memoryview(buf)
+            mv = memoryview(buf)  # type: ignore[arg-type]
             got = 0
             while got < h.payload_len:
-                n = f.readinto(mv[got:])
+                n = f.readinto(mv[got:])  # type: ignore[attr-defined]
                 if not n:
                     raise EntryCorrupted(f"{path}: truncated payload")
                 got += n
@@ -297,12 +296,12 @@ class EntryReader:
             return memoryview(self._comp.decompress(data))
         return data
 
-    def array(self, index: int, dtype: np.dtype, shape: Sequence[int], order: str) -> np.ndarray:  # type: ignore[type-arg]
+    def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:
         off, _n = self._seg[index]
         count = int(np.prod(shape, dtype=np.int64))
         if count * dtype.itemsize != self._raw_len[index]:
             raise EntryCorrupted(f"{self.path}: array segment {index} has the wrong size")
-        order_ = "F" if order == "F" else "C"
+        order_: Literal["C", "F"] = "F" if order == "F" else "C"
         if self._mode is not None:
             arr = np.frombuffer(
                 self._mm,  # type: ignore[arg-type]
@@ -312,9 +311,9 @@ class EntryReader:
             ).reshape(shape, order=order_)
             # joblib returns numpy.memmap instances: keep that contract
             mm_arr = arr.view(np.memmap)
-            mm_arr.filename = os.path.abspath(self.path)  # type: ignore[misc]
-            mm_arr.offset = self._h.payload_off + off  # type: ignore[misc]
-            mm_arr.mode = self._mode  # type: ignore[misc]
+            mm_arr.filename = os.path.abspath(self.path)
+            mm_arr.offset = self._h.payload_off + off
+            mm_arr.mode = self._mode
             mm_arr._mmap = self._mm  # type: ignore[attr-defined]
             return mm_arr
         flat = np.frombuffer(self.buffer(index), dtype=dtype, count=count)

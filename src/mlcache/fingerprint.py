@@ -66,7 +66,7 @@ def _is_notebook_file(filename: str) -> bool:
 def func_identity(func: Callable[..., Any]) -> str:
     """The stable name under which ``func``'s results are stored."""
     module = getattr(func, "__module__", None) or "<unknown>"
-    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    qualname = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func)))
     code = getattr(func, "__code__", None)
     if module == "__main__" and code is not None and not _is_notebook_file(code.co_filename):
         stem = os.path.splitext(os.path.basename(code.co_filename))[0]

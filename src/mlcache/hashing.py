@@ -181,11 +181,12 @@ class Hasher:
             self._buf.clear()
             rows = max(1, _CHUNK // max(1, a[:1].nbytes))
             for i in range(0, a.shape[0], rows):
-                self._h.update(np.ascontiguousarray(a[i : i + rows]).reshape(-1).view(np.uint8))
+                chunk = np.ascontiguousarray(a[i : i + rows])
+                self._h.update(memoryview(chunk.reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
 
     def _global(self, obj: Any) -> None:
-        module = getattr(obj, "__module__", None) or ""
-        qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", "")
+        module = str(getattr(obj, "__module__", None) or "")
+        qualname = str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", ""))
         self._buf += b"G"
         self._str(module)
         self._str(qualname)
@@ -306,13 +307,18 @@ def _ndarray(h: Hasher, obj: np.ndarray) -> None:
     h._ndarray(obj)
 
 
-def _dtype(h: Hasher, obj: np.dtype) -> None:  # type: ignore[type-arg]
+def _dtype(h: Hasher, obj: np.dtype) -> None:
     h._buf += b"d"
     h._str(str(obj.descr) if obj.fields is not None else obj.str)
 
 
 def _global(h: Hasher, obj: Any) -> None:
     h._global(obj)
+
+
+def _module(h: Hasher, obj: types.ModuleType) -> None:
+    h._buf += b"Mod"
+    h._str(obj.__name__)
 
 
 def _path(h: Hasher, obj: pathlib.PurePath) -> None:
@@ -340,7 +346,7 @@ _DISPATCH: dict[type, Callable[[Hasher, Any], None]] = {
     type: _global,
     types.FunctionType: _global,
     types.BuiltinFunctionType: _global,
-    types.ModuleType: lambda h, m: (h._buf.extend(b"Mod"), h._str(m.__name__)),
+    types.ModuleType: _module,
     type(Ellipsis): lambda h, _: h._buf.extend(b"E"),
     range: lambda h, r: h._buf.extend(b"r" + _pack_q(r.start) + _pack_q(r.stop) + _pack_q(r.step)),
 }

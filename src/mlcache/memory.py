@@ -243,7 +243,7 @@ class Memory:
             self,
             ignore=ignore,
             verbose=self._verbose if verbose is None else verbose,
-            mmap_mode=self.mmap_mode if mmap_mode is False else mmap_mode,
+            mmap_mode=self.mmap_mode if mmap_mode is False else mmap_mode,  # type: ignore[arg-type]
             cache_validation_callback=cache_validation_callback,
         )
 
@@ -289,7 +289,7 @@ class Memory:
         """``func(*args, **kwargs)``, computed only if not already cached."""
         if self.store is None:
             return func(*args, **kwargs)
-        return self.cache(func)(*args, **kwargs)  # type: ignore[no-any-return]
+        return self.cache(func)(*args, **kwargs)
 
     def verify(self, *, fix: bool = False) -> list[str]:
         """Check every entry's checksums; return the names of damaged ones
@@ -346,7 +346,7 @@ class MemorizedFunc(Generic[P, R]):
         self._code_dir = ""
         # fail now, not at the first call, on a bad ignore list
         CallKeyer(func, self.ignore, b"")
-        functools.update_wrapper(self, func)  # type: ignore[arg-type]
+        functools.update_wrapper(self, func)
 
     def __repr__(self) -> str:
         return f"MemorizedFunc(func={self.func!r}, location={self.memory.location!r})"
@@ -532,8 +532,8 @@ class MemorizedFunc(Generic[P, R]):
         if value is not _MISS:
             if self._verbose >= 10:
                 logger.info("[Memory] %s: loaded from cache", self.func_id)
-            return value  # type: ignore[no-any-return]
-        return self._call(name, args, kwargs)[0]  # type: ignore[no-any-return]
+            return value
+        return self._call(name, args, kwargs)[0]
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
         """Always compute and store; return ``(output, metadata)`` as joblib does."""
@@ -579,8 +579,8 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
         name = self._name(args, kwargs)
         value = self._load(name, self.mmap_mode)
         if value is not _MISS:
-            return value  # type: ignore[no-any-return]
-        return (await self._acall(name, args, kwargs))[0]  # type: ignore[no-any-return]
+            return value
+        return (await self._acall(name, args, kwargs))[0]
 
     async def _acall(
         self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -684,7 +684,7 @@ class NotMemorizedFunc(Generic[P, R]):
 
     def __init__(self, func: Callable[P, R]) -> None:
         self.func = func
-        functools.update_wrapper(self, func)  # type: ignore[arg-type]
+        functools.update_wrapper(self, func)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -706,17 +706,17 @@ class NotMemorizedFunc(Generic[P, R]):
 
 
 class AsyncNotMemorizedFunc(NotMemorizedFunc[P, R]):
-    async def call_and_shelve(
+    async def call_and_shelve(  # type: ignore[override]
         self,
         *args: P.args,
-        **kwargs: P.kwargs,  # type: ignore[override]
+        **kwargs: P.kwargs,
     ) -> NotMemorizedResult:
         return NotMemorizedResult(await self.func(*args, **kwargs))  # type: ignore[misc]
 
-    async def call(
+    async def call(  # type: ignore[override]
         self,
         *args: P.args,
-        **kwargs: P.kwargs,  # type: ignore[override]
+        **kwargs: P.kwargs,
     ) -> tuple[R, dict[str, Any]]:
         return await self.func(*args, **kwargs), {}  # type: ignore[misc]
 

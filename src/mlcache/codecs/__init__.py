@@ -39,7 +39,7 @@ class Segments(Protocol):
         """Segment ``index`` as bytes."""
         ...
 
-    def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:  # type: ignore[type-arg]
+    def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:
         """Segment ``index`` viewed as an array (memory-mapped when the reader maps)."""
         ...
 
