@@ -574,3 +574,45 @@ def test_verbose_logs_through_the_mlcache_logger(tmp_path, caplog):
         f(1)
     text = caplog.text
     assert "calling" in text and "loaded from cache" in text
+
+
+def _notebook_cell(source: str, cell: str) -> dict:
+    """Run ``source`` as IPython runs a cell: a fake file name known to linecache."""
+    import linecache
+
+    linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(source, cell, "exec"), ns)
+    return ns
+
+
+def test_notebook_functions_are_fingerprinted_from_the_cell(tmp_path):
+    mem = Memory(tmp_path, verbose=0)
+    src = "def feat(x):\n    return x + 1\n"
+    f1 = mem.cache(_notebook_cell(src, "/tmp/ipykernel_1/111.py")["feat"])
+    assert f1.func_id == "__main__.feat"  # the temporary cell file is not part of it
+    assert f1(1) == 2
+    # the same cell re-run after a kernel restart lands in another temp file: a hit
+    f2 = mem.cache(_notebook_cell(src, "/tmp/ipykernel_2/222.py")["feat"])
+    assert f2.check_call_in_cache(1)
+    # an edited cell is new code: a miss
+    f3 = mem.cache(_notebook_cell(src.replace("+ 1", "+ 2"), "/tmp/ipykernel_2/333.py")["feat"])
+    assert not f3.check_call_in_cache(1)
+    assert f3(1) == 3
+
+
+def test_module_level_memorized_function_pickles_by_reference(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "userpkg_ref.py").write_text(
+        "from mlcache import Memory\n"
+        f"mem = Memory({str(tmp_path / 'c')!r}, verbose=0)\n"
+        "@mem.cache\n"
+        "def f(x):\n"
+        "    return x * 3\n"
+    )
+    import importlib
+
+    mod = importlib.import_module("userpkg_ref")
+    data = pickle.dumps(mod.f)
+    assert b"userpkg_ref" in data and len(data) < 100  # a reference, not the whole object
+    assert pickle.loads(data) is mod.f
