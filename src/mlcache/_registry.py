@@ -68,10 +68,13 @@ class Registry(Generic[T], Mapping[str, T]):
         module_name, _, attr = target.partition(":")
         try:
             impl = getattr(importlib.import_module(module_name), attr)
-        except ImportError as exc:
+        except (ImportError, AttributeError) as exc:
             extra = f"; install it with: {hint}" if hint else ""
             raise RegistryError(f"{self._kind} {name!r} is not available ({exc}){extra}") from exc
-        self._check(impl)
+        try:
+            self._check(impl)
+        except TypeError as exc:
+            raise RegistryError(f"{self._kind} {name!r} is not valid: {exc}") from None
         self._entries[name] = impl
         return impl
 

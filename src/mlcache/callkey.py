@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import reprlib
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -61,8 +62,10 @@ class CallKeyer:
             )
         params = list(self.signature.parameters.values())
         self.names = [p.name for p in params]
+        if isinstance(ignore, str):
+            raise ConfigError(f"ignore must be a list of parameter names, got {ignore!r}")
         ignore = list(ignore or ())
-        if isinstance(ignore, str) or not all(isinstance(n, str) for n in ignore):
+        if not all(isinstance(n, str) for n in ignore):
             raise ConfigError(f"ignore must be a list of parameter names, got {ignore!r}")
         unknown = [n for n in ignore if n not in self.names]
         if unknown:
@@ -79,6 +82,7 @@ class CallKeyer:
         self._required = [i for i, d in enumerate(self._defaults) if d is _MISSING]
         self._index = {n: i for i, n in enumerate(self.names)}
         self._prefix = bytes([HASH_SCHEME]) + prefix
+        self._func = func
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """Every parameter's value, in signature order (``*args`` as a tuple,
@@ -100,7 +104,17 @@ class CallKeyer:
         return self._slow_bind(args, kwargs)
 
     def _slow_bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        bound = self.signature.bind(*args, **kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            f = self._func
+            if (
+                type(f) is types.FunctionType
+                and not hasattr(f, "__wrapped__")
+                and "__signature__" not in f.__dict__
+            ):
+                f(*args, **kwargs)  # binding fails before the body runs: the real message
+            raise
         bound.apply_defaults()
         return [bound.arguments[n] for n in self.names]
 

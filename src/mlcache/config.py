@@ -49,8 +49,8 @@ def parse_duration(value: _dt.timedelta | str | float | None) -> float | None:
         seconds = float(v[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[v[-1]]
     else:
         raise ConfigError(f"a duration must be a timedelta, seconds or like '7d', got {value!r}")
-    if seconds < 0:
-        raise ConfigError(f"a duration cannot be negative, got {value!r}")
+    if not seconds >= 0:  # also nan
+        raise ConfigError(f"a duration cannot be negative or nan, got {value!r}")
     return seconds
 
 

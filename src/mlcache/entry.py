@@ -159,6 +159,8 @@ class _Header:
             raise EntryCorrupted(f"{where}: not an mlcache entry (bad magic)")
         if version != FORMAT_VERSION:
             raise EntryCorrupted(f"{where}: unsupported entry format version {version}")
+        if _r != 0:
+            raise EntryCorrupted(f"{where}: reserved header bytes are not zero")
         end = HEADER.size + lay_n + info_n
         if end > len(head) or end > p_off:
             raise EntryCorrupted(f"{where}: header longer than the data read")
@@ -174,6 +176,11 @@ class _Header:
         self.payload_off = p_off
         self.payload_len = p_len
         self.payload_sum = p_sum
+
+
+def _uints(x: Any, n: int) -> bool:
+    """``x`` is a list of ``n`` non-negative ints (layouts are data: check, never trust)."""
+    return type(x) is list and len(x) == n and all(type(i) is int and i >= 0 for i in x)
 
 
 def _size(f: BinaryIO) -> int:
@@ -233,11 +240,21 @@ class EntryReader:
             self._comp = None if z is None else Compression(z[0], z[1])
         except (KeyError, TypeError, IndexError, ValueError):
             raise EntryCorrupted(f"{path}: bad layout") from None
+        if (
+            type(self._seg) is not list
+            or not all(_uints(s, 2) for s in self._seg)
+            or not _uints(self._raw_len, h.n_seg)
+            or type(self.codec) is not str
+            or type(self.codec_layout) is not dict
+        ):
+            raise EntryCorrupted(f"{path}: bad layout")
         if len(self._seg) != h.n_seg or len(self._raw_len) != h.n_seg:
             raise EntryCorrupted(f"{path}: segment table does not match the header")
-        for off, n in self._seg:
-            if off < 0 or n < 0 or off + n > h.payload_len:
+        for (off, n), raw in zip(self._seg, self._raw_len):
+            if off + n > h.payload_len:
                 raise EntryCorrupted(f"{path}: segment outside the payload")
+            if self._comp is None and raw != n:
+                raise EntryCorrupted(f"{path}: segment length does not match the layout")
         # compressed entries cannot be mapped: they are read into memory
         self._mode = mmap_mode if self._comp is None else None
         self._mm: mmap.mmap | None = None
@@ -246,7 +263,9 @@ class EntryReader:
             # map now, through this open file: mapping later by path could
             # see a newer entry published under the same name meanwhile
             self._map(f)
-            if h.payload_len <= VERIFY_MAPPED_MAX:
+            # "r+" writes through to the file, as in joblib: a changed payload is
+            # the user's intent, not damage, so it is not checked at load
+            if h.payload_len <= VERIFY_MAPPED_MAX and self._mode != "r+":
                 self._check(self._payload)
         elif end <= len(head):
             # small: already read. A private writable copy when not mapping, so
@@ -293,7 +312,17 @@ class EntryReader:
         off, n = self._seg[index]
         data = memoryview(self._payload)[off : off + n]
         if self._comp is not None:
-            return memoryview(self._comp.decompress(data))
+            try:
+                out = bytearray(self._comp.decompress(data))
+            except Exception as exc:
+                raise EntryCorrupted(
+                    f"{self.path}: cannot decompress segment {index}: {exc}"
+                ) from None
+            if len(out) != self._raw_len[index]:
+                raise EntryCorrupted(f"{self.path}: segment {index} has the wrong size")
+            return memoryview(out)
+        if self._mode is not None:
+            return memoryview(self.array(index, np.dtype(np.uint8), (n,), "C"))  # type: ignore[arg-type]
         return data
 
     def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:
@@ -326,6 +355,10 @@ def read_info(path: str) -> dict[str, Any]:
     """The metadata of the entry at ``path``, reading only its header."""
     with open(path, "rb") as f:
         head = f.read(_FIRST_READ)
+        if len(head) >= HEADER.size:
+            lay_n, info_n = struct.unpack_from("<II", head, 12)
+            if len(head) < HEADER.size + lay_n + info_n <= _size(f):
+                head += f.read(HEADER.size + lay_n + info_n - len(head))
     h = _Header(head, path)
     try:
         info = json.loads(h.info_b)

@@ -84,6 +84,8 @@ def _code_bytes(code: types.CodeType, h: xxhash.xxh3_128) -> None:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _code_bytes(const, h)
+        elif isinstance(const, frozenset):
+            h.update(repr(sorted(map(repr, const))).encode("utf-8", "surrogatepass"))
         else:
             h.update(repr(const).encode("utf-8", "surrogatepass"))
 
@@ -118,7 +120,7 @@ def code_version(func: Callable[..., Any]) -> str:
     return h.hexdigest()
 
 
-def closure_digest(func: Callable[..., Any]) -> str:
+def closure_digest(func: Callable[..., Any], _seen: frozenset[int] = frozenset()) -> str:
     """Hex digest of the values ``func``'s closure captures ("" when it has none).
 
     Two closures made by one factory share their code but not their results.
@@ -128,6 +130,9 @@ def closure_digest(func: Callable[..., Any]) -> str:
     cells = getattr(target, "__closure__", None)
     if not cells:
         return ""
+    if id(target) in _seen:
+        return "<cycle>"
+    _seen = _seen | {id(target)}
     from .hashing import Hasher
 
     sub = Hasher()
@@ -140,7 +145,7 @@ def closure_digest(func: Callable[..., Any]) -> str:
             sub.update("<self>")  # a recursive reference to itself
         elif isinstance(value, types.FunctionType):
             # by identity and code, not by walking its globals
-            sub.update((func_identity(value), code_version(value), closure_digest(value)))
+            sub.update((func_identity(value), code_version(value), closure_digest(value, _seen)))
         else:
             sub.update(value)
     return sub.hexdigest()

@@ -25,6 +25,7 @@ Decisions (tested in ``tests/test_hashing.py``):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import pathlib
 import struct
@@ -70,7 +71,7 @@ class Hasher:
     single-use and not thread-safe.
     """
 
-    __slots__ = ("_buf", "_h", "_memo")
+    __slots__ = ("_buf", "_h", "_memo", "_outer")
 
     def __init__(self, prefix: bytes = b"") -> None:
         self._h = xxhash.xxh3_128()
@@ -78,6 +79,9 @@ class Hasher:
         # id -> (index, obj): back-references for shared and cyclic objects. The
         # object is kept so that its id cannot be reused during this hash.
         self._memo: dict[int, tuple[int, Any]] = {}
+        # the memos of the hashers this one is a sub-hash of (set elements, dict
+        # keys): a cycle through a set refers back to them instead of recursing
+        self._outer: list[dict[int, tuple[int, Any]]] = []
 
     def hexdigest(self) -> str:
         self._h.update(self._buf)
@@ -104,6 +108,7 @@ class Hasher:
 
     def _sub_digest(self, obj: Any) -> bytes:
         sub = Hasher()
+        sub._outer = [*self._outer, self._memo]
         sub.update(obj)
         sub._h.update(sub._buf)
         return sub._h.digest()
@@ -120,6 +125,11 @@ class Hasher:
         if seen is not None:
             self._buf += b"@" + _pack_Q(seen[0])
             return
+        for level, memo in enumerate(self._outer):
+            outer = memo.get(key)
+            if outer is not None:
+                self._buf += b"^" + _pack_Q(level) + _pack_Q(outer[0])
+                return
         self._memo[key] = (len(self._memo), obj)
         for check, special in _SPECIAL:
             if check(obj):
@@ -185,6 +195,16 @@ class Hasher:
                 self._h.update(memoryview(chunk.reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
 
     def _global(self, obj: Any) -> None:
+        bound = getattr(obj, "__self__", None)
+        if (
+            isinstance(obj, types.BuiltinFunctionType)
+            and bound is not None
+            and not isinstance(bound, types.ModuleType)
+        ):
+            self._buf += b"B"
+            self.update(bound)
+            self._str(obj.__name__)
+            return
         module = str(getattr(obj, "__module__", None) or "")
         qualname = str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", ""))
         self._buf += b"G"
@@ -221,9 +241,13 @@ class Hasher:
             self._buf += b"L"
             self.update(list(listitems))
         if dictitems is not None:
-            # dict subclasses: keep their order (OrderedDict equality depends on it)
+            # dict subclasses: keep their order only if equality depends on it
             self._buf += b"D"
-            self.update(list(dictitems))
+            if isinstance(obj, collections.OrderedDict):
+                self.update(list(dictitems))
+            else:
+                d = dict(dictitems)
+                self.update([list(kv) for kv in _canonical_items(self, d)])
 
 
 def _typename(obj: Any) -> str:
@@ -288,7 +312,10 @@ def _memoryview(h: Hasher, obj: memoryview) -> None:
 
 
 def _tuple(h: Hasher, obj: tuple[Any, ...]) -> None:
-    h._container(b"(", obj)
+    # immutable: identity is not observable, so no back-references
+    h._buf += b"(" + _pack_Q(len(obj))
+    for item in obj:
+        h.update(item)
 
 
 def _list(h: Hasher, obj: list[Any]) -> None:
@@ -381,6 +408,12 @@ def _is_ndarray(obj: Any) -> bool:  # subclasses: np.memmap, np.matrix, ...
 
 
 def _ndarray_subclass(h: Hasher, obj: np.ndarray) -> None:
+    if isinstance(obj, np.memmap):
+        h._ndarray(obj.view(np.ndarray))
+        return
+    if type(obj) is not np.ndarray:
+        h._reduce(obj)
+        return
     h._buf += b"X"
     h._str(_typename(obj))
     h._ndarray(obj.view(np.ndarray))
@@ -420,7 +453,7 @@ def _method(h: Hasher, obj: types.MethodType) -> None:
 
 def _is_pandas(obj: Any) -> bool:
     mod = type(obj).__module__
-    return mod.startswith("pandas.") and "pandas" in sys.modules
+    return (mod == "pandas" or mod.startswith("pandas.")) and "pandas" in sys.modules
 
 
 def _pandas(h: Hasher, obj: Any) -> None:
@@ -452,6 +485,8 @@ def _pandas(h: Hasher, obj: Any) -> None:
 def _pandas_values(h: Hasher, obj: Any) -> None:
     # repr(dtype) names categories, timezones and the storage of string dtypes
     h._str(repr(obj.dtype))
+    if hasattr(obj.dtype, "categories"):
+        h.update(obj.dtype.categories)
     values = (
         obj.to_numpy() if not hasattr(obj, "levels") else np.asarray(obj.tolist(), dtype=object)
     )
@@ -478,7 +513,7 @@ def _torch(h: Hasher, obj: Any) -> None:
     if t.layout != torch.strided:
         h._reduce(t.cpu())
         return
-    t = t.cpu().contiguous()
+    t = t.cpu().resolve_conj().resolve_neg().contiguous()
     h._raw(t.reshape(-1).view(torch.uint8).numpy())
 
 

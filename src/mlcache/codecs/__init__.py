@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from .._registry import Registry
-from ..errors import UnsupportedValue
+from ..errors import RegistryError, UnsupportedValue
 
 __all__ = ["Codec", "Encoded", "Segments", "codecs", "register_codec", "select_codec"]
 
@@ -70,6 +70,8 @@ codecs: Registry[Codec] = Registry("codec", _check_codec)
 
 def register_codec(codec: Codec, *, replace: bool = False) -> None:
     """Register a codec instance under ``codec.name``."""
+    if isinstance(codec, type) or not isinstance(codec, Codec):
+        raise RegistryError(f"{codec!r} is not a codec instance")
     codecs.register(codec.name, codec, replace=replace)
 
 

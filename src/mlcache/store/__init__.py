@@ -28,13 +28,13 @@ __all__ = [
     "stores",
 ]
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+# segments never start with "." (so no "..", no hidden files) and never are empty
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.+-]*)*")
 
 
 def check_name(name: str) -> str:
     """Return ``name`` if it is a safe relative entry name, else raise ``ValueError``."""
-    parts = name.split("/")
-    if not name or any(not _SEGMENT.match(p) for p in parts):
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
         raise ValueError(f"invalid entry name {name!r}")
     return name
 

@@ -70,23 +70,29 @@ class LocalStore:
         return (_rebuild, (self.location, self.durable, self.mode))
 
     def local_path(self, name: str) -> str:
-        return os.path.join(self.location, name)
+        return os.path.join(self.location, check_name(name))
 
     def open(self, name: str) -> BinaryIO:
         try:
-            return open(os.path.join(self.location, name), "rb")
+            return open(os.path.join(self.location, check_name(name)), "rb")
         except FileNotFoundError:
             raise EntryNotFound(name) from None
 
     @contextlib.contextmanager
     def write(self, name: str) -> Iterator[BinaryIO]:
         path = os.path.join(self.location, check_name(name))
-        os.makedirs(os.path.dirname(path), mode=self.mode, exist_ok=True)
+        folder = self.location
+        for part in name.split("/")[:-1]:
+            folder = os.path.join(folder, part)
+            try:
+                os.mkdir(folder, self.mode)
+            except FileExistsError:
+                pass
         with atomic_file(path, durable=self.durable) as f:
             yield f
 
     def exists(self, name: str) -> bool:
-        return os.path.exists(os.path.join(self.location, name))
+        return os.path.exists(os.path.join(self.location, check_name(name)))
 
     def delete(self, name: str) -> bool:
         path = os.path.join(self.location, check_name(name))
@@ -100,7 +106,7 @@ class LocalStore:
         return True
 
     def list(self, prefix: str = "") -> Iterator[EntryStat]:
-        start = os.path.join(self.location, prefix) if prefix else self.location
+        start = os.path.join(self.location, check_name(prefix)) if prefix else self.location
         now = time.time()
         stack = [start]
         while stack:
@@ -132,6 +138,7 @@ class LocalStore:
         # last use is the file's mtime: atime is unreliable (noatime, relatime)
         now = time.time()
         for name in names:
+            check_name(name)
             with contextlib.suppress(OSError):
                 os.utime(os.path.join(self.location, name), (now, now))
 
