@@ -41,14 +41,14 @@ import json
 import mmap
 import os
 import struct
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, NamedTuple
 
 import numpy as np
 import xxhash
 
 from .codecs import Encoded
 from .compression import Compression
-from .errors import EntryCorrupted
+from .errors import ConfigError, EntryCorrupted
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "EntryReader", "read_info", "verify_file", "write_entry"]
 
@@ -139,11 +139,41 @@ def _header_sum(fixed: Any, body: Any) -> int:
     return xxhash.xxh3_64_intdigest(body, seed=xxhash.xxh3_64_intdigest(fixed))
 
 
+class _Layout(NamedTuple):
+    codec: str
+    codec_layout: dict[str, Any]
+    seg: list[list[int]]
+    raw: list[int]
+    comp: Compression | None
+    end: int  # where the last segment ends, relative to the payload
+
+
+def _uints(x: Any, n: int) -> bool:
+    """``x`` is a list of ``n`` non-negative ints (layouts are data: check, never trust)."""
+    return type(x) is list and len(x) == n and all(type(i) is int and i >= 0 for i in x)
+
+
 @functools.lru_cache(maxsize=4096)
-def _parse_layout(data: bytes) -> Any:
-    # hits of one function mostly share a layout: parse each distinct one once.
-    # The result is shared, so readers must never mutate it.
-    return json.loads(data)
+def _parse_layout(data: bytes) -> _Layout:
+    """Parse and validate a layout. Hits of one function mostly share their layout,
+    so each distinct one is parsed once; the result is shared and never mutated.
+    Raises ``ValueError`` for a layout that is not well formed."""
+    lay = json.loads(data)
+    if type(lay) is not dict:
+        raise ValueError("not an object")
+    try:
+        codec, codec_layout, seg, raw, z = lay["codec"], lay["c"], lay["seg"], lay["raw"], lay["z"]
+        comp = None if z is None else Compression(z[0], z[1])
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"missing or malformed field ({exc})") from None
+    if type(codec) is not str or type(codec_layout) is not dict:
+        raise ValueError("bad codec fields")
+    if type(seg) is not list or not all(_uints(x, 2) for x in seg) or not _uints(raw, len(seg)):
+        raise ValueError("bad segment table")
+    if comp is None and any(n != r for (_, n), r in zip(seg, raw)):
+        raise ValueError("segment lengths do not match")
+    end = max((off + n for off, n in seg), default=0)
+    return _Layout(codec, codec_layout, seg, raw, comp, end)
 
 
 class _Header:
@@ -169,18 +199,15 @@ class _Header:
             raise EntryCorrupted(f"{where}: header checksum mismatch")
         try:
             self.layout = _parse_layout(head[HEADER.size : HEADER.size + lay_n])
-        except ValueError as exc:
+        except (ValueError, ConfigError) as exc:
             raise EntryCorrupted(f"{where}: bad layout ({exc})") from None
+        if len(self.layout.seg) != n_seg or self.layout.end > p_len:
+            raise EntryCorrupted(f"{where}: segment table does not match the header")
         self.info_b = head[HEADER.size + lay_n : end]
         self.n_seg = n_seg
         self.payload_off = p_off
         self.payload_len = p_len
         self.payload_sum = p_sum
-
-
-def _uints(x: Any, n: int) -> bool:
-    """``x`` is a list of ``n`` non-negative ints (layouts are data: check, never trust)."""
-    return type(x) is list and len(x) == n and all(type(i) is int and i >= 0 for i in x)
 
 
 def _size(f: BinaryIO) -> int:
@@ -231,30 +258,11 @@ class EntryReader:
         if size != end:
             raise EntryCorrupted(f"{path}: size {size} bytes, header says {end}")
         lay = h.layout
-        try:
-            self.codec: str = lay["codec"]
-            self.codec_layout: dict[str, Any] = lay["c"]
-            self._seg: list[list[int]] = lay["seg"]
-            z = lay["z"]
-            self._raw_len: list[int] = lay["raw"]
-            self._comp = None if z is None else Compression(z[0], z[1])
-        except (KeyError, TypeError, IndexError, ValueError):
-            raise EntryCorrupted(f"{path}: bad layout") from None
-        if (
-            type(self._seg) is not list
-            or not all(_uints(s, 2) for s in self._seg)
-            or not _uints(self._raw_len, h.n_seg)
-            or type(self.codec) is not str
-            or type(self.codec_layout) is not dict
-        ):
-            raise EntryCorrupted(f"{path}: bad layout")
-        if len(self._seg) != h.n_seg or len(self._raw_len) != h.n_seg:
-            raise EntryCorrupted(f"{path}: segment table does not match the header")
-        for (off, n), raw in zip(self._seg, self._raw_len):
-            if off + n > h.payload_len:
-                raise EntryCorrupted(f"{path}: segment outside the payload")
-            if self._comp is None and raw != n:
-                raise EntryCorrupted(f"{path}: segment length does not match the layout")
+        self.codec: str = lay.codec
+        self.codec_layout: dict[str, Any] = lay.codec_layout
+        self._seg = lay.seg
+        self._raw_len = lay.raw
+        self._comp = lay.comp
         # compressed entries cannot be mapped: they are read into memory
         self._mode = mmap_mode if self._comp is None else None
         self._mm: mmap.mmap | None = None
