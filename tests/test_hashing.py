@@ -700,3 +700,40 @@ def test_keys_do_not_depend_on_hash_randomisation():
     second = _keys_in_child("4242")
     assert first == second
     assert len(set(first.values())) == len(first)  # and the values are all distinct
+
+
+class TestBlockTreeHashing:
+    """Large buffers are hashed as digests of fixed blocks, computed on several threads."""
+
+    @pytest.fixture(autouse=True)
+    def small_blocks(self, monkeypatch):
+        import mlcache.hashing as hashing
+
+        monkeypatch.setattr(hashing, "_TREE_MIN", 1 << 12)
+        monkeypatch.setattr(hashing, "_BLOCK", 1000)  # not a divisor of any row size below
+
+    def test_non_contiguous_view_matches_its_copy(self):
+        a = np.random.default_rng(0).random((97, 61))
+        for view in (a[:, ::2], a[::3], a.T[::2, 1:]):
+            assert hash_value(view) == hash_value(np.ascontiguousarray(view))
+
+    def test_does_not_depend_on_the_thread_pool(self, monkeypatch):
+        import mlcache.hashing as hashing
+
+        a = np.random.default_rng(1).random(5000)
+        with_pool = hash_value(a)
+        monkeypatch.setattr(hashing, "_hash_pool", lambda: None)
+        assert hash_value(a) == with_pool
+
+    def test_content_changes_in_any_block_change_the_key(self):
+        a = np.zeros(4096)
+        base = hash_value(a)
+        for i in (0, 500, 2048, 4095):
+            b = a.copy()
+            b[i] = 1.0
+            assert hash_value(b) != base
+
+    def test_bytes_use_the_same_tree(self):
+        data = bytes(range(256)) * 40
+        assert hash_value(data) == hash_value(bytes(data))
+        assert hash_value(data) != hash_value(data[:-1] + b"x")

@@ -41,6 +41,7 @@ import json
 import mmap
 import os
 import struct
+import sys
 from typing import Any, BinaryIO, Literal, NamedTuple
 
 import numpy as np
@@ -60,7 +61,9 @@ assert HEADER.size == 64
 #: memory-mapped payloads up to this size are checksummed at load
 VERIFY_MAPPED_MAX = 16 << 20
 _FIRST_READ = 1 << 16
-_WRITE_CHUNK = 1 << 25
+# checksum and copy in chunks that stay in the CPU cache between the two passes
+_CHUNK = 1 << 20
+_PREALLOCATE_MIN = 16 << 20
 
 _MMAP_ACCESS = {"r": mmap.ACCESS_READ, "r+": mmap.ACCESS_WRITE, "c": mmap.ACCESS_COPY}
 
@@ -75,6 +78,29 @@ def _as_bytes(seg: Any) -> memoryview:
         return memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     mv = memoryview(seg)
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+_fallocate: Any = None
+
+
+def _preallocate(f: BinaryIO, size: int) -> None:
+    """Reserve the file's blocks before a large write (as numpy.save does): the
+    file system then allocates once instead of growing the file chunk by chunk.
+    Uses Linux's fallocate(2) directly: posix_fallocate would emulate it on file
+    systems without support by writing every block. Best effort."""
+    global _fallocate
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if _fallocate is None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            _fallocate = libc.fallocate
+            _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        _fallocate(f.fileno(), 0, 0, size)  # errors (EOPNOTSUPP, ENOSPC) are ignored
+    except (OSError, AttributeError, ValueError):
+        _fallocate = False if _fallocate is None else _fallocate
 
 
 def _write_all(f: BinaryIO, data: memoryview) -> None:
@@ -113,14 +139,16 @@ def write_entry(
     meta_end = HEADER.size + len(layout_b) + len(info_b)
     payload_off = meta_end + _pad(meta_end)
 
+    if payload_len >= _PREALLOCATE_MIN:
+        _preallocate(f, payload_off + payload_len)
     f.write(bytes(HEADER.size))
     f.write(layout_b + info_b + bytes(payload_off - meta_end))
     h = xxhash.xxh3_64()
     zeros = bytes(ALIGN)
     for d in datas:
-        for start in range(0, d.nbytes, _WRITE_CHUNK):
-            chunk = d[start : start + _WRITE_CHUNK]
-            h.update(chunk)  # hash then write while the chunk is in cache
+        for start in range(0, d.nbytes, _CHUNK):
+            chunk = d[start : start + _CHUNK]
+            h.update(chunk)  # hash then write while the chunk is in the CPU cache
             _write_all(f, chunk)
         pad = zeros[: _pad(d.nbytes)]
         h.update(pad)
@@ -210,6 +238,20 @@ class _Header:
         self.payload_sum = p_sum
 
 
+def _complete_head(head: bytes, size: int, fd: int, f: BinaryIO | None) -> bytes:
+    """``head`` plus the rest of the layout and info when they are longer than the
+    first read."""
+    if len(head) >= HEADER.size:
+        lay_n, info_n = struct.unpack_from("<II", head, 12)
+        need = HEADER.size + lay_n + info_n
+        if len(head) < need <= size:
+            if f is None:
+                return head + os.pread(fd, need - len(head), len(head))
+            f.seek(len(head))
+            return head + f.read(need - len(head))
+    return head
+
+
 def _size(f: BinaryIO) -> int:
     try:
         return os.fstat(f.fileno()).st_size
@@ -234,27 +276,35 @@ class EntryReader:
 
     def __init__(self, source: str | BinaryIO, mmap_mode: str | None = None) -> None:
         if isinstance(source, str):
+            # a raw descriptor: a small hit is one open, one read and one close
             self.path = source
-            with open(source, "r+b" if mmap_mode == "r+" else "rb", buffering=0) as f:
-                self._read(f, mmap_mode)
+            fd = os.open(source, os.O_RDWR if mmap_mode == "r+" else os.O_RDONLY)
+            try:
+                head = os.read(fd, _FIRST_READ)
+                # a short read of a regular file means we have all of it
+                size = len(head) if len(head) < _FIRST_READ else os.fstat(fd).st_size
+                self._read(head, size, fd, mmap_mode)
+            finally:
+                os.close(fd)
         else:  # an open file of a store without local paths
             self.path = str(getattr(source, "name", "<entry>"))
             try:
-                source.fileno()
+                fd = source.fileno()
             except (OSError, AttributeError, ValueError):
-                mmap_mode = None  # nothing to map
-            self._read(source, mmap_mode)
+                fd, mmap_mode = -1, None  # nothing to map
+            size = _size(source)
+            source.seek(0)
+            self._read(source.read(min(size, _FIRST_READ)), size, fd, mmap_mode, source)
 
-    def _read(self, f: BinaryIO, mmap_mode: str | None) -> None:
+    def _read(
+        self, head: bytes, size: int, fd: int, mmap_mode: str | None, f: BinaryIO | None = None
+    ) -> None:
         path = self.path
-        size = _size(f)
-        head = f.read(min(size, _FIRST_READ))
-        if len(head) >= HEADER.size:
-            lay_n, info_n = struct.unpack_from("<II", head, 12)
-            if len(head) < HEADER.size + lay_n + info_n <= size:  # a long layout
-                head += f.read(HEADER.size + lay_n + info_n - len(head))
+        head = _complete_head(head, size, fd, f)
         h = self._h = _Header(head, path)
         end = h.payload_off + h.payload_len
+        if size != end and fd >= 0 and f is None:
+            size = os.fstat(fd).st_size  # the short read was not the end of the file
         if size != end:
             raise EntryCorrupted(f"{path}: size {size} bytes, header says {end}")
         lay = h.layout
@@ -270,7 +320,8 @@ class EntryReader:
         if self._mode is not None:
             # map now, through this open file: mapping later by path could
             # see a newer entry published under the same name meanwhile
-            self._map(f)
+            self._mm = mmap.mmap(fd, 0, access=_MMAP_ACCESS[self._mode])
+            self._payload = memoryview(self._mm)[h.payload_off :]
             # "r+" writes through to the file, as in joblib: a changed payload is
             # the user's intent, not damage, so it is not checked at load
             if h.payload_len <= VERIFY_MAPPED_MAX and self._mode != "r+":
@@ -282,22 +333,30 @@ class EntryReader:
             self._check(view)
             self._payload = bytearray(view)
         else:
-            buf = np.empty(h.payload_len, dtype=np.uint8)  # no zero-fill pass
-            f.seek(h.payload_off)
-            mv = memoryview(buf)  # type: ignore[arg-type]
-            got = 0
-            while got < h.payload_len:
-                n = f.readinto(mv[got:])  # type: ignore[attr-defined]
-                if not n:
-                    raise EntryCorrupted(f"{path}: truncated payload")
-                got += n
-            self._check(buf)
-            self._payload = buf
+            self._payload = self._read_payload(fd, f)
 
-    def _map(self, f: BinaryIO) -> None:
-        assert self._mode is not None
-        self._mm = mmap.mmap(f.fileno(), 0, access=_MMAP_ACCESS[self._mode])
-        self._payload = memoryview(self._mm)[self._h.payload_off :]
+    def _read_payload(self, fd: int, f: BinaryIO | None) -> np.ndarray:
+        """Read the payload into fresh memory, checksumming each chunk while it is
+        still in the CPU cache."""
+        h = self._h
+        buf = np.empty(h.payload_len, dtype=np.uint8)  # no zero-fill pass
+        mv = memoryview(buf)  # type: ignore[arg-type]
+        digest = xxhash.xxh3_64()
+        got = 0
+        while got < h.payload_len:
+            chunk = mv[got : got + _CHUNK]
+            if f is None:
+                n = os.preadv(fd, [chunk], h.payload_off + got)
+            else:
+                f.seek(h.payload_off + got)
+                n = f.readinto(chunk)  # type: ignore[attr-defined]
+            if not n:
+                raise EntryCorrupted(f"{self.path}: truncated payload")
+            digest.update(chunk[:n])
+            got += n
+        if digest.intdigest() != h.payload_sum:
+            raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
+        return buf
 
     def _check(self, payload: Any) -> None:
         if xxhash.xxh3_64_intdigest(payload) != self._h.payload_sum:
@@ -361,12 +420,11 @@ class EntryReader:
 
 def read_info(path: str) -> dict[str, Any]:
     """The metadata of the entry at ``path``, reading only its header."""
-    with open(path, "rb") as f:
-        head = f.read(_FIRST_READ)
-        if len(head) >= HEADER.size:
-            lay_n, info_n = struct.unpack_from("<II", head, 12)
-            if len(head) < HEADER.size + lay_n + info_n <= _size(f):
-                head += f.read(HEADER.size + lay_n + info_n - len(head))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head = _complete_head(os.read(fd, _FIRST_READ), os.fstat(fd).st_size, fd, None)
+    finally:
+        os.close(fd)
     h = _Header(head, path)
     try:
         info = json.loads(h.info_b)

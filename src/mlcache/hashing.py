@@ -26,12 +26,15 @@ Decisions (tested in ``tests/test_hashing.py``):
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
+import os
 import pathlib
 import struct
 import sys
+import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -44,6 +47,11 @@ HASH_SCHEME = 1
 
 _BIG = 1 << 16  # buffers at least this large bypass the staging buffer
 _CHUNK = 1 << 24  # copy size when hashing a non-contiguous array
+# Buffers of at least _TREE_MIN bytes are hashed as the xxh3-128 digests of their
+# _BLOCK-sized blocks, so that the blocks can be hashed on all cores at once. The
+# digests do not depend on how many threads computed them.
+_TREE_MIN = 1 << 26
+_BLOCK = 1 << 24
 _pack_q = struct.Struct("<q").pack
 _pack_d = struct.Struct("<d").pack
 _pack_Q = struct.Struct("<Q").pack
@@ -94,7 +102,9 @@ class Hasher:
         mv = memoryview(data)
         n = mv.nbytes
         self._buf += _pack_Q(n)
-        if n >= _BIG:
+        if n >= _TREE_MIN:
+            self._buf += _tree_digest(mv if mv.format == "B" else mv.cast("B"))
+        elif n >= _BIG:
             self._h.update(self._buf)
             self._buf.clear()
             self._h.update(mv)
@@ -186,13 +196,20 @@ class Hasher:
             self._buf += b"F"
             self._raw(a.T.reshape(-1).view(np.uint8))
         else:
+            # the same stream as its C-contiguous copy, without making that copy
             self._buf += b"C" + _pack_Q(a.nbytes)
-            self._h.update(self._buf)
-            self._buf.clear()
             rows = max(1, _CHUNK // max(1, a[:1].nbytes))
-            for i in range(0, a.shape[0], rows):
-                chunk = np.ascontiguousarray(a[i : i + rows])
-                self._h.update(memoryview(chunk.reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
+            chunks = (
+                memoryview(np.ascontiguousarray(a[i : i + rows]).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+                for i in range(0, a.shape[0], rows)
+            )
+            if a.nbytes >= _TREE_MIN:
+                self._buf += _tree_digest_chunks(chunks)
+            else:
+                self._h.update(self._buf)
+                self._buf.clear()
+                for chunk in chunks:
+                    self._h.update(chunk)
 
     def _global(self, obj: Any) -> None:
         bound = getattr(obj, "__self__", None)
@@ -248,6 +265,62 @@ class Hasher:
             else:
                 d = dict(dictitems)
                 self.update([list(kv) for kv in _canonical_items(self, d)])
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _hash_pool() -> concurrent.futures.ThreadPoolExecutor | None:
+    """Threads for hashing blocks (xxhash releases the GIL); None on one core."""
+    global _pool
+    workers = min(os.cpu_count() or 1, 8)
+    if workers < 2:
+        return None
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                workers, thread_name_prefix="mlcache-hash"
+            )
+        return _pool
+
+
+def _forget_pool() -> None:  # a forked child does not inherit the threads
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _tree_digest(mv: memoryview) -> bytes:
+    """b"T" + the xxh3-128 digests of ``mv``'s blocks, computed in parallel."""
+    blocks = [mv[i : i + _BLOCK] for i in range(0, mv.nbytes, _BLOCK)]
+    pool = _hash_pool()
+    digests = (
+        pool.map(xxhash.xxh3_128_digest, blocks) if pool else map(xxhash.xxh3_128_digest, blocks)
+    )
+    return b"T" + b"".join(digests)
+
+
+def _tree_digest_chunks(chunks: Iterator[memoryview]) -> bytes:
+    """:func:`_tree_digest` of the concatenation of ``chunks`` (fed sequentially)."""
+    out = [b"T"]
+    block = xxhash.xxh3_128()
+    filled = 0
+    for chunk in chunks:
+        while chunk.nbytes:
+            take = chunk[: _BLOCK - filled]
+            block.update(take)
+            filled += take.nbytes
+            chunk = chunk[take.nbytes :]
+            if filled == _BLOCK:
+                out.append(block.digest())
+                block, filled = xxhash.xxh3_128(), 0
+    if filled:
+        out.append(block.digest())
+    return b"".join(out)
 
 
 def _typename(obj: Any) -> str:

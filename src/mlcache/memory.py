@@ -344,6 +344,7 @@ class MemorizedFunc(Generic[P, R]):
         self._local = isinstance(self._store, LocalPaths)
         self._keyer: CallKeyer | None = None
         self._code_dir = ""
+        self._code_path = ""  # the code folder's local path (local stores only)
         # fail now, not at the first call, on a bad ignore list
         CallKeyer(func, self.ignore, b"")
         functools.update_wrapper(self, func)
@@ -380,6 +381,9 @@ class MemorizedFunc(Generic[P, R]):
         """Fingerprint the code (once per process) and drop older versions' results."""
         version = code_version(self.func)[:16]
         self._code_dir = f"{self._folder}/{version}"
+        if self._local:
+            # hits join keys to this path: names built here need no re-validation
+            self._code_path = self._store.local_path(self._code_dir)  # type: ignore[attr-defined]
         old = {
             e.name.split("/")[1] for e in self._store.list(self._folder) if e.name.count("/") >= 2
         } - {version}
@@ -403,11 +407,13 @@ class MemorizedFunc(Generic[P, R]):
 
     # -- load and store -------------------------------------------------------
     def _load(self, name: str, mmap_mode: str | None, *, validate: bool = True) -> Any:
-        """The cached value, or ``_MISS``. Damaged entries are a miss with one warning."""
+        """The cached value of ``name`` (an entry of the current code folder), or ``_MISS``.
+        Damaged entries are a miss with one warning."""
         store = self._store
         try:
             if self._local:
-                reader = EntryReader(store.local_path(name), mmap_mode)  # type: ignore[attr-defined]
+                key = name.rpartition("/")[2]
+                reader = EntryReader(os.path.join(self._code_path, key), mmap_mode)
             else:
                 with store.open(name) as f:
                     reader = EntryReader(f, mmap_mode)
