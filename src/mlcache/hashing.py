@@ -130,41 +130,40 @@ class Hasher:
         if handler is not None:
             handler(self, obj)
             return
-        key = id(obj)
-        seen = self._memo.get(key)
-        if seen is not None:
-            self._buf += b"@" + _pack_Q(seen[0])
+        if self._seen(obj):
             return
-        for level, memo in enumerate(self._outer):
-            outer = memo.get(key)
-            if outer is not None:
-                self._buf += b"^" + _pack_Q(level) + _pack_Q(outer[0])
-                return
-        self._memo[key] = (len(self._memo), obj)
         for check, special in _SPECIAL:
             if check(obj):
                 special(self, obj)
                 return
         self._reduce(obj)
 
-    def _container(self, tag: bytes, items: Any) -> None:
-        key = id(items)
+    def _seen(self, obj: Any) -> bool:
+        """Write a back-reference and return True if ``obj`` was met before (shared
+        or cyclic); else remember it and return False."""
+        key = id(obj)
         seen = self._memo.get(key)
         if seen is not None:
             self._buf += b"@" + _pack_Q(seen[0])
+            return True
+        for level, memo in enumerate(self._outer):
+            outer = memo.get(key)
+            if outer is not None:
+                self._buf += b"^" + _pack_Q(level) + _pack_Q(outer[0])
+                return True
+        self._memo[key] = (len(self._memo), obj)
+        return False
+
+    def _container(self, tag: bytes, items: Any) -> None:
+        if self._seen(items):
             return
-        self._memo[key] = (len(self._memo), items)
         self._buf += tag + _pack_Q(len(items))
         for item in items:
             self.update(item)
 
     def _dict(self, d: dict[Any, Any]) -> None:
-        key = id(d)
-        seen = self._memo.get(key)
-        if seen is not None:
-            self._buf += b"@" + _pack_Q(seen[0])
+        if self._seen(d):
             return
-        self._memo[key] = (len(self._memo), d)
         self._buf += b"{" + _pack_Q(len(d))
         for k, v in _canonical_items(self, d):
             self.update(k)
