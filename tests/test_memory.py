@@ -616,3 +616,31 @@ def test_module_level_memorized_function_pickles_by_reference(tmp_path, monkeypa
     data = pickle.dumps(mod.f)
     assert b"userpkg_ref" in data and len(data) < 100  # a reference, not the whole object
     assert pickle.loads(data) is mod.f
+
+
+def test_size_guard_scans_only_when_needed(tmp_path, monkeypatch):
+    import mlcache.limits as limits
+
+    mem = Memory(tmp_path, verbose=0, bytes_limit="1M")
+    scans = []
+    real_list = mem.store.list
+
+    def counting_list(prefix=""):
+        scans.append(prefix)
+        return real_list(prefix)
+
+    monkeypatch.setattr(mem.store, "list", counting_list)
+    f = mem.cache(double)
+    for i in range(20):
+        f(np.full(1000, i, dtype=np.float64))  # ~8 KB each: far under the limit
+    # the first write learns the store's size; the others only add to it
+    assert scans.count("") == 1
+    # another process writing into the same cache is seen at the next rescan
+    other = Memory(tmp_path, verbose=0).cache(double)
+    for i in range(20, 160):
+        other(np.full(1000, i, dtype=np.float64))
+    assert sum(e.size for e in real_list()) > 1 << 20
+    monkeypatch.setattr(limits, "RESCAN_SECONDS", 0.0)
+    f(np.full(1000, -1, dtype=np.float64))
+    assert sum(e.size for e in real_list()) <= 1 << 20
+    assert f.check_call_in_cache(np.full(1000, -1, dtype=np.float64))

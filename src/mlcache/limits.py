@@ -16,9 +16,14 @@ from collections.abc import Iterable
 
 from .store import EntryStat, Store
 
-__all__ = ["FLUSH_SECONDS", "UsageLog", "enforce_limits"]
+__all__ = ["FLUSH_SECONDS", "SizeGuard", "UsageLog", "enforce_limits"]
 
 FLUSH_SECONDS = 2.0
+#: a store's size is re-read at least this often while writing (other processes write too)
+RESCAN_SECONDS = 10.0
+#: eviction goes down to this fraction of the limit, so that the next writes do not
+#: each pay for a scan of the whole store
+LOW_WATER = 0.9
 _LOGS: weakref.WeakSet[UsageLog] = weakref.WeakSet()
 
 
@@ -46,6 +51,45 @@ class UsageLog:
                 self._store.touch(names)
             except OSError:
                 pass  # last-use times are advisory
+
+
+class SizeGuard:
+    """Keeps a store under ``bytes_limit`` as entries are written.
+
+    Scanning the store costs O(entries) (about 12 ms per thousand here), so it is
+    not done at every write: the guard adds each write's size to the total of the
+    last scan, and scans and evicts (least recently used first, down to
+    ``LOW_WATER`` of the limit) only when that estimate passes the limit or the
+    last scan is older than ``RESCAN_SECONDS``. Writes by other processes are
+    therefore seen at the latest ``RESCAN_SECONDS`` later.
+    """
+
+    def __init__(self, store: Store, bytes_limit: int, usage: UsageLog) -> None:
+        self._store = store
+        self.bytes_limit = bytes_limit
+        self._usage = usage
+        self._lock = threading.Lock()
+        self._estimate: int | None = None  # bytes, as of the last scan plus our writes
+        self._scanned = 0.0
+
+    def after_write(self, name: str, size: int) -> list[EntryStat]:
+        """Account for ``size`` new bytes under ``name``; evict if needed."""
+        with self._lock:
+            now = time.monotonic()
+            if self._estimate is not None and now - self._scanned < RESCAN_SECONDS:
+                self._estimate += size
+                if self._estimate <= self.bytes_limit:
+                    return []
+            self._usage.flush()
+            total = sum(e.size for e in self._store.list())
+            removed: list[EntryStat] = []
+            if total > self.bytes_limit:
+                removed = enforce_limits(
+                    self._store, bytes_limit=int(self.bytes_limit * LOW_WATER), protect=(name,)
+                )
+                total -= sum(e.size for e in removed)
+            self._estimate, self._scanned = total, time.monotonic()
+            return removed
 
 
 @atexit.register

@@ -29,7 +29,7 @@ from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
 from .entry import EntryReader, read_info, verify_file, write_entry
 from .errors import CacheWarning, EntryCorrupted, EntryNotFound, UnsupportedValue
 from .fingerprint import closure_digest, code_version, func_identity, slug
-from .limits import UsageLog, enforce_limits
+from .limits import SizeGuard, UsageLog, enforce_limits
 from .store import LocalPaths, Store, stores
 
 __all__ = [
@@ -125,6 +125,11 @@ class Memory:
             except TypeError as exc:
                 raise TypeError(f"backend {backend!r} rejected backend_options: {exc}") from None
         self._usage = UsageLog(self.store) if self.store is not None else None
+        self._guard = (
+            SizeGuard(self.store, self.bytes_limit, self._usage)
+            if self.store is not None and self._usage is not None and self.bytes_limit is not None
+            else None
+        )
 
     # joblib-compatible attributes
     @property
@@ -486,9 +491,7 @@ class MemorizedFunc(Generic[P, R]):
                 return None
         try:
             with self._store.write(name) as f:
-                info["size"] = write_entry(
-                    f, codec.name, encoded, info, self.memory._config.compress
-                )
+                size = write_entry(f, codec.name, encoded, info, self.memory._config.compress)
         except OSError as exc:
             warnings.warn(
                 f"mlcache: could not store the result of {self.func_id} in "
@@ -497,10 +500,9 @@ class MemorizedFunc(Generic[P, R]):
                 stacklevel=4,
             )
             return None
-        if limit is not None:
-            assert self.memory._usage is not None
-            self.memory._usage.flush()
-            enforce_limits(self._store, bytes_limit=limit, protect=(name,))
+        info["size"] = size
+        if self.memory._guard is not None:
+            self.memory._guard.after_write(name, size)
         return info
 
     def _log_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
