@@ -64,9 +64,11 @@ def test_identity_of_nested_functions_and_lambdas():
     )
     f = lambda: 1  # noqa: E731
     line = f.__code__.co_firstlineno
-    assert func_identity(f).endswith(f"<lambda>-{line}")
+    assert func_identity(f).endswith(f"<lambda>-{line}-16")  # line and column
     g = lambda: 2  # noqa: E731
     assert func_identity(f) != func_identity(g)  # other line
+    h, k = (lambda: 3), (lambda: 4)
+    assert func_identity(h) != func_identity(k)  # one line, other columns
 
 
 def test_identity_of_script_and_notebook_functions():
@@ -119,7 +121,7 @@ def test_code_version_without_source_uses_the_bytecode():
     assert code_version(ns1["f"]) == code_version(ns3["f"])
 
 
-def test_decorated_functions_are_versioned_by_the_wrapped_code():
+def test_decorated_functions_are_versioned_by_the_wrapper_and_the_wrapped_code():
     def deco(func):
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
@@ -127,7 +129,17 @@ def test_decorated_functions_are_versioned_by_the_wrapped_code():
 
         return wrapper
 
-    assert code_version(deco(top_level)) == code_version(top_level)
+    def other_deco(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            return 2 * func(*args, **kwargs)
+
+        return wrapper
+
+    assert code_version(deco(top_level)) == code_version(deco(top_level))
+    assert code_version(deco(top_level)) != code_version(top_level)
+    assert code_version(deco(top_level)) != code_version(other_deco(top_level))
+    assert code_version(deco(top_level)) != code_version(deco(Model.predict))
 
 
 def test_builtins_have_a_version():

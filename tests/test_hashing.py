@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import inspect
 import json
 import os
 import pathlib
@@ -453,13 +454,17 @@ def other_module_level(x):
     return x + 1
 
 
-def test_module_level_functions_are_keyed_by_name():
+def test_module_level_functions_are_keyed_by_name_and_code():
     same(module_level, module_level)
     distinct(module_level, other_module_level, "module_level", len, abs, int, float)
-    # a different function object with the same module and name: the same key
+    # the same module and name but other code (an edited helper): another key
     ns: dict[str, object] = {"__name__": module_level.__module__}
     exec("def module_level(x):\n    return x * 100\n", ns)
     assert ns["module_level"] is not module_level
+    distinct(module_level, ns["module_level"])
+    # the same module, name and code in another function object: the same key
+    src = inspect.getsource(module_level)
+    exec(src, ns)
     same(module_level, ns["module_level"])
 
 

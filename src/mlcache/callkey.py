@@ -81,7 +81,10 @@ class CallKeyer:
         self._defaults = [_MISSING if p.default is P.empty else p.default for p in params]
         self._required = [i for i, d in enumerate(self._defaults) if d is _MISSING]
         self._index = {n: i for i, n in enumerate(self.names)}
-        self._prefix = bytes([HASH_SCHEME]) + prefix
+        # the kept parameters' names: f(a, b) with ignore=["b"] and with ignore=["a"]
+        # must not share keys
+        kept = "\0".join(self.names[i] for i in self._keep).encode()
+        self._prefix = bytes([HASH_SCHEME]) + prefix + b"\0" + kept + b"\0"
         self._func = func
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -118,10 +121,11 @@ class CallKeyer:
         bound.apply_defaults()
         return [bound.arguments[n] for n in self.names]
 
-    def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """The 32-hex-digit key of the call ``func(*args, **kwargs)``."""
+    def key(self, args: tuple[Any, ...], kwargs: dict[str, Any], extra: bytes = b"") -> str:
+        """The 32-hex-digit key of the call ``func(*args, **kwargs)``; ``extra`` is the
+        digest of the function's own state (closure values, bound object)."""
         values = self.bind(args, kwargs)
-        h = Hasher(self._prefix)
+        h = Hasher(self._prefix + extra if extra else self._prefix)
         for i in self._keep:
             try:
                 h.update(values[i])

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import os
 import pathlib
 import struct
@@ -181,7 +180,7 @@ class Hasher:
     def _ndarray(self, a: np.ndarray) -> None:
         dt = a.dtype
         self._buf += b"A"
-        self._str(str(dt.descr) if dt.fields is not None else dt.str)
+        self._str(str(dt) if dt.fields is not None else dt.str)
         self._buf += _pack_Q(a.ndim) + b"".join(_pack_Q(n) for n in a.shape)
         if dt.hasobject:
             self._buf += b"O"
@@ -226,14 +225,30 @@ class Hasher:
         self._buf += b"G"
         self._str(module)
         self._str(qualname)
-        if isinstance(obj, types.FunctionType) and (
-            "<lambda>" in qualname or "<locals>" in qualname
-        ):
-            # not importable by name: its code decides what it does
-            from .fingerprint import closure_digest, code_version
+        if isinstance(obj, type) and "<locals>" in qualname:
+            # a class defined in a function is not importable by name: what it does
+            # is its bases and its namespace (methods by their code)
+            self.update(obj.__bases__)
+            for name, value in sorted(vars(obj).items()):
+                if name not in _CLASS_HOUSEKEEPING:
+                    self._str(name)
+                    self.update(_unwrap_descriptor(value))
 
-            self._str(code_version(obj))
-            self._str(closure_digest(obj))
+    def _function(self, obj: types.FunctionType) -> None:
+        """A Python function: its name, the code that runs, and its closure's values."""
+        if self._seen(obj):  # also ends cycles of functions reaching each other
+            return
+        from .fingerprint import code_version
+
+        self._buf += b"Fn"
+        self._str(obj.__module__ or "")
+        self._str(obj.__qualname__)
+        self._str(code_version(obj))
+        for cell in obj.__closure__ or ():
+            try:
+                self.update(cell.cell_contents)
+            except ValueError:  # an empty cell
+                self._buf += b"-"
 
     def _reduce(self, obj: Any) -> None:
         try:
@@ -322,6 +337,19 @@ def _tree_digest_chunks(chunks: Iterator[memoryview]) -> bytes:
     return b"".join(out)
 
 
+_CLASS_HOUSEKEEPING = frozenset(
+    {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__annotations__"}
+)
+
+
+def _unwrap_descriptor(value: Any) -> Any:
+    if isinstance(value, (staticmethod, classmethod)):
+        return value.__func__
+    if isinstance(value, property):
+        return (value.fget, value.fset, value.fdel)
+    return value
+
+
 def _typename(obj: Any) -> str:
     t = type(obj)
     return f"{t.__module__}.{t.__qualname__}"
@@ -408,7 +436,7 @@ def _ndarray(h: Hasher, obj: np.ndarray) -> None:
 
 def _dtype(h: Hasher, obj: np.dtype) -> None:
     h._buf += b"d"
-    h._str(str(obj.descr) if obj.fields is not None else obj.str)
+    h._str(str(obj) if obj.fields is not None else obj.str)
 
 
 def _global(h: Hasher, obj: Any) -> None:
@@ -442,8 +470,8 @@ _DISPATCH: dict[type, Callable[[Hasher, Any], None]] = {
     set: _set,
     frozenset: _set,
     np.ndarray: _ndarray,
-    type: _global,
-    types.FunctionType: _global,
+    type: lambda h, cls: None if h._seen(cls) else h._global(cls),
+    types.FunctionType: lambda h, f: h._function(f),
     types.BuiltinFunctionType: _global,
     types.ModuleType: _module,
     type(Ellipsis): lambda h, _: h._buf.extend(b"E"),
@@ -495,22 +523,19 @@ def _is_dtype(obj: Any) -> bool:
     return isinstance(obj, np.dtype)
 
 
-def _is_dataclass(obj: Any) -> bool:
-    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+def _has_token(obj: Any) -> bool:
+    return hasattr(type(obj), "__mlcache_token__")
 
 
-def _dataclass(h: Hasher, obj: Any) -> None:
-    h._buf += b"K"
-    h._global(type(obj))
-    fields = dataclasses.fields(obj)
-    h._buf += _pack_Q(len(fields))
-    for f in fields:
-        h._str(f.name)
-        h.update(getattr(obj, f.name))
+def _token(h: Hasher, obj: Any) -> None:
+    # objects that know what identifies them (a memoized function: its function)
+    h._buf += b"k"
+    h._str(_typename(obj))
+    h.update(obj.__mlcache_token__())
 
 
 def _is_callable_global(obj: Any) -> bool:
-    return isinstance(obj, (type, types.BuiltinFunctionType, types.FunctionType))
+    return isinstance(obj, (type, types.BuiltinFunctionType))
 
 
 def _is_method(obj: Any) -> bool:
@@ -520,7 +545,7 @@ def _is_method(obj: Any) -> bool:
 def _method(h: Hasher, obj: types.MethodType) -> None:
     h._buf += b"M"
     h.update(obj.__self__)
-    h._str(obj.__func__.__name__)
+    h.update(obj.__func__)
 
 
 def _is_pandas(obj: Any) -> bool:
@@ -595,7 +620,7 @@ _SPECIAL: list[tuple[Callable[[Any], bool], Callable[[Hasher, Any], None]]] = [
     (_is_dtype, _dtype),
     (_is_torch, _torch),
     (_is_pandas, _pandas),
-    (_is_dataclass, _dataclass),
+    (_has_token, _token),
     (_is_callable_global, _global),
     (_is_method, _method),
 ]

@@ -1,22 +1,24 @@
-"""``Memory``, ``MemorizedFunc`` and ``MemorizedResult``: joblib's API, faster and safer.
+"""``Memory`` and ``MemorizedFunc``: joblib's API, faster and safer.
 
 Layout in the store::
 
     <function slug>/<code version[:16]>/<call key>     one entry file per call
 
 Changing the function's code changes the folder, so results of old code are
-never returned; the first call in a process that sees a new version removes
-the folders of older versions (as joblib clears a changed function's cache).
+never returned; the first use in a process of a version removes the folders
+of the function's other versions (as joblib clears a changed function's cache).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import inspect
 import logging
 import os
 import sys
+import threading
 import time
 import types
 import warnings
@@ -24,12 +26,23 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from .callkey import CallKeyer
-from .codecs import codecs, select_codec
+from .codecs import select_codec
 from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
-from .entry import EntryReader, read_info, verify_file, write_entry
-from .errors import CacheWarning, EntryCorrupted, EntryNotFound, UnsupportedValue
-from .fingerprint import closure_digest, code_version, func_identity, slug
+from .entry import write_entry
+from .errors import CacheWarning, ConfigError, EntryCorrupted, EntryNotFound, UnsupportedValue
+from .fingerprint import call_state, code_version, func_identity, slug, target_function
+from .hashing import hash_value
 from .limits import SizeGuard, UsageLog, enforce_limits
+from .results import (
+    AsyncNotMemorizedFunc,
+    MemorizedResult,
+    NotMemorizedFunc,
+    NotMemorizedResult,
+    decode,
+    expires_after,
+    open_entry,
+    read_entry_info,
+)
 from .store import LocalPaths, Store, stores
 
 __all__ = [
@@ -68,8 +81,9 @@ class Memory:
         0 is silent; 1 logs calls that compute; 10 logs hits too. Messages go to
         the ``logging`` logger ``"mlcache"``.
     bytes_limit:
-        Upper bound of the cache's size (``int`` or ``"10GB"``), enforced after
-        every write by removing the least recently used entries.
+        Upper bound of the cache's size (``int`` or ``"10GB"``), enforced as
+        entries are written by removing the least recently used ones (see
+        :class:`mlcache.limits.SizeGuard` for when the store is rescanned).
     backend_options:
         Keyword arguments for the store backend (e.g. ``{"durable": False}``).
     allow_pickle:
@@ -125,6 +139,7 @@ class Memory:
             except TypeError as exc:
                 raise TypeError(f"backend {backend!r} rejected backend_options: {exc}") from None
         self._usage = UsageLog(self.store) if self.store is not None else None
+        self.timestamp = time.time()  # joblib's attribute
         self._guard = (
             SizeGuard(self.store, self.bytes_limit, self._usage)
             if self.store is not None and self._usage is not None and self.bytes_limit is not None
@@ -132,6 +147,10 @@ class Memory:
         )
 
     # joblib-compatible attributes
+    @property
+    def store_backend(self) -> Store | None:
+        return self.store
+
     @property
     def location(self) -> str | None:
         return self._config.location
@@ -165,8 +184,11 @@ class Memory:
 
     def __reduce__(self) -> tuple[Any, ...]:
         c = self._config
+        # the store's resolved location: a relative path must not be re-read
+        # against the receiving process's working directory
+        location = getattr(self.store, "location", c.location) if self.store else None
         args = (
-            c.location,
+            location,
             c.backend,
             c.mmap_mode,
             self.compress,
@@ -305,22 +327,49 @@ class Memory:
         store = self.store
         for e in store.list():
             try:
-                if isinstance(store, LocalPaths):
-                    verify_file(store.local_path(e.name))
-                else:
-                    with store.open(e.name) as f:
-                        EntryReader(f)
+                open_entry(store, e.name)  # reads and checks every byte
             except EntryCorrupted:
                 damaged.append(e.name)
                 if fix:
                     store.delete(e.name)
-            except (EntryNotFound, FileNotFoundError):
+            except EntryNotFound:
                 continue  # removed meanwhile
         return damaged
 
 
 def _rebuild_memory(args: tuple[Any, ...], allow_pickle: bool) -> Memory:
     return Memory(*args, allow_pickle=allow_pickle)
+
+
+#: (location, function folder, version) whose other versions this process removed
+_CLEANED: set[tuple[str, str, str]] = set()
+_CLEANED_LOCK = threading.Lock()
+
+
+def _split_ignore(func: Callable[..., Any], ignore: Any) -> tuple[list[str], frozenset[str]]:
+    """``ignore`` as (parameter names, names of captured state: closure variables or
+    ``"self"`` of a bound method). Raises ``ConfigError`` for any other name."""
+    names = CallKeyer(func, None, b"").names
+    if ignore is not None and (
+        isinstance(ignore, str) or not all(isinstance(n, str) for n in ignore)
+    ):
+        raise ConfigError(f"ignore must be a list of parameter names, got {ignore!r}")
+    ignore = list(ignore or ())
+    captured = {entry[0] for entry in call_state(func) or ()}
+    captured.discard("partial")
+    captured.discard("object")
+    unknown = [n for n in ignore if n not in names and n not in captured]
+    if unknown:
+        raise ConfigError(
+            f"ignore={unknown!r}: not parameters of {getattr(func, '__qualname__', func)}; "
+            f"its parameters are {names}"
+            + (f" and it captures {sorted(captured)}" if captured else "")
+        )
+    return [n for n in ignore if n in names], frozenset(n for n in ignore if n not in names)
+
+
+def _nbytes(segment: Any) -> int:
+    return int(segment.nbytes) if hasattr(segment, "nbytes") else len(memoryview(segment))
 
 
 class MemorizedFunc(Generic[P, R]):
@@ -338,8 +387,9 @@ class MemorizedFunc(Generic[P, R]):
     ) -> None:
         self.func = func
         self.memory = memory
-        self.ignore = list(ignore or ())
+        self.ignore = list(ignore) if ignore is not None and not isinstance(ignore, str) else ignore
         self.mmap_mode = mmap_mode
+        self.compress = memory.compress
         self._verbose = verbose
         self.cache_validation_callback = cache_validation_callback
         self.func_id = func_identity(func)
@@ -347,11 +397,17 @@ class MemorizedFunc(Generic[P, R]):
         assert memory.store is not None
         self._store: Store = memory.store
         self._local = isinstance(self._store, LocalPaths)
+        target = target_function(func)
+        # a plain Python function can have its code or defaults replaced at run time
+        # (%autoreload does): such a change re-fingerprints it
+        self._target = target if isinstance(target, types.FunctionType) else None
+        self._params, self._state_ignore = _split_ignore(func, self.ignore)
+        self._stateful = call_state(func, self._state_ignore) is not None
         self._keyer: CallKeyer | None = None
+        self._seen_code: tuple[Any, ...] = ()
         self._code_dir = ""
         self._code_path = ""  # the code folder's local path (local stores only)
-        # fail now, not at the first call, on a bad ignore list
-        CallKeyer(func, self.ignore, b"")
+        self._unkeyable_warned = False
         functools.update_wrapper(self, func)
 
     def __repr__(self) -> str:
@@ -361,104 +417,147 @@ class MemorizedFunc(Generic[P, R]):
         # decorating a method in a class body: bind like a function would
         return self if obj is None else types.MethodType(self, obj)
 
+    def __mlcache_token__(self) -> Any:
+        """Passed as an argument to another memoized function: keyed by what it wraps."""
+        return self.func
+
     def __reduce__(self) -> Any:
         module = sys.modules.get(getattr(self, "__module__", ""), None)
-        target: Any = module
+        found: Any = module
         for part in getattr(self, "__qualname__", "").split("."):
-            target = getattr(target, part, None)
-        if target is self:  # decorated at module level: pickle by reference
+            found = getattr(found, part, None)
+        if found is self:  # decorated at module level: pickle by reference
             return self.__qualname__
-        return (
-            _rebuild_func,
-            (
-                type(self),
-                self.func,
-                self.memory,
-                self.ignore,
-                self._verbose,
-                self.mmap_mode,
-                self.cache_validation_callback,
-            ),
-        )
+        options = (self.ignore, self._verbose, self.mmap_mode, self.cache_validation_callback)
+        return (_rebuild_func, (type(self), self.func, self.memory, *options))
 
-    # -- keys ---------------------------------------------------------------
+    # -- keys -------------------------------------------------------------------
+    def _code_ids(self) -> tuple[Any, ...]:
+        t = self._target
+        return () if t is None else (t.__code__, t.__defaults__, t.__kwdefaults__)
+
     def _prepare(self) -> CallKeyer:
-        """Fingerprint the code (once per process) and drop older versions' results."""
+        """Fingerprint the code (once per process, and again if it is replaced) and
+        remove the results of the function's other versions."""
+        seen = self._code_ids()
         version = code_version(self.func)[:16]
         self._code_dir = f"{self._folder}/{version}"
         if self._local:
             # hits join keys to this path: names built here need no re-validation
             self._code_path = self._store.local_path(self._code_dir)  # type: ignore[attr-defined]
-        old = {
-            e.name.split("/")[1] for e in self._store.list(self._folder) if e.name.count("/") >= 2
-        } - {version}
-        for folder in old:
-            if self._verbose:
-                logger.info(
-                    "[Memory] %s: code changed, removing results of the old version", self.func_id
-                )
-            try:
-                self._store.delete(f"{self._folder}/{folder}")
-            except OSError:
-                pass
-        prefix = "\0".join((self.func_id, version, closure_digest(self.func)))
-        keyer = CallKeyer(self.func, self.ignore, prefix.encode())
-        self._keyer = keyer
+        self._remove_other_versions(version)
+        keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{version}".encode())
+        self._keyer, self._seen_code = keyer, seen
         return keyer
 
-    def _name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        keyer = self._keyer or self._prepare()
-        return f"{self._code_dir}/{keyer.key(args, kwargs)}"
-
-    # -- load and store -------------------------------------------------------
-    def _load(self, name: str, mmap_mode: str | None, *, validate: bool = True) -> Any:
-        """The cached value of ``name`` (an entry of the current code folder), or ``_MISS``.
-        Damaged entries are a miss with one warning."""
-        store = self._store
+    def _remove_other_versions(self, version: str) -> None:
+        token = (str(self._store.location), self._folder, version)
+        with _CLEANED_LOCK:
+            if token in _CLEANED:
+                return
+            _CLEANED.add(token)
         try:
-            if self._local:
-                key = name.rpartition("/")[2]
-                reader = EntryReader(os.path.join(self._code_path, key), mmap_mode)
-            else:
-                with store.open(name) as f:
-                    reader = EntryReader(f, mmap_mode)
-            callback = self.cache_validation_callback
-            if validate and callback is not None and not callback(reader.info):
-                store.delete(name)
-                return _MISS
-            codec = codecs[reader.codec]
-            if not codec.safe and not self.memory.allow_pickle:
-                return _MISS  # written when pickle was allowed: never unpickle it now
-            value = codec.decode(reader.codec_layout, reader)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, EntryNotFound):
+            others = {
+                parts[1]
+                for e in self._store.list(self._folder)
+                if len(parts := e.name.split("/")) == 3 and parts[1] != version
+            }
+            for folder in others:
+                if self._verbose:
+                    logger.info("[Memory] %s: code changed, removing old results", self.func_id)
+                self._store.delete(f"{self._folder}/{folder}")
+        except (OSError, ValueError) as exc:  # housekeeping: never fail the call for it
+            logger.debug("could not remove old results of %s: %s", self.func_id, exc)
+
+    def _name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """The entry name of this call, or None when it cannot be cached (its function
+        holds state that cannot be hashed: warned once, then called uncached)."""
+        keyer = self._keyer
+        if keyer is None or (self._target is not None and self._code_ids() != self._seen_code):
+            keyer = self._prepare()
+        extra = b""
+        if self._stateful:
+            try:
+                extra = hash_value(call_state(self.func, self._state_ignore)).encode()
+            except (TypeError, RecursionError) as exc:
+                if not self._unkeyable_warned:
+                    self._unkeyable_warned = True
+                    warnings.warn(
+                        f"mlcache: {self.func_id} is called uncached: what it captures (its "
+                        f"closure, bound object or partial arguments) cannot be hashed ({exc})",
+                        CacheWarning,
+                        stacklevel=4,
+                    )
+                return None
+        return f"{self._code_dir}/{keyer.key(args, kwargs, extra)}"
+
+    # -- load and store -------------------------------------------------------------
+    def _read(self, name: str, read: Callable[[], Any]) -> Any:
+        """``read()``, or ``_MISS`` when the entry is missing, unreadable or damaged
+        (a damaged entry is removed, with one warning)."""
+        try:
+            return read()
+        except EntryNotFound:
             return _MISS
-        except OSError as exc:  # unreadable (permissions, I/O error): leave it in place
+        except UnsupportedValue:
+            return _MISS  # written with pickle, which is refused now: never unpickle it
+        except OSError as exc:  # permissions, I/O errors: leave the entry in place
             warnings.warn(
                 f"mlcache: cannot read the cache entry of {self.func_id} ({exc}); recomputing",
                 CacheWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
             return _MISS
-        except Exception as exc:  # damaged entry, or a codec that cannot read it
+        except Exception as exc:  # damaged, or a codec that cannot read it
             warnings.warn(
                 f"mlcache: discarding damaged cache entry of {self.func_id} "
                 f"({type(exc).__name__}: {exc}); recomputing",
                 CacheWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
-            try:
-                store.delete(name)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError, ValueError):
+                self._store.delete(name)
             return _MISS
-        assert self.memory._usage is not None
-        self.memory._usage.note(name)
+
+    def _path(self, name: str) -> str | None:
+        return os.path.join(self._code_path, name.rpartition("/")[2]) if self._local else None
+
+    def _valid(self, name: str, path: str | None) -> bool:
+        """The cache_validation_callback's verdict on the entry's metadata (read from
+        its header only); an invalid entry is removed. Callback errors propagate."""
+        callback = self.cache_validation_callback
+        if callback is None:
+            return True
+        info = self._read(name, lambda: read_entry_info(self._store, name, path=path))
+        if info is _MISS:
+            return False
+        if callback(info):
+            return True
+        with contextlib.suppress(OSError, ValueError):
+            self._store.delete(name)
+        return False
+
+    def _load(self, name: str, mmap_mode: str | None, *, validate: bool = True) -> Any:
+        """The cached value of ``name`` (an entry of the current code folder), or ``_MISS``."""
+        path = self._path(name)
+        if validate and not self._valid(name, path):
+            return _MISS
+        allow = self.memory.allow_pickle
+        value = self._read(
+            name,
+            lambda: decode(open_entry(self._store, name, mmap_mode, path=path), allow_pickle=allow),
+        )
+        if value is not _MISS:
+            self.memory._usage.note(name)  # type: ignore[union-attr]
         return value
 
     def _store_result(
         self, name: str, value: Any, duration: float, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """Write ``value``; on failure warn and return None (the value is never lost)."""
+        """Write ``value``; on failure warn and return None (the value is never lost).
+
+        A value that needs pickle while pickle is disabled raises ``UnsupportedValue``:
+        that is a configuration error, not a cache problem."""
         assert self._keyer is not None
         codec = select_codec(value, allow_pickle=self.memory.allow_pickle)
         info = {
@@ -471,39 +570,35 @@ class MemorizedFunc(Generic[P, R]):
         try:
             encoded = codec.encode(value)
         except Exception as exc:  # e.g. a result holding a lambda or a lock
-            warnings.warn(
-                f"mlcache: the result of {self.func_id} cannot be stored "
-                f"({type(exc).__name__}: {exc}); it is returned uncached",
-                CacheWarning,
-                stacklevel=4,
-            )
+            self._warn_unstored(f"cannot be stored ({type(exc).__name__}: {exc})")
             return None
+        size = info["size"] = sum(_nbytes(s) for s in encoded.segments)
         limit = self.memory.bytes_limit
-        if limit is not None:
-            size = sum(memoryview(s).nbytes for s in encoded.segments)
-            if size > limit:
-                warnings.warn(
-                    f"mlcache: the result of {self.func_id} ({size} bytes) is larger "
-                    f"than bytes_limit ({limit}); it is returned uncached",
-                    CacheWarning,
-                    stacklevel=4,
-                )
-                return None
+        if limit is not None and size > limit:
+            self._warn_unstored(f"({size} bytes) is larger than bytes_limit ({limit})")
+            return None
         try:
             with self._store.write(name) as f:
-                size = write_entry(f, codec.name, encoded, info, self.memory._config.compress)
-        except OSError as exc:
-            warnings.warn(
-                f"mlcache: could not store the result of {self.func_id} in "
-                f"{self.memory.location} ({exc}); it is returned uncached",
-                CacheWarning,
-                stacklevel=4,
-            )
+                written = write_entry(f, codec.name, encoded, info, self.memory._config.compress)
+        except Exception as exc:  # disk full, permissions, a folder in the way...
+            self._warn_unstored(f"could not be stored in {self.memory.location} ({exc})")
             return None
-        info["size"] = size
-        if self.memory._guard is not None:
-            self.memory._guard.after_write(name, size)
+        guard = self.memory._guard
+        if guard is not None:
+            try:
+                guard.after_write(name, written)
+            except Exception as exc:  # the entry is stored; only eviction failed
+                warnings.warn(
+                    f"mlcache: could not enforce bytes_limit ({exc})", CacheWarning, stacklevel=4
+                )
         return info
+
+    def _warn_unstored(self, why: str) -> None:
+        warnings.warn(
+            f"mlcache: the result of {self.func_id} {why}; it is returned uncached",
+            CacheWarning,
+            stacklevel=5,
+        )
 
     def _log_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._verbose > 0:
@@ -513,7 +608,7 @@ class MemorizedFunc(Generic[P, R]):
 
     def _finish(
         self, name: str, out: Any, t0: float, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, dict[str, Any]]:
+    ) -> tuple[Any, dict[str, Any] | None]:
         duration = time.perf_counter() - t0
         if self._verbose > 0:
             logger.info("[Memory] %s computed in %.3fs", self.func_id, duration)
@@ -523,55 +618,70 @@ class MemorizedFunc(Generic[P, R]):
             loaded = self._load(name, self.mmap_mode, validate=False)
             if loaded is not _MISS:
                 out = loaded
-        return out, meta or {}
+        return out, meta
 
-    def _call(
+    def _run(
         self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, dict[str, Any]]:
+    ) -> tuple[Any, dict[str, Any] | None]:
         self._log_call(args, kwargs)
         t0 = time.perf_counter()
-        out = self.func(*args, **kwargs)
-        return self._finish(name, out, t0, args, kwargs)
+        return self._finish(name, self.func(*args, **kwargs), t0, args, kwargs)
 
-    # -- the public interface ---------------------------------------------------
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, Any]:
+        """(entry name or None if uncacheable, cached value or ``_MISS``)."""
         name = self._name(args, kwargs)
+        if name is None:
+            return None, _MISS
         value = self._load(name, self.mmap_mode)
+        if value is not _MISS and self._verbose >= 10:
+            logger.info("[Memory] %s: loaded from cache", self.func_id)
+        return name, value
+
+    def _shelved(self, name: str, out: Any, meta: dict[str, Any] | None) -> Any:
+        if meta is None:  # not stored: keep the value itself
+            return NotMemorizedResult(out)
+        return MemorizedResult(self.memory, name, self.func_id, mmap_mode=self.mmap_mode)
+
+    # -- the public interface ---------------------------------------------------------
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        name, value = self._lookup(args, kwargs)
         if value is not _MISS:
-            if self._verbose >= 10:
-                logger.info("[Memory] %s: loaded from cache", self.func_id)
             return value
-        return self._call(name, args, kwargs)[0]
+        if name is None:
+            return self.func(*args, **kwargs)
+        return self._run(name, args, kwargs)[0]
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
         """Always compute and store; return ``(output, metadata)`` as joblib does."""
-        return self._call(self._name(args, kwargs), args, kwargs)
-
-    def call_and_shelve(self, *args: P.args, **kwargs: P.kwargs) -> MemorizedResult:
-        """Compute (or find) the result and return a small, picklable reference to it."""
         name = self._name(args, kwargs)
-        if not self._in_cache(name):
-            self._call(name, args, kwargs)
-        return MemorizedResult(self.memory, name, self.func_id, mmap_mode=self.mmap_mode)
+        if name is None:
+            return self.func(*args, **kwargs), {}
+        out, meta = self._run(name, args, kwargs)
+        return out, meta or {}
+
+    def call_and_shelve(
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> MemorizedResult | NotMemorizedResult:
+        """Compute (or find) the result and return a small, picklable reference to it
+        (the value itself, in a ``NotMemorizedResult``, when it could not be stored)."""
+        name = self._name(args, kwargs)
+        if name is None:
+            return NotMemorizedResult(self.func(*args, **kwargs))
+        if self._in_cache(name):
+            return self._shelved(name, None, {})
+        return self._shelved(name, *self._run(name, args, kwargs))
 
     def check_call_in_cache(self, *args: P.args, **kwargs: P.kwargs) -> bool:
         """True if a valid result for these arguments is cached (nothing is computed)."""
-        return self._in_cache(self._name(args, kwargs))
+        name = self._name(args, kwargs)
+        return name is not None and self._in_cache(name)
 
     def _in_cache(self, name: str) -> bool:
-        if not self._store.exists(name):
-            return False
-        if self.cache_validation_callback is None:
-            return True
         try:
-            if self._local:
-                info = read_info(self._store.local_path(name))  # type: ignore[attr-defined]
-            else:
-                with self._store.open(name) as f:
-                    info = EntryReader(f).info
-        except (OSError, EntryCorrupted, EntryNotFound):
+            exists = self._store.exists(name)
+        except (OSError, ValueError):
             return False
-        return bool(self.cache_validation_callback(info))
+        return exists and self._valid(name, self._path(name))
 
     def clear(self, warn: bool = True) -> None:
         """Remove every cached result of this function (all code versions)."""
@@ -584,28 +694,37 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
     """A memoized ``async def`` function: awaiting it computes or loads."""
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:  # type: ignore[override]
-        name = self._name(args, kwargs)
-        value = self._load(name, self.mmap_mode)
+        name, value = self._lookup(args, kwargs)
         if value is not _MISS:
             return value
-        return (await self._acall(name, args, kwargs))[0]
+        if name is None:
+            return await self.func(*args, **kwargs)  # type: ignore[misc]
+        return (await self._arun(name, args, kwargs))[0]
 
-    async def _acall(
+    async def _arun(
         self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, dict[str, Any]]:
+    ) -> tuple[Any, dict[str, Any] | None]:
         self._log_call(args, kwargs)
         t0 = time.perf_counter()
         out = await self.func(*args, **kwargs)  # type: ignore[misc]
         return self._finish(name, out, t0, args, kwargs)
 
     async def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:  # type: ignore[override]
-        return await self._acall(self._name(args, kwargs), args, kwargs)
-
-    async def call_and_shelve(self, *args: P.args, **kwargs: P.kwargs) -> MemorizedResult:  # type: ignore[override]
         name = self._name(args, kwargs)
-        if not self._in_cache(name):
-            await self._acall(name, args, kwargs)
-        return MemorizedResult(self.memory, name, self.func_id, mmap_mode=self.mmap_mode)
+        if name is None:
+            return await self.func(*args, **kwargs), {}  # type: ignore[misc]
+        out, meta = await self._arun(name, args, kwargs)
+        return out, meta or {}
+
+    async def call_and_shelve(  # type: ignore[override]
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> MemorizedResult | NotMemorizedResult:
+        name = self._name(args, kwargs)
+        if name is None:
+            return NotMemorizedResult(await self.func(*args, **kwargs))  # type: ignore[misc]
+        if self._in_cache(name):
+            return self._shelved(name, None, {})
+        return self._shelved(name, *(await self._arun(name, args, kwargs)))
 
 
 def _rebuild_func(
@@ -624,150 +743,4 @@ def _rebuild_func(
         verbose=verbose,
         mmap_mode=mmap_mode,
         cache_validation_callback=callback,
-    )
-
-
-class MemorizedResult:
-    """A reference to one cached result: small, picklable; ``.get()`` loads it."""
-
-    def __init__(
-        self, memory: Memory, name: str, func_id: str, *, mmap_mode: str | None = None
-    ) -> None:
-        self.memory = memory
-        self.name = name
-        self.func_id = func_id
-        self.mmap_mode = mmap_mode
-
-    @property
-    def args_id(self) -> str:
-        return self.name.rsplit("/", 1)[-1]
-
-    def __repr__(self) -> str:
-        return f"MemorizedResult(func={self.func_id!r}, args_id={self.args_id!r})"
-
-    def get(self) -> Any:
-        """The value; ``KeyError`` if it has been cleared (or is damaged)."""
-        store = self.memory.store
-        assert store is not None
-        try:
-            if isinstance(store, LocalPaths):
-                reader = EntryReader(store.local_path(self.name), self.mmap_mode)
-            else:
-                with store.open(self.name) as f:
-                    reader = EntryReader(f, self.mmap_mode)
-        except (FileNotFoundError, EntryNotFound):
-            raise EntryNotFound(
-                f"no cached result {self.name!r} (it may have been cleared)"
-            ) from None
-        codec = codecs[reader.codec]
-        if not codec.safe and not self.memory.allow_pickle:
-            raise UnsupportedValue(f"{self.name!r} needs pickle, and pickle is disabled")
-        return codec.decode(reader.codec_layout, reader)
-
-    def clear(self) -> None:
-        """Remove this result from the cache."""
-        assert self.memory.store is not None
-        self.memory.store.delete(self.name)
-
-
-class NotMemorizedResult:
-    """What ``call_and_shelve`` returns when caching is off (``location=None``)."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        self._valid = True
-
-    def get(self) -> Any:
-        if not self._valid:
-            raise KeyError("no value: this result was cleared")
-        return self.value
-
-    def clear(self) -> None:
-        self._valid = False
-        self.value = None
-
-
-class NotMemorizedFunc(Generic[P, R]):
-    """What ``Memory(None).cache`` returns: the function, called every time."""
-
-    def __init__(self, func: Callable[P, R]) -> None:
-        self.func = func
-        functools.update_wrapper(self, func)
-
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.func(*args, **kwargs)
-
-    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
-        return self if obj is None else types.MethodType(self, obj)
-
-    def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
-        return self.func(*args, **kwargs), {}
-
-    def call_and_shelve(self, *args: P.args, **kwargs: P.kwargs) -> NotMemorizedResult:
-        return NotMemorizedResult(self.func(*args, **kwargs))
-
-    def check_call_in_cache(self, *args: P.args, **kwargs: P.kwargs) -> bool:
-        return False
-
-    def clear(self, warn: bool = True) -> None:
-        pass
-
-
-class AsyncNotMemorizedFunc(NotMemorizedFunc[P, R]):
-    async def call_and_shelve(  # type: ignore[override]
-        self,
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> NotMemorizedResult:
-        return NotMemorizedResult(await self.func(*args, **kwargs))  # type: ignore[misc]
-
-    async def call(  # type: ignore[override]
-        self,
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> tuple[R, dict[str, Any]]:
-        return await self.func(*args, **kwargs), {}  # type: ignore[misc]
-
-
-class ExpiresAfter:
-    """A picklable ``cache_validation_callback``: results older than ``delta`` are stale."""
-
-    def __init__(self, delta: _dt.timedelta) -> None:
-        self.delta = delta
-
-    def __call__(self, metadata: dict[str, Any]) -> bool:
-        created = metadata.get("time")
-        if not isinstance(created, (int, float)):
-            return False
-        return time.time() - created < self.delta.total_seconds()
-
-    def __repr__(self) -> str:
-        return f"expires_after({self.delta})"
-
-
-def expires_after(
-    days: float = 0,
-    seconds: float = 0,
-    microseconds: float = 0,
-    milliseconds: float = 0,
-    minutes: float = 0,
-    hours: float = 0,
-    weeks: float = 0,
-) -> ExpiresAfter:
-    """A ``cache_validation_callback`` that recomputes results older than the duration.
-
-    >>> from mlcache import Memory, expires_after
-    >>> mem = Memory(None)
-    >>> f = mem.cache(lambda x: x, cache_validation_callback=expires_after(hours=1))
-    """
-    return ExpiresAfter(
-        _dt.timedelta(
-            days=days,
-            seconds=seconds,
-            microseconds=microseconds,
-            milliseconds=milliseconds,
-            minutes=minutes,
-            hours=hours,
-            weeks=weeks,
-        )
     )
