@@ -181,11 +181,21 @@ def _uints(x: Any, n: int) -> bool:
     return type(x) is list and len(x) == n and all(type(i) is int and i >= 0 for i in x)
 
 
-@functools.lru_cache(maxsize=4096)
+_CACHED_LAYOUT_MAX = 4096
+
+
 def _parse_layout(data: bytes) -> _Layout:
-    """Parse and validate a layout. Hits of one function mostly share their layout,
-    so each distinct one is parsed once; the result is shared and never mutated.
-    Raises ``ValueError`` for a layout that is not well formed."""
+    """Parse and validate a layout; raise ``ValueError`` if it is not well formed.
+
+    Hits of one function mostly share their layout, so small layouts are parsed
+    once and shared (never mutated); large ones (a result of 100,000 floats) are
+    not kept: the cache would hold them for ever."""
+    if len(data) <= _CACHED_LAYOUT_MAX:
+        return _parse_small_layout(data)
+    return _parse_layout_uncached(data)
+
+
+def _parse_layout_uncached(data: bytes) -> _Layout:
     lay = json.loads(data)
     if type(lay) is not dict:
         raise ValueError("not an object")
@@ -202,6 +212,9 @@ def _parse_layout(data: bytes) -> _Layout:
         raise ValueError("segment lengths do not match")
     end = max((off + n for off, n in seg), default=0)
     return _Layout(codec, codec_layout, seg, raw, comp, end)
+
+
+_parse_small_layout = functools.lru_cache(maxsize=1024)(_parse_layout_uncached)
 
 
 class _Header:
@@ -399,18 +412,20 @@ class EntryReader:
             raise EntryCorrupted(f"{self.path}: array segment {index} has the wrong size")
         order_: Literal["C", "F"] = "F" if order == "F" else "C"
         if self._mode is not None:
-            arr = np.frombuffer(
-                self._mm,  # type: ignore[arg-type]
+            # a numpy.memmap whose base is the mmap itself, as joblib returns: code
+            # such as joblib.Parallel recognises it and shares it instead of copying
+            mm_arr = np.ndarray.__new__(
+                np.memmap,
+                tuple(shape),
                 dtype=dtype,
-                count=count,
+                buffer=self._mm,
                 offset=self._h.payload_off + off,
-            ).reshape(shape, order=order_)
-            # joblib returns numpy.memmap instances: keep that contract
-            mm_arr = arr.view(np.memmap)
+                order=order_,
+            )
+            mm_arr._mmap = self._mm
             mm_arr.filename = os.path.abspath(self.path)
             mm_arr.offset = self._h.payload_off + off
             mm_arr.mode = self._mode
-            mm_arr._mmap = self._mm  # type: ignore[attr-defined]
             return mm_arr
         flat = np.frombuffer(self.buffer(index), dtype=dtype, count=count)
         if self._comp is not None:

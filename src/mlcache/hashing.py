@@ -299,9 +299,9 @@ def _hash_pool() -> concurrent.futures.ThreadPoolExecutor | None:
         return _pool
 
 
-def _forget_pool() -> None:  # a forked child does not inherit the threads
-    global _pool
-    _pool = None
+def _forget_pool() -> None:  # a forked child inherits neither the threads nor a free lock
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

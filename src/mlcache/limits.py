@@ -9,10 +9,12 @@ only makes eviction slightly less exact, never a result wrong.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import weakref
 from collections.abc import Iterable
+from typing import Any
 
 from .store import EntryStat, Store
 
@@ -25,6 +27,18 @@ RESCAN_SECONDS = 10.0
 #: each pay for a scan of the whole store
 LOW_WATER = 0.9
 _LOGS: weakref.WeakSet[UsageLog] = weakref.WeakSet()
+# objects holding locks that a child forked while another thread held them would
+# inherit locked: they get fresh locks in the child
+_FORK_SENSITIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _renew_locks() -> None:
+    for obj in list(_FORK_SENSITIVE):
+        obj._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks)
 
 
 class UsageLog:
@@ -36,6 +50,7 @@ class UsageLog:
         self._last = time.monotonic()
         self._lock = threading.Lock()
         _LOGS.add(self)
+        _FORK_SENSITIVE.add(self)
 
     def note(self, name: str) -> None:
         self._names.add(name)
@@ -44,13 +59,18 @@ class UsageLog:
 
     def flush(self) -> None:
         with self._lock:
-            names, self._names = self._names, set()
+            # list() of a set is one step under the GIL: a note() racing with this
+            # swap lands in either set and is never iterated while it changes
+            names, self._names = list(self._names), set()
             self._last = time.monotonic()
         if names:
             try:
                 self._store.touch(names)
-            except OSError:
+            except (OSError, ValueError):
                 pass  # last-use times are advisory
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
 
 class SizeGuard:
@@ -71,25 +91,36 @@ class SizeGuard:
         self._lock = threading.Lock()
         self._estimate: int | None = None  # bytes, as of the last scan plus our writes
         self._scanned = 0.0
+        _FORK_SENSITIVE.add(self)
 
     def after_write(self, name: str, size: int) -> list[EntryStat]:
         """Account for ``size`` new bytes under ``name``; evict if needed."""
+        # the lock guards the counters only, never a scan: a process forked during
+        # a scan must not inherit a held lock
         with self._lock:
-            now = time.monotonic()
-            if self._estimate is not None and now - self._scanned < RESCAN_SECONDS:
-                self._estimate += size
+            fresh = self._estimate is not None and time.monotonic() - self._scanned < RESCAN_SECONDS
+            if fresh:
+                self._estimate = (self._estimate or 0) + size
                 if self._estimate <= self.bytes_limit:
                     return []
-            self._usage.flush()
-            total = sum(e.size for e in self._store.list())
-            removed: list[EntryStat] = []
-            if total > self.bytes_limit:
-                removed = enforce_limits(
-                    self._store, bytes_limit=int(self.bytes_limit * LOW_WATER), protect=(name,)
-                )
-                total -= sum(e.size for e in removed)
+        self._usage.flush()
+        entries = list(self._store.list())
+        total = sum(e.size for e in entries)
+        removed: list[EntryStat] = []
+        if total > self.bytes_limit:
+            removed = enforce_limits(
+                self._store,
+                bytes_limit=int(self.bytes_limit * LOW_WATER),
+                protect=(name,),
+                entries=entries,
+            )
+            total -= sum(e.size for e in removed)
+        with self._lock:
             self._estimate, self._scanned = total, time.monotonic()
-            return removed
+        return removed
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
 
 @atexit.register
@@ -106,14 +137,16 @@ def enforce_limits(
     age_limit: float | None = None,
     protect: Iterable[str] = (),
     prefix: str = "",
+    entries: Iterable[EntryStat] | None = None,
 ) -> list[EntryStat]:
     """Delete least-recently-used entries until the store fits the limits.
 
     ``age_limit`` is in seconds since last use. Names in ``protect`` (the entry
-    just written) are never removed. Returns what was removed.
+    just written) are never removed. ``entries`` is a listing just made, if any.
+    Returns what was removed.
     """
     keep = set(protect)
-    entries = sorted(store.list(prefix), key=lambda e: e.last_used)
+    entries = sorted(store.list(prefix) if entries is None else entries, key=lambda e: e.last_used)
     total = sum(e.size for e in entries)
     count = len(entries)
     now = time.time()
@@ -130,7 +163,7 @@ def enforce_limits(
             continue
         try:
             store.delete(e.name)
-        except OSError:
+        except (OSError, ValueError):
             continue
         total -= e.size
         count -= 1

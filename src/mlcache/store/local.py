@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Iterable, Iterator
@@ -18,6 +20,17 @@ __all__ = ["LocalStore"]
 _GITIGNORE = "# created by mlcache: this folder is a cache, never commit it\n*\n"
 #: temporaries older than this are leftovers of a crashed writer
 STALE_TMP_SECONDS = 3600.0
+#: marks a folder being removed (renamed first, then deleted)
+TOMB_MARK = ".removing-"
+logger = logging.getLogger("mlcache")
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        check_name(name)
+    except ValueError:
+        return False
+    return True
 
 
 class LocalStore:
@@ -97,15 +110,24 @@ class LocalStore:
     def delete(self, name: str) -> bool:
         path = os.path.join(self.location, check_name(name))
         try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
+            if not os.path.isdir(path) or os.path.islink(path):
                 os.unlink(path)
+                return True
+            # a folder: move it out of the way in one rename, then remove it at
+            # leisure. Writers racing with us fail cleanly (and warn) instead of
+            # making rmtree fail halfway; readers holding memory maps keep them.
+            parent, base = os.path.split(path)
+            tomb = os.path.join(parent, f".{base}{TOMB_MARK}{secrets.token_hex(6)}")
+            os.rename(path, tomb)
         except FileNotFoundError:
             return False
+        shutil.rmtree(tomb, ignore_errors=True)
         return True
 
     def list(self, prefix: str = "") -> Iterator[EntryStat]:
+        """Entries under ``prefix``. Skipped: hidden files and folders (``.gitignore``,
+        temporaries, removed folders, a Finder's ``.DS_Store``), names that are not
+        valid entry names, and folders this user cannot read (logged)."""
         start = os.path.join(self.location, check_name(prefix)) if prefix else self.location
         now = time.time()
         stack = [start]
@@ -115,8 +137,14 @@ class LocalStore:
                 it = os.scandir(folder)
             except (FileNotFoundError, NotADirectoryError):
                 continue
+            except PermissionError as exc:
+                logger.warning("mlcache: cannot list %s (%s); skipped", folder, exc.strerror)
+                continue
             with it:
                 for e in it:
+                    if e.name.startswith("."):
+                        self._sweep(e, now)
+                        continue
                     try:
                         if e.is_dir(follow_symlinks=False):
                             stack.append(e.path)
@@ -124,15 +152,19 @@ class LocalStore:
                         st = e.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue  # removed meanwhile
-                    if is_temporary(e.name):
-                        if now - st.st_mtime > STALE_TMP_SECONDS:  # a crashed writer's
-                            with contextlib.suppress(OSError):
-                                os.unlink(e.path)
-                        continue
-                    if folder == self.location and e.name.startswith("."):
-                        continue  # .gitignore and other housekeeping
                     rel = os.path.relpath(e.path, self.location).replace(os.sep, "/")
-                    yield EntryStat(rel, st.st_size, st.st_mtime)
+                    if _valid_name(rel):
+                        yield EntryStat(rel, st.st_size, st.st_mtime)
+
+    @staticmethod
+    def _sweep(e: os.DirEntry[str], now: float) -> None:
+        """Remove what a crashed writer or an interrupted removal left behind."""
+        if TOMB_MARK in e.name:
+            shutil.rmtree(e.path, ignore_errors=True)
+        elif is_temporary(e.name):
+            with contextlib.suppress(OSError):
+                if now - e.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS:
+                    os.unlink(e.path)
 
     def touch(self, names: Iterable[str]) -> None:
         # last use is the file's mtime: atime is unreliable (noatime, relatime)
