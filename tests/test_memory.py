@@ -645,3 +645,205 @@ def test_size_guard_scans_only_when_needed(tmp_path, monkeypatch):
     f(np.full(1000, -1, dtype=np.float64))
     assert sum(e.size for e in real_list()) <= 1 << 20
     assert f.check_call_in_cache(np.full(1000, -1, dtype=np.float64))
+
+
+# -- what a call depends on besides its arguments ---------------------------------------
+class Model:
+    def __init__(self, k):
+        self.k = k
+
+    def predict(self, x):
+        return x * self.k
+
+    def __call__(self, x):
+        return x + self.k
+
+
+def test_bound_methods_partials_and_callable_objects_key_their_state(mem):
+    import functools
+
+    assert (mem.cache(Model(2).predict)(10), mem.cache(Model(3).predict)(10)) == (20, 30)
+    assert (mem.cache(Model(2))(10), mem.cache(Model(3))(10)) == (12, 13)
+    p2, p3 = functools.partial(double, scale=2.0), functools.partial(double, scale=3.0)
+    assert (mem.cache(p2)(10), mem.cache(p3)(10)) == (20.0, 30.0)
+    m = Model(2)
+    f = mem.cache(m.predict)
+    assert f(10) == 20
+    m.k = 5  # the object changed: a new key, not the old result
+    assert f(10) == 50
+    # ignore=["self"] keys a bound method by its arguments only
+    g = mem.cache(Model(7).predict, ignore=["self"])
+    assert g(1) == 7 and mem.cache(Model(8).predict, ignore=["self"])(1) == 7
+
+
+def test_closure_values_are_read_at_each_call(mem):
+    k = 1
+    w = np.ones(3)
+
+    @mem.cache
+    def f(x):
+        return x * k + w.sum()
+
+    assert f(10) == 13.0
+    k = 100
+    assert f(10) == 1003.0
+    w[:] = 5
+    assert f(10) == 1015.0
+
+
+def test_replaced_code_is_detected(mem):
+    def feat(x):
+        return x + 1
+
+    def feat_v2(x):
+        return x * 100
+
+    f = mem.cache(feat)
+    assert f(2) == 3
+    feat.__code__ = feat_v2.__code__  # what %autoreload does
+    assert f(2) == 200
+    feat.__defaults__ = None
+    assert f(3) == 300
+
+
+def test_ignore_is_part_of_the_key(mem):
+    def f(a, b):
+        return f"a={a} b={b}"
+
+    assert mem.cache(f, ignore=["b"])(1, 2) == "a=1 b=2"
+    assert mem.cache(f, ignore=["a"])(2, 1) == "a=2 b=1"
+
+
+def test_local_classes_and_helpers_passed_as_arguments_are_keyed_by_code(mem):
+    def make_op(k):
+        class Op:
+            def apply(self, x):
+                return x * k
+
+        return Op
+
+    @mem.cache
+    def run(op_cls, x):
+        return op_cls().apply(x)
+
+    assert (run(make_op(2), 10), run(make_op(3), 10)) == (20, 30)
+
+
+def test_unhashable_captured_state_calls_uncached_with_one_warning(mem):
+    import threading
+
+    lock = threading.Lock()
+
+    @mem.cache
+    def f(x):
+        with lock:
+            return x * 2
+
+    with pytest.warns(CacheWarning, match="called uncached"):
+        assert f(2) == 4
+    assert f(3) == 6  # warned once
+    assert not f.check_call_in_cache(2)
+
+
+def test_callback_errors_propagate_and_the_entry_is_kept(mem):
+    def broken(meta):
+        raise RuntimeError("bug in my callback")
+
+    f = mem.cache(double)
+    f(1)
+    g = mem.cache(double, cache_validation_callback=broken)
+    with pytest.raises(RuntimeError, match="bug in my callback"):
+        g(1)
+    assert f.check_call_in_cache(1)
+
+
+def test_call_and_shelve_keeps_a_value_that_was_not_stored(tmp_path):
+    mem = Memory(tmp_path, verbose=0, bytes_limit=100)
+    f = mem.cache(double)
+    with pytest.warns(CacheWarning, match="larger than bytes_limit"):
+        ref = f.call_and_shelve(np.ones(100))
+    np.testing.assert_array_equal(ref.get(), 2 * np.ones(100))
+
+
+def test_datetime_results_with_a_size_limit(tmp_path):
+    mem = Memory(tmp_path, verbose=0, bytes_limit="1M")
+    f = mem.cache(lambda n: np.arange(n).astype("datetime64[s]"))
+    assert f(3)[2] == np.datetime64(2, "s")
+    assert f(3)[2] == np.datetime64(2, "s")
+
+
+def test_foreign_files_in_the_cache_folder_are_left_alone(tmp_path):
+    mem = Memory(tmp_path, verbose=0, bytes_limit="1M")
+    f = mem.cache(double)
+    f(1)
+    (tmp_path / "notes (1).txt").write_text("mine")
+    (Path(mem.store.local_path(f._code_dir)) / ".DS_Store").write_text("finder")
+    for i in range(3):
+        f(np.full(1000, i, dtype=np.float64))
+    assert mem.verify() == []
+    mem.clear()
+    assert f(1) == 2.0
+
+
+def test_clear_while_another_thread_writes(mem):
+    import threading
+
+    f = mem.cache(double)
+    stop = threading.Event()
+    errors = []
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                f(i)
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+    t = threading.Thread(target=writer)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)  # a write racing a clear may fail
+        t.start()
+        try:
+            for _ in range(50):
+                f.clear()
+        finally:
+            stop.set()
+            t.join()
+    assert errors == []
+
+
+def test_pickled_memory_keeps_an_absolute_location(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mem = Memory("relative_cache", verbose=0)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    again = pickle.loads(pickle.dumps(mem))
+    assert again.location == str(tmp_path / "relative_cache")
+
+
+def test_stored_metadata_has_the_size(mem):
+    ref = mem.cache(double).call_and_shelve(np.ones(10))
+    meta = ref.metadata
+    assert meta["size"] == 80 and meta["func"] == "test_memory.double"
+
+
+def test_large_layouts_are_not_kept_after_the_hit(mem):
+    from mlcache import entry
+
+    f = mem.cache(lambda n: [i / 7 for i in range(n)])
+    f(20_000)
+    before = entry._parse_small_layout.cache_info().currsize
+    assert len(f(20_000)) == 20_000
+    assert entry._parse_small_layout.cache_info().currsize == before
+
+
+def test_mapped_results_are_shareable_by_joblib_parallel(tmp_path):
+    memmapping = pytest.importorskip("joblib._memmapping_reducer")
+    mem = Memory(tmp_path, mmap_mode="r", verbose=0)
+    f = mem.cache(double)
+    f(np.arange(10.0))
+    assert memmapping.has_shareable_memory(f(np.arange(10.0)))

@@ -110,14 +110,19 @@ class LocalStore:
     def delete(self, name: str) -> bool:
         path = os.path.join(self.location, check_name(name))
         try:
-            if not os.path.isdir(path) or os.path.islink(path):
-                os.unlink(path)
-                return True
-            # a folder: move it out of the way in one rename, then remove it at
-            # leisure. Writers racing with us fail cleanly (and warn) instead of
-            # making rmtree fail halfway; readers holding memory maps keep them.
-            parent, base = os.path.split(path)
-            tomb = os.path.join(parent, f".{base}{TOMB_MARK}{secrets.token_hex(6)}")
+            os.unlink(path)  # an entry (or a link)
+            return True
+        except FileNotFoundError:
+            return False
+        except (IsADirectoryError, PermissionError):  # EISDIR, or EPERM on macOS
+            if not os.path.isdir(path):
+                raise
+        # a folder: move it out of the way in one rename, then remove it at
+        # leisure. Writers racing with us fail cleanly (and warn) instead of
+        # making rmtree fail halfway; readers holding memory maps keep them.
+        parent, base = os.path.split(path)
+        tomb = os.path.join(parent, f".{base}{TOMB_MARK}{secrets.token_hex(6)}")
+        try:
             os.rename(path, tomb)
         except FileNotFoundError:
             return False
