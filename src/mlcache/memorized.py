@@ -1,0 +1,451 @@
+"""``MemorizedFunc``: a function whose results are cached by a :class:`~mlcache.Memory`.
+
+A call is keyed (see :mod:`mlcache.callkey` and :mod:`mlcache.fingerprint`),
+looked up, and computed and stored on a miss. Every cache problem degrades to a
+miss or an unstored result with one :class:`~mlcache.CacheWarning`; the user's
+call never fails because of the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import sys
+import threading
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from .callkey import CallKeyer
+from .codecs import select_codec
+from .entry import write_entry
+from .errors import CacheWarning, ConfigError, EntryNotFound, UnsupportedValue
+from .fingerprint import call_state, code_version, func_identity, slug, target_function
+from .hashing import hash_value
+from .results import (
+    MemorizedResult,
+    NotMemorizedResult,
+    decode,
+    open_entry,
+    read_entry_info,
+)
+from .store import LocalPaths, Store
+
+if TYPE_CHECKING:
+    from .memory import Memory
+
+__all__ = ["AsyncMemorizedFunc", "MemorizedFunc"]
+
+logger = logging.getLogger("mlcache")
+P = ParamSpec("P")
+R = TypeVar("R")
+_MISS = object()
+
+
+#: (location, function folder, version) whose other versions this process removed
+_CLEANED: set[tuple[str, str, str]] = set()
+_CLEANED_LOCK = threading.Lock()
+
+
+def _split_ignore(func: Callable[..., Any], ignore: Any) -> tuple[list[str], frozenset[str]]:
+    """``ignore`` as (parameter names, names of captured state: closure variables or
+    ``"self"`` of a bound method). Raises ``ConfigError`` for any other name."""
+    names = CallKeyer(func, None, b"").names
+    if ignore is not None and (
+        isinstance(ignore, str) or not all(isinstance(n, str) for n in ignore)
+    ):
+        raise ConfigError(f"ignore must be a list of parameter names, got {ignore!r}")
+    ignore = list(ignore or ())
+    captured = {entry[0] for entry in call_state(func) or ()}
+    captured.discard("partial")
+    captured.discard("object")
+    unknown = [n for n in ignore if n not in names and n not in captured]
+    if unknown:
+        raise ConfigError(
+            f"ignore={unknown!r}: not parameters of {getattr(func, '__qualname__', func)}; "
+            f"its parameters are {names}"
+            + (f" and it captures {sorted(captured)}" if captured else "")
+        )
+    return [n for n in ignore if n in names], frozenset(n for n in ignore if n not in names)
+
+
+def _nbytes(segment: Any) -> int:
+    return int(segment.nbytes) if hasattr(segment, "nbytes") else len(memoryview(segment))
+
+
+class MemorizedFunc(Generic[P, R]):
+    """A memoized function: call it as the original. See :meth:`Memory.cache`."""
+
+    def __init__(
+        self,
+        func: Callable[P, R],
+        memory: Memory,
+        *,
+        ignore: Iterable[str] | None = None,
+        verbose: int = 1,
+        mmap_mode: str | None = None,
+        cache_validation_callback: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
+        self.func = func
+        self.memory = memory
+        self.ignore = list(ignore) if ignore is not None and not isinstance(ignore, str) else ignore
+        self.mmap_mode = mmap_mode
+        self.compress = memory.compress
+        self._verbose = verbose
+        self.cache_validation_callback = cache_validation_callback
+        self.func_id = func_identity(func)
+        self._folder = slug(self.func_id)
+        assert memory.store is not None
+        self._store: Store = memory.store
+        self._local = isinstance(self._store, LocalPaths)
+        target = target_function(func)
+        # a plain Python function can have its code or defaults replaced at run time
+        # (%autoreload does): such a change re-fingerprints it
+        self._target = target if isinstance(target, types.FunctionType) else None
+        self._params, self._state_ignore = _split_ignore(func, self.ignore)
+        self._stateful = call_state(func, self._state_ignore) is not None
+        self._keyer: CallKeyer | None = None
+        self._seen_code: tuple[Any, ...] = ()
+        self._code_dir = ""
+        self._code_path = ""  # the code folder's local path (local stores only)
+        self._unkeyable_warned = False
+        functools.update_wrapper(self, func)
+
+    def __repr__(self) -> str:
+        return f"MemorizedFunc(func={self.func!r}, location={self.memory.location!r})"
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        # decorating a method in a class body: bind like a function would
+        return self if obj is None else types.MethodType(self, obj)
+
+    def __mlcache_token__(self) -> Any:
+        """Passed as an argument to another memoized function: keyed by what it wraps."""
+        return self.func
+
+    def __reduce__(self) -> Any:
+        module = sys.modules.get(getattr(self, "__module__", ""), None)
+        found: Any = module
+        for part in getattr(self, "__qualname__", "").split("."):
+            found = getattr(found, part, None)
+        if found is self:  # decorated at module level: pickle by reference
+            return self.__qualname__
+        options = (self.ignore, self._verbose, self.mmap_mode, self.cache_validation_callback)
+        return (_rebuild_func, (type(self), self.func, self.memory, *options))
+
+    # -- keys -------------------------------------------------------------------
+    def _code_ids(self) -> tuple[Any, ...]:
+        t = self._target
+        return () if t is None else (t.__code__, t.__defaults__, t.__kwdefaults__)
+
+    def _prepare(self) -> CallKeyer:
+        """Fingerprint the code (once per process, and again if it is replaced) and
+        remove the results of the function's other versions."""
+        seen = self._code_ids()
+        version = code_version(self.func)[:16]
+        self._code_dir = f"{self._folder}/{version}"
+        if self._local:
+            # hits join keys to this path: names built here need no re-validation
+            self._code_path = self._store.local_path(self._code_dir)  # type: ignore[attr-defined]
+        self._remove_other_versions(version)
+        keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{version}".encode())
+        self._keyer, self._seen_code = keyer, seen
+        return keyer
+
+    def _remove_other_versions(self, version: str) -> None:
+        token = (str(self._store.location), self._folder, version)
+        with _CLEANED_LOCK:
+            if token in _CLEANED:
+                return
+            _CLEANED.add(token)
+        try:
+            others = {
+                parts[1]
+                for e in self._store.list(self._folder)
+                if len(parts := e.name.split("/")) == 3 and parts[1] != version
+            }
+            for folder in others:
+                if self._verbose:
+                    logger.info("[Memory] %s: code changed, removing old results", self.func_id)
+                self._store.delete(f"{self._folder}/{folder}")
+        except (OSError, ValueError) as exc:  # housekeeping: never fail the call for it
+            logger.debug("could not remove old results of %s: %s", self.func_id, exc)
+
+    def _name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """The entry name of this call, or None when it cannot be cached (its function
+        holds state that cannot be hashed: warned once, then called uncached)."""
+        keyer = self._keyer
+        if keyer is None or (self._target is not None and self._code_ids() != self._seen_code):
+            keyer = self._prepare()
+        extra = b""
+        if self._stateful:
+            try:
+                extra = hash_value(call_state(self.func, self._state_ignore)).encode()
+            except (TypeError, RecursionError) as exc:
+                if not self._unkeyable_warned:
+                    self._unkeyable_warned = True
+                    warnings.warn(
+                        f"mlcache: {self.func_id} is called uncached: what it captures (its "
+                        f"closure, bound object or partial arguments) cannot be hashed ({exc})",
+                        CacheWarning,
+                        stacklevel=4,
+                    )
+                return None
+        return f"{self._code_dir}/{keyer.key(args, kwargs, extra)}"
+
+    # -- load and store -------------------------------------------------------------
+    def _read(self, name: str, read: Callable[[], Any]) -> Any:
+        """``read()``, or ``_MISS`` when the entry is missing, unreadable or damaged
+        (a damaged entry is removed, with one warning)."""
+        try:
+            return read()
+        except EntryNotFound:
+            return _MISS
+        except UnsupportedValue:
+            return _MISS  # written with pickle, which is refused now: never unpickle it
+        except OSError as exc:  # permissions, I/O errors: leave the entry in place
+            warnings.warn(
+                f"mlcache: cannot read the cache entry of {self.func_id} ({exc}); recomputing",
+                CacheWarning,
+                stacklevel=5,
+            )
+            return _MISS
+        except Exception as exc:  # damaged, or a codec that cannot read it
+            warnings.warn(
+                f"mlcache: discarding damaged cache entry of {self.func_id} "
+                f"({type(exc).__name__}: {exc}); recomputing",
+                CacheWarning,
+                stacklevel=5,
+            )
+            with contextlib.suppress(OSError, ValueError):
+                self._store.delete(name)
+            return _MISS
+
+    def _path(self, name: str) -> str | None:
+        return os.path.join(self._code_path, name.rpartition("/")[2]) if self._local else None
+
+    def _valid(self, name: str, path: str | None) -> bool:
+        """The cache_validation_callback's verdict on the entry's metadata (read from
+        its header only); an invalid entry is removed. Callback errors propagate."""
+        callback = self.cache_validation_callback
+        if callback is None:
+            return True
+        info = self._read(name, lambda: read_entry_info(self._store, name, path=path))
+        if info is _MISS:
+            return False
+        if callback(info):
+            return True
+        with contextlib.suppress(OSError, ValueError):
+            self._store.delete(name)
+        return False
+
+    def _load(self, name: str, mmap_mode: str | None, *, validate: bool = True) -> Any:
+        """The cached value of ``name`` (an entry of the current code folder), or ``_MISS``."""
+        path = self._path(name)
+        if validate and not self._valid(name, path):
+            return _MISS
+        allow = self.memory.allow_pickle
+        value = self._read(
+            name,
+            lambda: decode(open_entry(self._store, name, mmap_mode, path=path), allow_pickle=allow),
+        )
+        if value is not _MISS:
+            self.memory._usage.note(name)  # type: ignore[union-attr]
+        return value
+
+    def _store_result(
+        self, name: str, value: Any, duration: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Write ``value``; on failure warn and return None (the value is never lost).
+
+        A value that needs pickle while pickle is disabled raises ``UnsupportedValue``:
+        that is a configuration error, not a cache problem."""
+        assert self._keyer is not None
+        codec = select_codec(value, allow_pickle=self.memory.allow_pickle)
+        info = {
+            "func": self.func_id,
+            "time": time.time(),
+            "duration": duration,
+            "input_args": self._keyer.describe(args, kwargs),
+            "codec": codec.name,
+        }
+        try:
+            encoded = codec.encode(value)
+        except Exception as exc:  # e.g. a result holding a lambda or a lock
+            self._warn_unstored(f"cannot be stored ({type(exc).__name__}: {exc})")
+            return None
+        size = info["size"] = sum(_nbytes(s) for s in encoded.segments)
+        limit = self.memory.bytes_limit
+        if limit is not None and size > limit:
+            self._warn_unstored(f"({size} bytes) is larger than bytes_limit ({limit})")
+            return None
+        try:
+            with self._store.write(name) as f:
+                written = write_entry(f, codec.name, encoded, info, self.memory._config.compress)
+        except Exception as exc:  # disk full, permissions, a folder in the way...
+            self._warn_unstored(f"could not be stored in {self.memory.location} ({exc})")
+            return None
+        guard = self.memory._guard
+        if guard is not None:
+            try:
+                guard.after_write(name, written)
+            except Exception as exc:  # the entry is stored; only eviction failed
+                warnings.warn(
+                    f"mlcache: could not enforce bytes_limit ({exc})", CacheWarning, stacklevel=4
+                )
+        return info
+
+    def _warn_unstored(self, why: str) -> None:
+        warnings.warn(
+            f"mlcache: the result of {self.func_id} {why}; it is returned uncached",
+            CacheWarning,
+            stacklevel=5,
+        )
+
+    def _log_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._verbose > 0:
+            assert self._keyer is not None
+            shown = ", ".join(f"{k}={v}" for k, v in self._keyer.describe(args, kwargs).items())
+            logger.info("[Memory] calling %s(%s)", self.func_id, shown)
+
+    def _finish(
+        self, name: str, out: Any, t0: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any] | None]:
+        duration = time.perf_counter() - t0
+        if self._verbose > 0:
+            logger.info("[Memory] %s computed in %.3fs", self.func_id, duration)
+        meta = self._store_result(name, out, duration, args, kwargs)
+        if meta is not None and self.mmap_mode is not None:
+            # consistent with later hits: return the memory-mapped copy
+            loaded = self._load(name, self.mmap_mode, validate=False)
+            if loaded is not _MISS:
+                out = loaded
+        return out, meta
+
+    def _run(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any] | None]:
+        self._log_call(args, kwargs)
+        t0 = time.perf_counter()
+        return self._finish(name, self.func(*args, **kwargs), t0, args, kwargs)
+
+    def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, Any]:
+        """(entry name or None if uncacheable, cached value or ``_MISS``)."""
+        name = self._name(args, kwargs)
+        if name is None:
+            return None, _MISS
+        value = self._load(name, self.mmap_mode)
+        if value is not _MISS and self._verbose >= 10:
+            logger.info("[Memory] %s: loaded from cache", self.func_id)
+        return name, value
+
+    def _shelved(self, name: str, out: Any, meta: dict[str, Any] | None) -> Any:
+        if meta is None:  # not stored: keep the value itself
+            return NotMemorizedResult(out)
+        return MemorizedResult(self.memory, name, self.func_id, mmap_mode=self.mmap_mode)
+
+    # -- the public interface ---------------------------------------------------------
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        name, value = self._lookup(args, kwargs)
+        if value is not _MISS:
+            return value
+        if name is None:
+            return self.func(*args, **kwargs)
+        return self._run(name, args, kwargs)[0]
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
+        """Always compute and store; return ``(output, metadata)`` as joblib does."""
+        name = self._name(args, kwargs)
+        if name is None:
+            return self.func(*args, **kwargs), {}
+        out, meta = self._run(name, args, kwargs)
+        return out, meta or {}
+
+    def call_and_shelve(
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> MemorizedResult | NotMemorizedResult:
+        """Compute (or find) the result and return a small, picklable reference to it
+        (the value itself, in a ``NotMemorizedResult``, when it could not be stored)."""
+        name = self._name(args, kwargs)
+        if name is None:
+            return NotMemorizedResult(self.func(*args, **kwargs))
+        if self._in_cache(name):
+            return self._shelved(name, None, {})
+        return self._shelved(name, *self._run(name, args, kwargs))
+
+    def check_call_in_cache(self, *args: P.args, **kwargs: P.kwargs) -> bool:
+        """True if a valid result for these arguments is cached (nothing is computed)."""
+        name = self._name(args, kwargs)
+        return name is not None and self._in_cache(name)
+
+    def _in_cache(self, name: str) -> bool:
+        try:
+            exists = self._store.exists(name)
+        except (OSError, ValueError):
+            return False
+        return exists and self._valid(name, self._path(name))
+
+    def clear(self, warn: bool = True) -> None:
+        """Remove every cached result of this function (all code versions)."""
+        if warn and self._verbose:
+            logger.info("[Memory] clearing the cache of %s", self.func_id)
+        self._store.delete(self._folder)
+
+
+class AsyncMemorizedFunc(MemorizedFunc[P, R]):
+    """A memoized ``async def`` function: awaiting it computes or loads."""
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:  # type: ignore[override]
+        name, value = self._lookup(args, kwargs)
+        if value is not _MISS:
+            return value
+        if name is None:
+            return await self.func(*args, **kwargs)  # type: ignore[misc]
+        return (await self._arun(name, args, kwargs))[0]
+
+    async def _arun(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any] | None]:
+        self._log_call(args, kwargs)
+        t0 = time.perf_counter()
+        out = await self.func(*args, **kwargs)  # type: ignore[misc]
+        return self._finish(name, out, t0, args, kwargs)
+
+    async def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:  # type: ignore[override]
+        name = self._name(args, kwargs)
+        if name is None:
+            return await self.func(*args, **kwargs), {}  # type: ignore[misc]
+        out, meta = await self._arun(name, args, kwargs)
+        return out, meta or {}
+
+    async def call_and_shelve(  # type: ignore[override]
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> MemorizedResult | NotMemorizedResult:
+        name = self._name(args, kwargs)
+        if name is None:
+            return NotMemorizedResult(await self.func(*args, **kwargs))  # type: ignore[misc]
+        if self._in_cache(name):
+            return self._shelved(name, None, {})
+        return self._shelved(name, *(await self._arun(name, args, kwargs)))
+
+
+def _rebuild_func(
+    cls: type[MemorizedFunc[Any, Any]],
+    func: Callable[..., Any],
+    memory: Memory,
+    ignore: list[str],
+    verbose: int,
+    mmap_mode: str | None,
+    callback: Callable[[dict[str, Any]], bool] | None,
+) -> MemorizedFunc[Any, Any]:
+    return cls(
+        func,
+        memory,
+        ignore=ignore,
+        verbose=verbose,
+        mmap_mode=mmap_mode,
+        cache_validation_callback=callback,
+    )
