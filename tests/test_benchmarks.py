@@ -20,3 +20,14 @@ def test_quick_benchmarks_run_and_report_every_target(tmp_path):
     for target in ("joblib.hash / mlcache", "(b) joblib / mlcache, mmap", "(c) diskcache"):
         assert target in res.stdout
     assert list(tmp_path.iterdir()) == []  # scratch caches removed
+
+
+def test_path_profiler_runs(tmp_path):
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "profile_paths.py"), "--quick", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "mlcache hit f(3, 4)" in res.stdout
