@@ -847,3 +847,138 @@ def test_mapped_results_are_shareable_by_joblib_parallel(tmp_path):
     f = mem.cache(double)
     f(np.arange(10.0))
     assert memmapping.has_shareable_memory(f(np.arange(10.0)))
+
+
+# -- second review: callables without code, arguments that are functions ---------------
+def test_builtins_ufuncs_and_classes_can_be_memoized(mem):
+    import math
+    import operator
+
+    assert mem.cache(math.factorial)(5) == 120
+    assert mem.cache(np.sqrt)(4.0) == 2.0
+    assert mem.cache(len)([1, 2]) == 2 and mem.eval(len, "abc") == 3
+    assert mem.cache(operator.itemgetter(1))([5, 6]) == 6
+    assert mem.cache(Model)(3).k == 3
+    assert mem.cache(dict)(a=1) == {"a": 1}
+
+
+def test_a_class_as_the_callable_is_versioned_by_its_methods(tmp_path):
+    from mlcache.fingerprint import code_version
+
+    ns1: dict = {"__name__": "userns"}
+    ns2: dict = {"__name__": "userns"}
+    exec("class Op:\n    def __init__(self, x):\n        self.y = x * 2\n", ns1)
+    exec("class Op:\n    def __init__(self, x):\n        self.y = x * 3\n", ns2)
+    assert code_version(ns1["Op"]) != code_version(ns2["Op"])
+
+
+def test_moving_a_line_out_of_a_try_changes_the_version():
+    from mlcache.fingerprint import code_version
+
+    v1 = (
+        "def lookup(d):\n    try:\n        x = d['k']\n        y = d['j']\n"
+        "    except KeyError:\n        return -1\n    return x\n"
+    )
+    v2 = (
+        "def lookup(d):\n    try:\n        x = d['k']\n    except KeyError:\n"
+        "        return -1\n    else:\n        y = d['j']\n    return x\n"
+    )
+    ns1: dict = {}
+    ns2: dict = {}
+    exec(v1, ns1)
+    exec(v2, ns2)
+    assert code_version(ns1["lookup"]) != code_version(ns2["lookup"])
+
+
+def test_functions_as_arguments_are_keyed_by_defaults_and_wrapped_code(mem):
+    import functools
+
+    @mem.cache
+    def apply(fn, x):
+        return fn(x)
+
+    by2, by3 = [lambda x, k=k: x * k for k in (2, 3)]
+    assert (apply(by2, 10), apply(by3, 10)) == (20, 30)
+
+    def make(k):
+        @functools.lru_cache
+        def scale(x):
+            return x * k
+
+        return scale
+
+    assert (apply(make(2), 10), apply(make(3), 10)) == (20, 30)
+
+
+def test_replacing_an_array_default_re_keys(mem):
+    def f(x, w=np.ones(3)):  # noqa: B008 - the point of the test
+        return float((x * w).sum())
+
+    g = mem.cache(f)
+    assert g(1) == 3.0
+    f.__defaults__ = (np.full(3, 2.0),)
+    assert g(1) == 6.0
+
+
+def test_static_and_class_methods_under_the_decorator(tmp_path):
+    mem = Memory(tmp_path, verbose=0)
+
+    class A:
+        base = 10
+
+        @mem.cache
+        @staticmethod
+        def twice(x):
+            return 2 * x
+
+        @mem.cache
+        @classmethod
+        def plus(cls, x):
+            return cls.base + x
+
+    assert (A().twice(2), A.twice(3), A.plus(1), A().plus(2)) == (4, 6, 11, 12)
+
+
+def test_copy_on_write_maps_are_private(tmp_path):
+    memmapping = pytest.importorskip("joblib._memmapping_reducer")
+    mem = Memory(tmp_path, mmap_mode="c", verbose=0)
+    f = mem.cache(double)
+    f(np.arange(10.0))
+    out = f(np.arange(10.0))
+    assert isinstance(out, np.memmap) and out.mode == "c" and out.flags.writeable
+    assert not memmapping.has_shareable_memory(out)  # workers must get our edits
+
+
+def test_closure_lambdas_on_one_line_do_not_share_a_folder():
+    from mlcache.fingerprint import func_identity
+
+    k = 3
+    a, b = (lambda x: x * k), (lambda x: x + k)
+    assert func_identity(a) != func_identity(b)
+
+
+def test_script_functions_hit_in_joblib_workers(tmp_path):
+    script = tmp_path / "xproc.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            from joblib import Parallel, delayed
+            from mlcache import Memory
+            mem = Memory({str(tmp_path / "c")!r}, verbose=0)
+
+            @mem.cache
+            def g(x):
+                with open({str(tmp_path / "calls")!r}, "a") as f:
+                    f.write("c")
+                return x * 2
+
+            if __name__ == "__main__":
+                print([g(i) for i in range(4)])
+                print(Parallel(n_jobs=2)(delayed(g)(i) for i in range(4)))
+            """
+        )
+    )
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:2] == ["[0, 2, 4, 6]", "[0, 2, 4, 6]"]
+    assert (tmp_path / "calls").read_text() == "cccc"  # the workers hit the parent's entries

@@ -411,7 +411,7 @@ class EntryReader:
         if count * dtype.itemsize != self._raw_len[index]:
             raise EntryCorrupted(f"{self.path}: array segment {index} has the wrong size")
         order_: Literal["C", "F"] = "F" if order == "F" else "C"
-        if self._mode is not None:
+        if self._mode is not None and self._mode != "c":
             # a numpy.memmap whose base is the mmap itself, as joblib returns: code
             # such as joblib.Parallel recognises it and shares it instead of copying
             mm_arr = np.ndarray.__new__(
@@ -427,6 +427,20 @@ class EntryReader:
             mm_arr.offset = self._h.payload_off + off
             mm_arr.mode = self._mode
             return mm_arr
+        if self._mode == "c":
+            # copy-on-write: private to this process, so it must not look shareable
+            # (joblib.Parallel would let workers re-open the file and miss our edits)
+            flat = np.frombuffer(
+                self._mm,  # type: ignore[arg-type]
+                dtype=dtype,
+                count=count,
+                offset=self._h.payload_off + off,
+            )
+            private = flat.reshape(shape, order=order_).view(np.memmap)
+            private.filename = os.path.abspath(self.path)
+            private.offset = self._h.payload_off + off
+            private.mode = "c"
+            return private
         flat = np.frombuffer(self.buffer(index), dtype=dtype, count=count)
         if self._comp is not None:
             flat = flat.copy()  # decompressed bytes are read-only

@@ -96,21 +96,34 @@ def func_identity(func: Callable[..., Any]) -> str:
     """The stable name under which ``func``'s results are stored."""
     func = target_function(func)
     module = getattr(func, "__module__", None) or "<unknown>"
+    if module == "__mp_main__":  # the main script as multiprocessing's spawned children see it
+        module = "__main__"
     qualname = str(getattr(func, "__qualname__", None) or getattr(type(func), "__qualname__", ""))
     code = getattr(func, "__code__", None)
-    if module == "__main__" and code is not None and not _is_notebook_file(code.co_filename):
+    if (
+        module == "__main__"
+        and code is not None
+        and not _is_notebook_file(code.co_filename)
+        and code.co_filename != "<dynamic-code>"  # shipped by value (cloudpickle)
+    ):
         stem = os.path.splitext(os.path.basename(code.co_filename))[0]
         module = f"__main__.{stem}"
     if "<lambda>" in qualname and code is not None:
         qualname = f"{qualname}-{code.co_firstlineno}"
-        positions = list(code.co_positions())[1:2] if hasattr(code, "co_positions") else []
-        if positions and positions[0][2] is not None:
-            qualname += f"-{positions[0][2]}"  # two lambdas on one line differ by column
+        # two lambdas on one line differ by column: the first instruction of the body
+        # (RESUME, COPY_FREE_VARS and MAKE_CELL are at column 0)
+        columns = (c for _, _, c, _ in getattr(code, "co_positions", lambda: ())() if c)
+        column = next(columns, None)
+        if column is not None:
+            qualname += f"-{column}"
     return f"{module}.{qualname}"
 
 
 def _code_bytes(code: types.CodeType, h: xxhash.xxh3_128) -> None:
     h.update(code.co_code)
+    # 3.11+: which instructions are inside a try; moving a line from a try body to
+    # its else changes what runs but not co_code
+    h.update(getattr(code, "co_exceptiontable", b""))
     for part in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
         h.update(repr(part).encode())
     counts = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
@@ -149,6 +162,8 @@ def code_version(func: Callable[..., Any]) -> str:
         code = getattr(target, "__code__", None)
         if code is not None:
             parts.append(_code_digest(code))
+        elif isinstance(target, type) and target.__module__ not in sys.builtin_module_names:
+            parts.append(_class_digest(target))
         else:
             module = getattr(target, "__module__", "") or ""
             top = sys.modules.get(module.split(".")[0])
@@ -156,8 +171,22 @@ def code_version(func: Callable[..., Any]) -> str:
             name = getattr(target, "__qualname__", type(target).__qualname__)
             parts.append(f"builtin:{module}:{version}:{name}")
         f = getattr(target, "__wrapped__", None)
-    if len(parts) == 1:
-        return parts[0]
+    return xxhash.xxh3_128_hexdigest("\0".join(parts).encode())
+
+
+def _class_digest(cls: type) -> str:
+    """A class used as the memoized callable: the code of the methods it defines and
+    inherits from Python classes (its module's version for C types)."""
+    parts = []
+    for klass in cls.__mro__:
+        for name, value in sorted(vars(klass).items()):
+            func = getattr(value, "__func__", value)  # staticmethod, classmethod
+            code = getattr(func, "__code__", None)
+            if code is not None:
+                parts.append(f"{klass.__qualname__}.{name}:{_code_digest(code)}")
+    if not parts:
+        top = sys.modules.get(cls.__module__.split(".")[0])
+        parts.append(f"{cls.__module__}:{getattr(top, '__version__', '')}:{cls.__qualname__}")
     return xxhash.xxh3_128_hexdigest("\0".join(parts).encode())
 
 
@@ -180,7 +209,7 @@ def call_state(
             if not isinstance(f.__self__, (type, types.ModuleType)):
                 if "self" not in ignore:
                     state.append(("self", f.__self__))
-            elif isinstance(f.__self__, type):
+            elif isinstance(f.__self__, type) and "cls" not in ignore:
                 state.append(("cls", f.__self__))
             f = f.__func__
             continue
@@ -196,6 +225,8 @@ def call_state(
                     value = None
                 if name not in ignore:
                     state.append((name, value))
+        elif hasattr(f, "__wrapped__") and not isinstance(f, type):
+            pass  # a wrapper object (functools.lru_cache): what it wraps, below
         elif callable(f) and not isinstance(f, (type, types.BuiltinFunctionType)):
             state.append(("object", f))
             f = type(f).__call__

@@ -42,7 +42,7 @@ import xxhash
 __all__ = ["HASH_SCHEME", "Hasher", "hash_value"]
 
 #: Version of the canonical stream; part of every key, bump it on any change here.
-HASH_SCHEME = 1
+HASH_SCHEME = 2
 
 _BIG = 1 << 16  # buffers at least this large bypass the staging buffer
 _CHUNK = 1 << 24  # copy size when hashing a non-contiguous array
@@ -225,25 +225,35 @@ class Hasher:
         self._buf += b"G"
         self._str(module)
         self._str(qualname)
-        if isinstance(obj, type) and "<locals>" in qualname:
-            # a class defined in a function is not importable by name: what it does
-            # is its bases and its namespace (methods by their code)
+        if isinstance(obj, type) and not _resolves(obj):
+            # a class that is not importable by its name (defined in a function, or
+            # shipped by value to a worker): what it does is its bases and its
+            # namespace, methods by their code
             self.update(obj.__bases__)
             for name, value in sorted(vars(obj).items()):
-                if name not in _CLASS_HOUSEKEEPING:
-                    self._str(name)
-                    self.update(_unwrap_descriptor(value))
+                if name in _CLASS_HOUSEKEEPING:
+                    continue
+                self._str(name)
+                try:
+                    self._buf += self._sub_digest(_unwrap_descriptor(value))
+                except (TypeError, RecursionError):  # a lock, an ABC cache: by type
+                    self._str(_typename(value))
 
     def _function(self, obj: types.FunctionType) -> None:
         """A Python function: its name, the code that runs, and its closure's values."""
         if self._seen(obj):  # also ends cycles of functions reaching each other
             return
-        from .fingerprint import code_version
+        from .fingerprint import _code_digest
 
         self._buf += b"Fn"
         self._str(obj.__module__ or "")
         self._str(obj.__qualname__)
-        self._str(code_version(obj))
+        self._str(_code_digest(obj.__code__))
+        self.update(obj.__defaults__)
+        self.update(obj.__kwdefaults__)
+        wrapped = getattr(obj, "__wrapped__", None)
+        if wrapped is not None:  # a decorator's wrapper: what it wraps counts too
+            self.update(wrapped)
         for cell in obj.__closure__ or ():
             try:
                 self.update(cell.cell_contents)
@@ -338,8 +348,28 @@ def _tree_digest_chunks(chunks: Iterator[memoryview]) -> bytes:
 
 
 _CLASS_HOUSEKEEPING = frozenset(
-    {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__annotations__"}
+    {
+        "__dict__",
+        "__weakref__",
+        "__module__",
+        "__qualname__",
+        "__doc__",
+        "__annotations__",
+        "_abc_impl",
+        "__dataclass_fields__",
+        "__dataclass_params__",
+        "__match_args__",
+        "__slots__",
+    }
 )
+
+
+def _resolves(cls: type) -> bool:
+    """True if ``cls`` is what its module and qualified name lead to."""
+    found: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is cls
 
 
 def _unwrap_descriptor(value: Any) -> Any:
@@ -519,6 +549,26 @@ def _ndarray_subclass(h: Hasher, obj: np.ndarray) -> None:
     h._ndarray(obj.view(np.ndarray))
 
 
+def _is_wrapper(obj: Any) -> bool:
+    return hasattr(obj, "__wrapped__") and callable(obj) and not isinstance(obj, type)
+
+
+def _wrapper(h: Hasher, obj: Any) -> None:
+    # functools.lru_cache and other wrapper objects: they do what they wrap
+    h._buf += b"W"
+    h._str(_typename(obj))
+    h.update(obj.__wrapped__)
+
+
+def _is_ufunc(obj: Any) -> bool:
+    return isinstance(obj, np.ufunc)
+
+
+def _ufunc(h: Hasher, obj: np.ufunc) -> None:
+    h._buf += b"U"
+    h._str(obj.__name__)
+
+
 def _is_dtype(obj: Any) -> bool:
     return isinstance(obj, np.dtype)
 
@@ -618,9 +668,11 @@ _SPECIAL: list[tuple[Callable[[Any], bool], Callable[[Hasher, Any], None]]] = [
     (_is_np_scalar, _np_scalar),
     (_is_ndarray, _ndarray_subclass),
     (_is_dtype, _dtype),
+    (_is_ufunc, _ufunc),
     (_is_torch, _torch),
     (_is_pandas, _pandas),
     (_has_token, _token),
+    (_is_wrapper, _wrapper),
     (_is_callable_global, _global),
     (_is_method, _method),
 ]

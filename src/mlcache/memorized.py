@@ -131,15 +131,21 @@ class MemorizedFunc(Generic[P, R]):
         found: Any = module
         for part in getattr(self, "__qualname__", "").split("."):
             found = getattr(found, part, None)
-        if found is self:  # decorated at module level: pickle by reference
-            return self.__qualname__
+        if found is self and module is not None and module.__name__ != "__main__":
+            return self.__qualname__  # decorated at module level: pickle by reference
+        # by value; a script's function keeps the identity it has here (a worker
+        # receiving it by value would see another file name)
         options = (self.ignore, self._verbose, self.mmap_mode, self.cache_validation_callback)
-        return (_rebuild_func, (type(self), self.func, self.memory, *options))
+        return (_rebuild_func, (type(self), self.func, self.memory, *options, self.func_id))
 
     # -- keys -------------------------------------------------------------------
     def _code_ids(self) -> tuple[Any, ...]:
         t = self._target
         return () if t is None else (t.__code__, t.__defaults__, t.__kwdefaults__)
+
+    def _same_code(self) -> bool:
+        # identity, element by element: defaults may be arrays (== would compare them)
+        return all(a is b for a, b in zip(self._code_ids(), self._seen_code))
 
     def _prepare(self) -> CallKeyer:
         """Fingerprint the code (once per process, and again if it is replaced) and
@@ -178,18 +184,19 @@ class MemorizedFunc(Generic[P, R]):
         """The entry name of this call, or None when it cannot be cached (its function
         holds state that cannot be hashed: warned once, then called uncached)."""
         keyer = self._keyer
-        if keyer is None or (self._target is not None and self._code_ids() != self._seen_code):
+        if keyer is None or (self._target is not None and not self._same_code()):
             keyer = self._prepare()
         extra = b""
         if self._stateful:
             try:
                 extra = hash_value(call_state(self.func, self._state_ignore)).encode()
-            except (TypeError, RecursionError) as exc:
+            except Exception as exc:  # whatever hashing the state raises: uncached
                 if not self._unkeyable_warned:
                     self._unkeyable_warned = True
                     warnings.warn(
                         f"mlcache: {self.func_id} is called uncached: what it captures (its "
-                        f"closure, bound object or partial arguments) cannot be hashed ({exc})",
+                        f"closure, bound object or partial arguments) cannot be hashed ({exc}); "
+                        "name what should not count in ignore=",
                         CacheWarning,
                         stacklevel=4,
                     )
@@ -440,8 +447,9 @@ def _rebuild_func(
     verbose: int,
     mmap_mode: str | None,
     callback: Callable[[dict[str, Any]], bool] | None,
+    func_id: str | None = None,
 ) -> MemorizedFunc[Any, Any]:
-    return cls(
+    memorized = cls(
         func,
         memory,
         ignore=ignore,
@@ -449,3 +457,6 @@ def _rebuild_func(
         mmap_mode=mmap_mode,
         cache_validation_callback=callback,
     )
+    if func_id is not None and func_id != memorized.func_id:
+        memorized.func_id, memorized._folder = func_id, slug(func_id)
+    return memorized

@@ -247,6 +247,10 @@ class Memory:
                 mmap_mode=mmap_mode,
                 cache_validation_callback=cache_validation_callback,
             )
+        if isinstance(func, (staticmethod, classmethod)):
+            # @mem.cache above @staticmethod/@classmethod: memoize the function inside
+            inner = self.cache(func.__func__, ignore, verbose, mmap_mode, cache_validation_callback)
+            return type(func)(inner)
         if isinstance(func, (MemorizedFunc, NotMemorizedFunc)):
             func = func.func
         if not callable(func):
