@@ -33,6 +33,7 @@ import struct
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -131,11 +132,16 @@ class Hasher:
             return
         if self._seen(obj):
             return
-        for check, special in _SPECIAL:
-            if check(obj):
-                special(self, obj)
-                return
-        self._reduce(obj)
+        t = type(obj)
+        special = _SPECIAL_BY_TYPE.get(t, _UNKNOWN)
+        if special is _UNKNOWN:  # every check depends on the type only: decide once
+            special = _SPECIAL_BY_TYPE[t] = next((s for c, s in _SPECIAL if c(obj)), None)
+        if special is None and _is_wrapper(obj):  # __wrapped__ is set per instance
+            special = _wrapper
+        if special is not None:
+            special(self, obj)
+        else:
+            self._reduce(obj)
 
     def _seen(self, obj: Any) -> bool:
         """Write a back-reference and return True if ``obj`` was met before (shared
@@ -243,12 +249,18 @@ class Hasher:
         """A Python function: its name, the code that runs, and its closure's values."""
         if self._seen(obj):  # also ends cycles of functions reaching each other
             return
-        from .fingerprint import _code_digest
+        token = _FUNCTION_TOKENS.get(obj)
+        if token is None or _FUNCTION_CODES.get(obj) is not obj.__code__:
+            # a function's name and code change only if __code__ is replaced: its
+            # token is made once per function (and again after such a replacement)
+            from .fingerprint import _code_digest
 
-        self._buf += b"Fn"
-        self._str(obj.__module__ or "")
-        self._str(obj.__qualname__)
-        self._str(_code_digest(obj.__code__))
+            parts = (obj.__module__ or "", obj.__qualname__, _code_digest(obj.__code__))
+            token = b"Fn" + b"".join(
+                _pack_Q(len(b)) + b for b in (p.encode("utf-8", "surrogatepass") for p in parts)
+            )
+            _FUNCTION_TOKENS[obj], _FUNCTION_CODES[obj] = token, obj.__code__
+        self._buf += token
         self.update(obj.__defaults__)
         self.update(obj.__kwdefaults__)
         wrapped = getattr(obj, "__wrapped__", None)
@@ -346,6 +358,13 @@ def _tree_digest_chunks(chunks: Iterator[memoryview]) -> bytes:
         out.append(block.digest())
     return b"".join(out)
 
+
+_UNKNOWN = object()
+_SPECIAL_BY_TYPE: dict[type, Any] = {}
+_FUNCTION_TOKENS: weakref.WeakKeyDictionary[types.FunctionType, bytes] = weakref.WeakKeyDictionary()
+_FUNCTION_CODES: weakref.WeakKeyDictionary[types.FunctionType, types.CodeType] = (
+    weakref.WeakKeyDictionary()
+)
 
 _CLASS_HOUSEKEEPING = frozenset(
     {
@@ -672,7 +691,6 @@ _SPECIAL: list[tuple[Callable[[Any], bool], Callable[[Hasher, Any], None]]] = [
     (_is_torch, _torch),
     (_is_pandas, _pandas),
     (_has_token, _token),
-    (_is_wrapper, _wrapper),
     (_is_callable_global, _global),
     (_is_method, _method),
 ]
