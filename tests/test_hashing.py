@@ -742,3 +742,30 @@ class TestBlockTreeHashing:
         data = bytes(range(256)) * 40
         assert hash_value(data) == hash_value(bytes(data))
         assert hash_value(data) != hash_value(data[:-1] + b"x")
+
+
+def test_a_function_whose_code_is_replaced_hashes_anew():
+    def f(x):
+        return x + 1
+
+    def g(x):
+        return x * 2
+
+    before = hash_value(f)
+    assert hash_value(f) == before  # the cached token
+    f.__code__ = g.__code__
+    assert hash_value(f) != before
+
+
+def test_wrapper_objects_hash_like_what_they_wrap():
+    import functools
+
+    def make(k):
+        @functools.lru_cache
+        def scale(x):
+            return x * k
+
+        return scale
+
+    assert hash_value(make(2)) != hash_value(make(3))
+    assert hash_value(make(2)) == hash_value(make(2))
