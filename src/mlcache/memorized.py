@@ -109,7 +109,7 @@ class MemorizedFunc(Generic[P, R]):
         self._params, self._state_ignore = _split_ignore(func, self.ignore)
         self._stateful = call_state(func, self._state_ignore) is not None
         self._keyer: CallKeyer | None = None
-        self._seen_code: tuple[Any, ...] = ()
+        self._seen_code: tuple[Any, ...] = (None, None, None)
         self._code_dir = ""
         self._code_path = ""  # the code folder's local path (local stores only)
         self._unkeyable_warned = False
@@ -144,8 +144,11 @@ class MemorizedFunc(Generic[P, R]):
         return () if t is None else (t.__code__, t.__defaults__, t.__kwdefaults__)
 
     def _same_code(self) -> bool:
-        # identity, element by element: defaults may be arrays (== would compare them)
-        return all(a is b for a, b in zip(self._code_ids(), self._seen_code))
+        # identity, not ==: defaults may be arrays. On every call: keep it cheap
+        t, (code, defaults, kwdefaults) = self._target, self._seen_code
+        return (
+            t.__code__ is code and t.__defaults__ is defaults and t.__kwdefaults__ is kwdefaults  # type: ignore[union-attr]
+        )
 
     def _prepare(self) -> CallKeyer:
         """Fingerprint the code (once per process, and again if it is replaced) and
