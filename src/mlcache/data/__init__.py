@@ -1,0 +1,11 @@
+"""Datasets: pack many samples into one memory-mapped file (``pack``) and read them
+back with random access (``PackedDataset``). The byte layout is in
+:mod:`mlcache.data.format` and ``docs/format.md``."""
+
+from __future__ import annotations
+
+from .format import PackCorrupted
+from .reader import PackedDataset
+from .writer import pack
+
+__all__ = ["PackCorrupted", "PackedDataset", "pack"]

@@ -1,0 +1,132 @@
+"""The pack file format (``.pack``): many samples in one memory-mappable file.
+
+This module alone defines these bytes; ``docs/format.md`` holds the same
+table. All integers are little-endian.
+
+========  ======  ===========================================================
+offset    size    field
+========  ======  ===========================================================
+0         8       magic ``b"\\x93MLCPACK"``
+8         2       format version (u16), currently 1
+10        2       flags (u16), 0
+12        4       reserved, zero
+16        8       sample count N (u64)
+24        8       index offset (u64), a multiple of 64
+32        8       index length in bytes (u64)
+40        8       xxh3-64 of the index bytes
+48        8       xxh3-64 of bytes [0, 48)
+56        8       reserved, zero
+64        ...     regions, each at a 64-byte aligned offset
+...               the index (JSON), last
+========  ======  ===========================================================
+
+The index describes one entry per field, in the order of the first sample::
+
+    {"version": 1, "n": N, "block": B, "fields": [
+       {"name": "vitals", "kind": "ragged", "dtype": "<f4", "ndim": 2,
+        "data": R, "offsets": R, "shapes": R},
+       {"name": "label", "kind": "column", "dtype": "<i8", "shape": [], "data": R},
+       ...]}
+
+where every ``R`` is a region ``{"off": absolute offset, "len": bytes,
+"sums": [xxh3-64 of each block of B bytes]}``. Kinds:
+
+* ``column``: every sample has the same dtype and shape; ``data`` holds an
+  array of shape ``[N, *shape]`` (so a batch is one fancy-indexing read).
+  Python ints, floats and bools are columns of int64, float64 and bool.
+* ``ragged``: same dtype and ndim, varying shape; ``data`` holds the arrays
+  back to back, ``offsets`` is int64 ``[N + 1]`` (bytes into ``data``),
+  ``shapes`` int64 ``[N, ndim]``. ``str`` (UTF-8) and ``bytes`` values are
+  ragged uint8 with kind ``str`` / ``bytes``.
+* ``none``: the field is ``None`` in every sample (no region).
+* ``pickle``: ragged bytes holding pickles (only with ``allow_pickle=True``).
+
+The header is written last: a file whose build was interrupted has no valid
+header and cannot be opened, and a build writes to a temporary name anyway.
+Regions are checked block by block (``B`` bytes, default 4 MiB) the first time
+a block is read, so opening is O(1) and a damaged block is never returned.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import xxhash
+
+from ..errors import EntryCorrupted
+
+__all__ = ["ALIGN", "BLOCK", "FORMAT_VERSION", "HEADER", "MAGIC", "PackCorrupted", "pack_header"]
+
+MAGIC = b"\x93MLCPACK"
+FORMAT_VERSION = 1
+ALIGN = 64
+BLOCK = 4 << 20
+HEADER = struct.Struct("<8sHHIQQQQQQ")
+assert HEADER.size == 64
+
+
+class PackCorrupted(EntryCorrupted):
+    """A pack file is truncated, damaged or not a pack (a ``ValueError``)."""
+
+
+def pad(n: int) -> int:
+    """Bytes of padding after ``n`` bytes to reach the next 64-byte boundary."""
+    return -n % ALIGN
+
+
+def block_sums(data: Any, block: int = BLOCK) -> list[int]:
+    """xxh3-64 of each ``block``-sized piece of the buffer ``data``."""
+    mv = memoryview(data).cast("B")
+    return [xxhash.xxh3_64_intdigest(mv[i : i + block]) for i in range(0, len(mv), block)]
+
+
+def pack_header(n: int, index_off: int, index: bytes) -> bytes:
+    """The 64-byte header for a pack of ``n`` samples whose index starts at ``index_off``."""
+    first = struct.pack(
+        "<8sHHIQQQQ",
+        MAGIC,
+        FORMAT_VERSION,
+        0,
+        0,
+        n,
+        index_off,
+        len(index),
+        xxhash.xxh3_64_intdigest(index),
+    )
+    return first + struct.pack("<QQ", xxhash.xxh3_64_intdigest(first), 0)
+
+
+def read_header(head: bytes, size: int, where: str) -> tuple[int, int, int, int]:
+    """Validate a header; return (sample count, index offset, index length, index sum)."""
+    if len(head) < HEADER.size:
+        raise PackCorrupted(f"{where}: truncated ({len(head)} bytes): not a complete pack")
+    magic, version, _flags, r1, n, i_off, i_len, i_sum, h_sum, r2 = HEADER.unpack_from(head)
+    if magic != MAGIC:
+        raise PackCorrupted(f"{where}: not an mlcache pack (bad magic)")
+    if version != FORMAT_VERSION:
+        raise PackCorrupted(f"{where}: unsupported pack format version {version}")
+    if xxhash.xxh3_64_intdigest(head[:48]) != h_sum or r1 or r2:
+        raise PackCorrupted(f"{where}: header checksum mismatch")
+    if i_off % ALIGN or i_off < HEADER.size or i_off + i_len != size:
+        raise PackCorrupted(f"{where}: size {size} bytes does not match the header (truncated?)")
+    return n, i_off, i_len, i_sum
+
+
+def parse_index(data: bytes, expected_sum: int, n: int, size: int, where: str) -> dict[str, Any]:
+    """Check and parse the index; every region must lie inside the file."""
+    if xxhash.xxh3_64_intdigest(data) != expected_sum:
+        raise PackCorrupted(f"{where}: index checksum mismatch")
+    try:
+        index = json.loads(data)
+        if index["n"] != n or not isinstance(index["fields"], list):
+            raise ValueError("sample count or fields")
+        for field in index["fields"]:
+            for key in ("data", "offsets", "shapes"):
+                region = field.get(key)
+                if region is not None and region["off"] + region["len"] > size:
+                    raise ValueError(f"region {field['name']}.{key} outside the file")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PackCorrupted(f"{where}: bad index ({exc})") from None
+    return index

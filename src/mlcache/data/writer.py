@@ -1,0 +1,251 @@
+"""``pack()``: stream samples into one pack file (see :mod:`mlcache.data.format`).
+
+Samples are written as they arrive into one spill file per field next to the
+target (memory stays bounded by the per-sample offsets, 8 bytes a sample), then
+the spill files are copied into the pack, each field's data contiguous, and the
+pack is published by one rename. An interrupted build leaves no file under the
+target name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from array import array
+from collections.abc import Iterable, Mapping
+from typing import Any, BinaryIO
+
+import numpy as np
+import xxhash
+
+from .._atomic import atomic_file
+from ..errors import UnsupportedValue
+from .format import BLOCK, HEADER, block_sums, pack_header, pad
+
+__all__ = ["pack"]
+
+_COPY = 1 << 20
+_PY_COLUMNS = {bool: np.dtype(np.bool_), int: np.dtype("<i8"), float: np.dtype("<f8")}
+
+
+class _Field:
+    """What one field's samples look like so far, and where their bytes went."""
+
+    def __init__(self, name: str, first: Any, spill: BinaryIO, allow_pickle: bool) -> None:
+        self.name = name
+        self.spill = spill
+        self.allow_pickle = allow_pickle
+        self.kind, self.py, self.dtype, self.shape = self._describe(first, 0)
+        self.fixed = self.kind == "column"  # same shape in every sample so far
+        self.offsets = array("q", [0])
+        self.shapes = array("q")
+
+    def _describe(
+        self, value: Any, index: int
+    ) -> tuple[str, str | None, np.dtype, tuple[int, ...]]:
+        t = type(value)
+        if value is None:
+            return "none", None, np.dtype(np.uint8), ()
+        if t in _PY_COLUMNS:
+            return "column", t.__name__, _PY_COLUMNS[t], ()
+        if t is str:
+            return "str", None, np.dtype(np.uint8), (0,)
+        if t is bytes:
+            return "bytes", None, np.dtype(np.uint8), (0,)
+        plain = isinstance(value, (np.ndarray, np.generic)) and value.dtype.fields is None
+        if plain and not value.dtype.hasobject:
+            if isinstance(value, np.generic):
+                return "column", "scalar", value.dtype, ()
+            if t is np.ndarray:
+                return "column", None, value.dtype, value.shape
+        if self.allow_pickle:
+            return "pickle", None, np.dtype(np.uint8), (0,)
+        raise UnsupportedValue(
+            f"sample {index}, field {self.name!r}: a value of type {t.__module__}.{t.__qualname__} "
+            "needs pickle; packs store numpy arrays, int, float, bool, str, bytes and None "
+            "(pass allow_pickle=True to store other values)"
+        )
+
+    def add(self, value: Any, index: int) -> None:
+        kind, py, dtype, shape = self._describe(value, index)
+        if kind != self.kind or py != self.py or (kind == "column" and dtype != self.dtype):
+            raise TypeError(
+                f"sample {index}, field {self.name!r}: {_what(kind, py, dtype)} where sample 0 "
+                f"has {_what(self.kind, self.py, self.dtype)}"
+            )
+        if kind == "none":
+            return
+        if kind == "column":
+            if len(shape) != len(self.shape):
+                raise ValueError(
+                    f"sample {index}, field {self.name!r}: {len(shape)} dimensions where sample "
+                    f"0 has {len(self.shape)}"
+                )
+            if self.fixed and shape != self.shape:
+                self.fixed = False
+                self.shapes.extend(self.shape * (len(self.offsets) - 1))
+            data = memoryview(np.ascontiguousarray(value, dtype=dtype)).cast("B")  # type: ignore[arg-type]
+            if not self.fixed:
+                self.shapes.extend(shape)
+        elif kind == "str":
+            data = memoryview(value.encode("utf-8", "surrogatepass"))
+        elif kind == "bytes":
+            data = memoryview(value)
+        else:
+            data = memoryview(pickle.dumps(value, protocol=5))
+        self.spill.write(data)
+        self.offsets.append(self.offsets[-1] + data.nbytes)
+
+    def index_entry(self, out: BinaryIO, n: int) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        if self.kind == "none":
+            return entry
+        entry["dtype"] = self.dtype.str
+        if self.py is not None:
+            entry["py"] = self.py
+        self.spill.flush()
+        self.spill.seek(0)
+        entry["data"] = _copy_region(self.spill, out, self.offsets[-1])
+        if self.kind == "column" and self.fixed:
+            entry["shape"] = list(self.shape)
+            return entry
+        if self.kind == "column":
+            self.kind = entry["kind"] = "ragged"
+            entry["ndim"] = len(self.shape)
+            entry["shapes"] = _write_region(out, np.frombuffer(self.shapes, dtype="<i8"))
+        entry["offsets"] = _write_region(out, np.frombuffer(self.offsets, dtype="<i8"))
+        return entry
+
+
+def _what(kind: str, py: str | None, dtype: np.dtype) -> str:
+    if py and py != "scalar":
+        return py
+    if kind == "column":
+        return f"an array of {dtype}"
+    return {"none": "None", "str": "str", "bytes": "bytes", "pickle": "a pickled object"}[kind]
+
+
+def _align(out: BinaryIO) -> int:
+    pos = out.tell()
+    out.write(bytes(pad(pos)))
+    return pos + pad(pos)
+
+
+def _copy_region(src: BinaryIO, out: BinaryIO, n: int) -> dict[str, Any]:
+    start = _align(out)
+    sums = []
+    block = xxhash.xxh3_64()
+    filled = 0
+    left = n
+    while left:
+        chunk = src.read(min(_COPY, left, BLOCK - filled))
+        if not chunk:
+            raise OSError("spill file shorter than expected")
+        out.write(chunk)
+        block.update(chunk)
+        filled += len(chunk)
+        left -= len(chunk)
+        if filled == BLOCK:
+            sums.append(block.intdigest())
+            block, filled = xxhash.xxh3_64(), 0
+    if filled:
+        sums.append(block.intdigest())
+    return {"off": start, "len": n, "sums": sums}
+
+
+def _write_region(out: BinaryIO, arr: np.ndarray) -> dict[str, Any]:
+    start = _align(out)
+    data = memoryview(np.ascontiguousarray(arr)).cast("B")  # type: ignore[arg-type]
+    out.write(data)
+    return {"off": start, "len": data.nbytes, "sums": block_sums(data)}
+
+
+def _progress(iterable: Iterable[Any], enabled: bool, desc: str) -> Iterable[Any]:
+    if not enabled:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, unit=" samples", mininterval=0.5)
+
+
+def pack(
+    samples: Iterable[Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    progress: bool = True,
+    allow_pickle: bool = False,
+) -> Any:
+    """Write ``samples`` (dicts of named fields) into the pack file ``path``.
+
+    Returns the :class:`~mlcache.data.PackedDataset` opened on it. Raises
+    ``ValueError`` for an empty source, ``TypeError``/``ValueError`` naming the
+    sample and field whose type or dimensions differ from sample 0, and
+    :class:`~mlcache.UnsupportedValue` for values that need pickle when
+    ``allow_pickle`` is false.
+
+    >>> import numpy as np, tempfile, os
+    >>> ds = pack(({"x": np.arange(i), "y": i} for i in range(3)),
+    ...           os.path.join(tempfile.mkdtemp(), "d.pack"), progress=False)
+    >>> len(ds), ds[2]["x"].tolist(), ds[2]["y"]
+    (3, [0, 1], 2)
+    """
+    from .reader import PackedDataset
+
+    target = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    spill_dir = tempfile.mkdtemp(prefix=".mlcache-pack-", dir=folder)
+    fields: dict[str, _Field] = {}
+    names: list[str] = []
+    n = 0
+    try:
+        with contextlib.ExitStack() as stack:
+            for n, sample in enumerate(_progress(samples, progress, os.path.basename(target))):
+                if not isinstance(sample, Mapping):
+                    raise TypeError(
+                        f"sample {n} is a {type(sample).__name__}, not a dict of fields"
+                    )
+                if n == 0:
+                    names = list(sample)
+                    if not names:
+                        raise ValueError("sample 0 has no fields")
+                    for i, name in enumerate(names):
+                        if not isinstance(name, str):
+                            raise TypeError(f"sample 0: field names must be str, got {name!r}")
+                        spill = stack.enter_context(open(os.path.join(spill_dir, str(i)), "w+b"))
+                        fields[name] = _Field(name, sample[name], spill, allow_pickle)
+                elif sample.keys() != fields.keys():
+                    missing = sorted(set(fields) - set(sample))
+                    extra = sorted(set(sample) - set(fields))
+                    raise ValueError(
+                        f"sample {n}: fields differ from sample 0 "
+                        f"(missing {missing}, extra {extra})"
+                    )
+                for name in names:
+                    fields[name].add(sample[name], n)
+            else:
+                if not fields:
+                    raise ValueError(f"no samples to pack into {target}: the source is empty")
+            count = n + 1
+            with atomic_file(target) as out:
+                out.write(bytes(HEADER.size))
+                index = {
+                    "version": 1,
+                    "n": count,
+                    "block": BLOCK,
+                    "fields": [fields[name].index_entry(out, count) for name in names],
+                }
+                index_off = _align(out)
+                index_b = json.dumps(index, separators=(",", ":")).encode()
+                out.write(index_b)
+                out.seek(0)
+                out.write(pack_header(count, index_off, index_b))
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
+    return PackedDataset(target, allow_pickle=allow_pickle)
