@@ -79,6 +79,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         finally:
             os.close(fd)
         self._n = n
+        self._index_len = i_len
         self.layout = index  # the parsed index (see mlcache.data.format)
         block = int(index.get("block", 0)) or 1
         self._fields: list[tuple[str, str, Any]] = []
@@ -179,7 +180,18 @@ class PackedDataset(Sequence[dict[str, Any]]):
         return batch
 
     def verify(self) -> None:
-        """Check every block of the pack now; raise :class:`PackCorrupted` if damaged."""
+        """Check every byte of the pack now: each block against its checksum, and the
+        padding between regions (which no read uses) for zeros. Raises
+        :class:`PackCorrupted` if anything is damaged."""
+        spans = [(0, HEADER.size)]
         for _, _, (_, regions) in self._fields:
             for region in regions.values():
                 region.check(0, region.len)
+                spans.append((region.off, region.off + region.len))
+        index_off = len(self._mm) - self._index_len
+        spans.append((index_off, len(self._mm)))
+        pos = 0
+        for start, stop in sorted(spans):
+            if start > pos and any(self._mm[pos:start]):
+                raise PackCorrupted(f"{self.path}: damaged bytes between regions at {pos}")
+            pos = max(pos, stop)

@@ -88,7 +88,8 @@ class _Field:
             if self.fixed and shape != self.shape:
                 self.fixed = False
                 self.shapes.extend(self.shape * (len(self.offsets) - 1))
-            data = memoryview(np.ascontiguousarray(value, dtype=dtype)).cast("B")  # type: ignore[arg-type]
+            flat = np.ascontiguousarray(value, dtype=dtype).reshape(-1).view(np.uint8)
+            data = memoryview(flat)  # type: ignore[arg-type]
             if not self.fixed:
                 self.shapes.extend(shape)
         elif kind == "str":
@@ -159,7 +160,7 @@ def _copy_region(src: BinaryIO, out: BinaryIO, n: int) -> dict[str, Any]:
 
 def _write_region(out: BinaryIO, arr: np.ndarray) -> dict[str, Any]:
     start = _align(out)
-    data = memoryview(np.ascontiguousarray(arr)).cast("B")  # type: ignore[arg-type]
+    data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     out.write(data)
     return {"off": start, "len": data.nbytes, "sums": block_sums(data)}
 

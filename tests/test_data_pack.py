@@ -1,0 +1,233 @@
+"""mlcache.data: the pack format, pack() and PackedDataset."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from mlcache import UnsupportedValue
+from mlcache.data import PackCorrupted, PackedDataset, pack
+from mlcache.data import format as fmt
+
+
+def patients(n, seed=0):
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        yield {
+            "vitals": rng.random((int(rng.integers(1, 30)), 6), dtype=np.float32),
+            "age": int(rng.integers(18, 95)),
+            "label": i % 2,
+            "id": f"p{i:05d}",
+            "image": np.full((4, 3), i % 256, dtype=np.uint8),
+            "weight": 0.25 * i,
+            "icu": bool(i % 3),
+            "note": "é" * (i % 4),
+            "blob": bytes([i % 256]) * (i % 5),
+            "missing": None,
+        }
+
+
+@pytest.fixture
+def ds(tmp_path):
+    return pack(patients(200), tmp_path / "p.pack", progress=False)
+
+
+def test_round_trip_every_field_type(ds):
+    expected = list(patients(200))
+    assert len(ds) == 200
+    assert ds.field_names == list(expected[0])
+    for i in (0, 1, 57, 199, -1):
+        got, want = ds[i], expected[i]
+        np.testing.assert_array_equal(got["vitals"], want["vitals"])
+        assert got["vitals"].dtype == np.float32
+        np.testing.assert_array_equal(got["image"], want["image"])
+        for key in ("age", "label", "id", "weight", "icu", "note", "blob", "missing"):
+            assert got[key] == want[key] and type(got[key]) is type(want[key])
+
+
+def test_arrays_are_read_only_zero_copy_views(ds):
+    vitals = ds[3]["vitals"]
+    assert not vitals.flags.writeable
+    assert not vitals.flags.owndata
+    with pytest.raises(ValueError):
+        vitals[0, 0] = 1.0
+
+
+def test_fixed_fields_are_columns_and_batches_stack(ds):
+    kinds = {f["name"]: f["kind"] for f in ds.layout["fields"]}
+    assert kinds["image"] == "column" and kinds["age"] == "column"
+    assert kinds["vitals"] == "ragged" and kinds["id"] == "str" and kinds["missing"] == "none"
+    batch = ds.get_batch([5, 0, 199, 5])
+    assert batch["image"].shape == (4, 4, 3)
+    np.testing.assert_array_equal(batch["image"][:, 0, 0], [5, 0, 199, 5])
+    np.testing.assert_array_equal(batch["label"], [1, 0, 1, 1])
+    assert batch["age"].dtype == np.int64
+    assert [v.shape[1] for v in batch["vitals"]] == [6, 6, 6, 6]
+    assert batch["id"] == ["p00005", "p00000", "p00199", "p00005"]
+    with pytest.raises(IndexError):
+        ds.get_batch([200])
+
+
+def test_sample_indices(ds):
+    with pytest.raises(IndexError):
+        ds[200]
+    with pytest.raises(IndexError):
+        ds[-201]
+    with pytest.raises(TypeError):
+        ds["x"]
+
+
+def test_pickling_sends_the_path_not_the_data(ds):
+    data = pickle.dumps(ds)
+    assert len(data) < 300 and ds.path.encode() in data
+    again = pickle.loads(data)
+    assert again[10]["id"] == "p00010"
+
+
+def test_a_column_that_varies_becomes_ragged(tmp_path):
+    samples = [{"x": np.zeros((2, 2))}, {"x": np.ones((2, 2))}, {"x": np.ones((3, 1))}]
+    ds = pack(samples, tmp_path / "r.pack", progress=False)
+    assert ds.layout["fields"][0]["kind"] == "ragged"
+    assert [ds[i]["x"].shape for i in range(3)] == [(2, 2), (2, 2), (3, 1)]
+    np.testing.assert_array_equal(ds[1]["x"], np.ones((2, 2)))
+
+
+# -- bad input ----------------------------------------------------------------------
+def test_type_mismatch_names_the_sample_and_field(tmp_path):
+    samples = [{"a": 1, "b": np.zeros(3)}, {"a": 2, "b": np.zeros(3)}, {"a": "x", "b": np.zeros(3)}]
+    with pytest.raises(TypeError, match=r"sample 2, field 'a': str where sample 0 has int"):
+        pack(samples, tmp_path / "t.pack", progress=False)
+    bad_dtype = [{"b": np.zeros(3)}, {"b": np.zeros(3, dtype=np.int32)}]
+    with pytest.raises(TypeError, match=r"sample 1, field 'b'"):
+        pack(bad_dtype, tmp_path / "t.pack", progress=False)
+    bad_ndim = [{"b": np.zeros(3)}, {"b": np.zeros((3, 1))}]
+    with pytest.raises(ValueError, match=r"sample 1, field 'b': 2 dimensions"):
+        pack(bad_ndim, tmp_path / "t.pack", progress=False)
+    assert not (tmp_path / "t.pack").exists()
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []  # nothing left
+
+
+def test_field_sets_must_match(tmp_path):
+    with pytest.raises(ValueError, match=r"sample 1: fields differ .*missing \['b'\]"):
+        pack([{"a": 1, "b": 2}, {"a": 1}], tmp_path / "f.pack", progress=False)
+    with pytest.raises(TypeError, match="sample 0 is a list"):
+        pack([[1, 2]], tmp_path / "f.pack", progress=False)
+
+
+def test_empty_source_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="source is empty"):
+        pack([], tmp_path / "e.pack", progress=False)
+    assert not (tmp_path / "e.pack").exists()
+
+
+def test_other_values_need_allow_pickle(tmp_path):
+    import datetime
+
+    samples = [{"when": datetime.date(2020, 1, i + 1)} for i in range(3)]
+    with pytest.raises(UnsupportedValue, match=r"sample 0, field 'when'.*allow_pickle"):
+        pack(samples, tmp_path / "d.pack", progress=False)
+    ds = pack(samples, tmp_path / "d.pack", progress=False, allow_pickle=True)
+    assert ds[2]["when"] == datetime.date(2020, 1, 3)
+    with pytest.raises(UnsupportedValue, match="allow_pickle=True"):
+        PackedDataset(tmp_path / "d.pack")[0]
+
+
+def test_an_interrupted_build_leaves_nothing_openable(tmp_path):
+    def source():
+        yield from patients(10)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack(source(), tmp_path / "i.pack", progress=False)
+    assert os.listdir(tmp_path) == []
+
+
+# -- damage ---------------------------------------------------------------------------
+def test_truncation_and_garbage_are_detected(tmp_path, ds):
+    data = Path(ds.path).read_bytes()
+    for cut in (0, 10, 64, len(data) // 2, len(data) - 1):
+        p = tmp_path / f"cut{cut}.pack"
+        p.write_bytes(data[:cut])
+        with pytest.raises(PackCorrupted, match=str(p)):
+            PackedDataset(p)
+    p = tmp_path / "garbage.pack"
+    p.write_bytes(b"not a pack at all" * 10)
+    with pytest.raises(PackCorrupted, match="bad magic"):
+        PackedDataset(p)
+    with pytest.raises(FileNotFoundError):
+        PackedDataset(tmp_path / "nope.pack")
+
+
+def test_every_flipped_byte_is_detected(tmp_path, ds):
+    """Flip random bytes: opening or reading every sample raises, never a wrong value."""
+    data = bytearray(Path(ds.path).read_bytes())
+    rng = np.random.default_rng(1)
+    positions = [*list(rng.integers(0, len(data), 150)), 0, 20, 47, 60, len(data) - 1]
+    for pos in positions:
+        damaged = bytearray(data)
+        damaged[pos] ^= 0x5A
+        p = tmp_path / "flip.pack"
+        p.write_bytes(bytes(damaged))
+        with pytest.raises(PackCorrupted):
+            bad = PackedDataset(p)
+            bad.verify()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.binary(min_size=0, max_size=600))
+def test_random_bytes_give_only_pack_errors(tmp_path, blob):
+    p = tmp_path / "random.pack"
+    p.write_bytes(blob)
+    with pytest.raises(PackCorrupted):
+        PackedDataset(p).verify()
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "a": hnp.arrays(
+                    st.sampled_from([np.float32, np.int64, np.uint8, np.complex64]),
+                    hnp.array_shapes(min_dims=2, max_dims=2, min_side=0, max_side=4),
+                ),
+                "n": st.integers(-(2**63), 2**63 - 1),
+                "f": st.floats(allow_nan=False),
+                "s": st.text(max_size=8),
+            }
+        ),
+        min_size=1,
+        max_size=12,
+    ).filter(lambda xs: len({x["a"].dtype for x in xs}) == 1)
+)
+def test_hypothesis_samples_round_trip(tmp_path, samples):
+    ds = pack(samples, tmp_path / "h.pack", progress=False)
+    for i, want in enumerate(samples):
+        got = ds[i]
+        np.testing.assert_array_equal(got["a"], want["a"])
+        assert got["a"].dtype == want["a"].dtype
+        assert (got["n"], got["f"], got["s"]) == (want["n"], want["f"], want["s"])
+    ds.verify()
+
+
+def test_header_layout_matches_the_spec(ds):
+    head = Path(ds.path).read_bytes()[:64]
+    magic, version, flags, _r, n, i_off, i_len = struct.unpack_from("<8sHHIQQQ", head)
+    assert (magic, version, flags, n) == (fmt.MAGIC, 1, 0, 200)
+    assert i_off % 64 == 0 and i_off + i_len == os.path.getsize(ds.path)
+    for field in ds.layout["fields"]:
+        for key in ("data", "offsets", "shapes"):
+            if key in field:
+                assert field[key]["off"] % 64 == 0
