@@ -4,8 +4,9 @@ back with random access (``PackedDataset``). The byte layout is in
 
 from __future__ import annotations
 
+from .cached import CachedDataset
 from .format import PackCorrupted
 from .reader import PackedDataset
 from .writer import pack
 
-__all__ = ["PackCorrupted", "PackedDataset", "pack"]
+__all__ = ["CachedDataset", "PackCorrupted", "PackedDataset", "pack"]

@@ -1,0 +1,188 @@
+"""``CachedDataset``: write ``load_source()`` once, read a pack ever after.
+
+Subclass it, set your attributes, call ``super().__init__(...)``::
+
+    class PatientSeries(CachedDataset):
+        def __init__(self, root, **kw):
+            self.root = root
+            super().__init__(**kw)
+
+        def source_files(self):
+            return sorted(Path(self.root).glob("*.csv"))
+
+        def load_source(self):
+            for path in self.source_files():
+                yield read_patient(path)
+
+The pack's key combines the class (qualified name and the code of its methods),
+the attributes set before ``super().__init__`` (or only those named in
+``cache_on``), and the source fingerprint (paths, sizes and modification times
+of ``source_files()``, or whatever ``source_fingerprint()`` returns). Any change
+is a rebuild; so is ``force_recache=True``. Several processes opening the same
+dataset at once: one builds (holding a lock on ``<pack>.lock``), the others wait
+and open its result. A damaged pack is logged and rebuilt.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from .._default import default_location
+from ..fingerprint import code_version, slug
+from ..hashing import hash_value
+from .format import PackCorrupted
+from .reader import PackedDataset
+from .writer import pack
+
+__all__ = ["CachedDataset"]
+
+logger = logging.getLogger("mlcache")
+
+
+class CachedDataset(Sequence[Any]):
+    """A dataset whose samples are loaded once from their source, then read from a pack.
+
+    Parameters
+    ----------
+    cache_dir:
+        Folder of the packs (default: ``<mlcache default location>/datasets``).
+    force_recache:
+        Rebuild the pack even if a valid one exists.
+    transform:
+        Applied to each sample when it is read (not cached).
+    progress:
+        Show a progress bar while building.
+    allow_pickle:
+        Allow fields that need pickle.
+    """
+
+    #: names of the attributes that identify the data; None means every attribute
+    #: set before ``CachedDataset.__init__``
+    cache_on: ClassVar[tuple[str, ...] | None] = None
+
+    def __init__(
+        self,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        force_recache: bool = False,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        progress: bool = True,
+        allow_pickle: bool = False,
+    ) -> None:
+        names = self.cache_on if self.cache_on is not None else sorted(vars(self))
+        try:
+            identity = {name: getattr(self, name) for name in names}
+            args_key = hash_value(identity)
+        except (AttributeError, TypeError) as exc:
+            raise TypeError(
+                f"{type(self).__qualname__}: cannot key the dataset by its attributes ({exc}); "
+                "set cache_on = ('attr', ...) to the attributes that identify the data"
+            ) from None
+        root = (
+            os.fspath(cache_dir)
+            if cache_dir is not None
+            else os.path.join(default_location(), "datasets")
+        )
+        cls = type(self)
+        key = hash_value(
+            (
+                f"{cls.__module__}.{cls.__qualname__}",
+                code_version(cls),
+                args_key,
+                self.source_fingerprint(),
+            )
+        )
+        self.pack_path = os.path.join(
+            os.path.abspath(root), slug(f"{cls.__module__}.{cls.__qualname__}"), f"{key}.pack"
+        )
+        self.transform = transform
+        self._allow_pickle = allow_pickle
+        self._pack = self._open_or_build(force_recache, progress)
+
+    # -- to override ---------------------------------------------------------------
+    def load_source(self) -> Iterable[Mapping[str, Any]]:
+        """Yield the samples, one dict of fields each. Must be overridden."""
+        raise NotImplementedError(f"{type(self).__qualname__} must define load_source()")
+
+    def source_files(self) -> Iterable[str | os.PathLike[str]] | None:
+        """The files the samples come from (optional): their paths, sizes and
+        modification times make the default source fingerprint."""
+        return None
+
+    def source_fingerprint(self) -> str:
+        """A string that changes when the source data changes."""
+        files = self.source_files()
+        if files is None:
+            return ""
+        stats = []
+        for f in files:
+            st = os.stat(f)
+            stats.append((os.path.abspath(f), st.st_size, st.st_mtime_ns))
+        return hash_value(stats)
+
+    # -- building --------------------------------------------------------------------
+    def _open_or_build(self, force: bool, progress: bool) -> PackedDataset:
+        os.makedirs(os.path.dirname(self.pack_path), mode=0o700, exist_ok=True)
+        if not force:
+            opened = self._try_open()
+            if opened is not None:
+                return opened
+        with open(self.pack_path + ".lock", "a+b") as lock:
+            # one builder at a time; a lock held by a killed process is released by
+            # the kernel, so it can never block for ever
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                if not force:  # someone else may have built it while we waited
+                    opened = self._try_open()
+                    if opened is not None:
+                        return opened
+                logger.info("mlcache: building %s", self.pack_path)
+                return pack(
+                    self.load_source(),
+                    self.pack_path,
+                    progress=progress,
+                    allow_pickle=self._allow_pickle,
+                )
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _try_open(self) -> PackedDataset | None:
+        try:
+            return PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
+        except FileNotFoundError:
+            return None
+        except PackCorrupted as exc:
+            logger.warning("mlcache: %s; rebuilding it", exc)
+            return None
+
+    # -- reading ----------------------------------------------------------------------
+    @property
+    def packed(self) -> PackedDataset:
+        """The underlying :class:`PackedDataset`."""
+        return self._pack
+
+    def __len__(self) -> int:
+        return len(self._pack)
+
+    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+        sample = self._pack[i]
+        return self.transform(sample) if self.transform is not None else sample
+
+    def get_batch(self, indices: Sequence[int]) -> dict[str, Any]:
+        """See :meth:`PackedDataset.get_batch` (``transform`` is not applied)."""
+        return self._pack.get_batch(indices)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # to a DataLoader worker: the path and settings, never the samples; the
+        # worker maps the pack itself
+        state = self.__dict__.copy()
+        state["_pack"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pack = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)

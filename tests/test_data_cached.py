@@ -1,0 +1,165 @@
+"""CachedDataset, the synthetic patients, and PyTorch DataLoader workers."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlcache.data import CachedDataset, PackedDataset
+from mlcache.data.synthetic import VITALS, read_patient, write_patients
+
+BUILDS: list[str] = []
+
+
+class PatientSeries(CachedDataset):
+    def __init__(self, root, **kw):
+        self.root = str(root)
+        super().__init__(**kw)
+
+    def source_files(self):
+        return sorted(Path(self.root).glob("*.csv"))
+
+    def load_source(self):
+        BUILDS.append(self.root)
+        for path in self.source_files():
+            yield read_patient(path)
+
+
+@pytest.fixture
+def source(tmp_path):
+    write_patients(tmp_path / "src", 40, seed=3)
+    BUILDS.clear()
+    return tmp_path / "src"
+
+
+def test_synthetic_patients_are_deterministic_and_parse(tmp_path):
+    a = write_patients(tmp_path / "a", 5, seed=7)
+    b = write_patients(tmp_path / "b", 5, seed=7)
+    assert [p.read_text() for p in a] == [p.read_text() for p in b]
+    j = write_patients(tmp_path / "j", 5, seed=7, fmt="json")
+    for pa, pj in zip(a, j):
+        sa, sj = read_patient(pa), read_patient(pj)
+        assert sa["vitals"].shape[1] == len(VITALS) and sa["vitals"].dtype == np.float32
+        np.testing.assert_allclose(sa["vitals"], sj["vitals"], atol=0.01)
+        assert (sa["age"], sa["label"], sa["id"]) == (sj["age"], sj["label"], sj["id"])
+    with pytest.raises(ValueError):
+        write_patients(tmp_path / "x", 0)
+
+
+def test_builds_once_then_opens(source, tmp_path):
+    ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    assert len(ds) == 40 and [str(source)] == BUILDS
+    first = read_patient(sorted(source.glob("*.csv"))[7])
+    again = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    assert [str(source)] == BUILDS  # opened, not rebuilt
+    np.testing.assert_array_equal(again[7]["vitals"], first["vitals"])
+    assert again[7]["id"] == first["id"]
+    PatientSeries(source, cache_dir=tmp_path / "cache", progress=False, force_recache=True)
+    assert len(BUILDS) == 2
+
+
+def test_a_changed_source_file_rebuilds(source, tmp_path):
+    PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    victim = sorted(source.glob("*.csv"))[0]
+    text = victim.read_text().replace("# age: ", "# age: 1", 1)
+    time.sleep(0.01)
+    victim.write_text(text)
+    ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    assert len(BUILDS) == 2
+    assert ds[0]["age"] == read_patient(victim)["age"]
+
+
+def test_a_changed_class_or_argument_rebuilds(source, tmp_path):
+    PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+
+    class Doubled(PatientSeries):
+        def load_source(self):
+            for sample in super().load_source():
+                sample["age"] *= 2
+                yield sample
+
+    ds = Doubled(source, cache_dir=tmp_path / "cache", progress=False)
+    assert len(BUILDS) == 2 and ds[0]["age"] % 2 == 0
+    other = source.parent / "other"
+    write_patients(other, 3, seed=4)
+    assert len(PatientSeries(other, cache_dir=tmp_path / "cache", progress=False)) == 3
+
+
+def test_a_damaged_pack_is_logged_and_rebuilt(source, tmp_path, caplog):
+    ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    path = Path(ds.pack_path)
+    path.write_bytes(path.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="mlcache"):
+        again = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    assert "rebuilding" in caplog.text and len(BUILDS) == 2 and len(again) == 40
+
+
+def test_transform_is_applied_on_read(source, tmp_path):
+    ds = PatientSeries(
+        source, cache_dir=tmp_path / "cache", progress=False, transform=lambda s: s["label"]
+    )
+    assert set(ds[i] for i in range(len(ds))) <= {0, 1}
+
+
+def test_pickling_sends_no_samples(source, tmp_path):
+    ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    data = pickle.dumps(ds)
+    assert len(data) < 1000
+    assert pickle.loads(data)[5]["id"] == ds[5]["id"]
+
+
+def _open_in_child(args):
+    source, cache = args
+    ds = PatientSeries(source, cache_dir=cache, progress=False)
+    return len(ds), os.getpid(), list(BUILDS)
+
+
+def test_two_processes_build_once(source, tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(3) as pool:
+        results = pool.map(_open_in_child, [(source, tmp_path / "cache")] * 3)
+    assert all(n == 40 for n, _, _ in results)
+    assert sum(len(builds) for _, _, builds in results) == 1  # one process built it
+
+
+def _collate(batch):
+    return batch
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_workers(source, tmp_path, method, workers):
+    torch = pytest.importorskip("torch")
+    packed = PackedDataset(
+        PatientSeries(source, cache_dir=tmp_path / "c", progress=False).pack_path
+    )
+    loader = torch.utils.data.DataLoader(
+        packed,
+        batch_size=8,
+        shuffle=True,
+        num_workers=workers,
+        collate_fn=_collate,
+        multiprocessing_context=method if workers else None,
+        generator=torch.Generator().manual_seed(0),
+    )
+    seen = sorted(sample["id"] for batch in loader for sample in batch)
+    assert seen == sorted(packed[i]["id"] for i in range(len(packed)))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+def test_cached_dataset_in_forked_dataloader(source, tmp_path):
+    torch = pytest.importorskip("torch")
+    ds = PatientSeries(
+        source, cache_dir=tmp_path / "c", progress=False, transform=lambda s: s["age"]
+    )
+    loader = torch.utils.data.DataLoader(ds, batch_size=10, num_workers=2)
+    ages = torch.cat(list(loader)).tolist()
+    assert ages == [ds[i] for i in range(len(ds))]
