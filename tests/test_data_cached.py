@@ -163,3 +163,36 @@ def test_cached_dataset_in_forked_dataloader(source, tmp_path):
     loader = torch.utils.data.DataLoader(ds, batch_size=10, num_workers=2)
     ages = torch.cat(list(loader)).tolist()
     assert ages == [ds[i] for i in range(len(ds))]
+
+
+class PatientFiles(CachedDataset):
+    """The same data, loaded file by file (so it can use several processes)."""
+
+    def __init__(self, root, **kw):
+        self.root = str(root)
+        super().__init__(**kw)
+
+    def source_files(self):
+        return sorted(Path(self.root).glob("*.csv"))
+
+    def load_item(self, path):
+        return read_patient(path)
+
+
+def test_parallel_build_keeps_the_order(source, tmp_path):
+    one = PatientFiles(source, cache_dir=tmp_path / "one", progress=False)
+    two = PatientFiles(source, cache_dir=tmp_path / "two", progress=False, num_workers=2)
+    assert len(one) == len(two) == 40
+    for i in range(40):
+        assert one[i]["id"] == two[i]["id"]
+        np.testing.assert_array_equal(one[i]["vitals"], two[i]["vitals"])
+    with pytest.raises(ValueError, match="num_workers"):
+        PatientFiles(source, cache_dir=tmp_path / "x", num_workers=-1)
+
+
+def test_a_class_without_a_source_says_so(tmp_path):
+    class Nothing(CachedDataset):
+        pass
+
+    with pytest.raises(NotImplementedError, match="must define load_source"):
+        Nothing(cache_dir=tmp_path, progress=False)

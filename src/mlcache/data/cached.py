@@ -58,6 +58,10 @@ class CachedDataset(Sequence[Any]):
         Show a progress bar while building.
     allow_pickle:
         Allow fields that need pickle.
+    num_workers:
+        Load the source with this many processes when the class defines
+        ``source_items()`` and ``load_item(item)`` (instead of ``load_source()``);
+        samples keep the order of ``source_items()``.
     """
 
     #: names of the attributes that identify the data; None means every attribute
@@ -72,7 +76,10 @@ class CachedDataset(Sequence[Any]):
         transform: Callable[[dict[str, Any]], Any] | None = None,
         progress: bool = True,
         allow_pickle: bool = False,
+        num_workers: int = 0,
     ) -> None:
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
         names = self.cache_on if self.cache_on is not None else sorted(vars(self))
         try:
             identity = {name: getattr(self, name) for name in names}
@@ -101,12 +108,38 @@ class CachedDataset(Sequence[Any]):
         )
         self.transform = transform
         self._allow_pickle = allow_pickle
+        self._num_workers = num_workers
+        self._pack: PackedDataset | None = None
         self._pack = self._open_or_build(force_recache, progress)
 
     # -- to override ---------------------------------------------------------------
     def load_source(self) -> Iterable[Mapping[str, Any]]:
-        """Yield the samples, one dict of fields each. Must be overridden."""
-        raise NotImplementedError(f"{type(self).__qualname__} must define load_source()")
+        """Yield the samples, one dict of fields each. Override this, or both
+        ``source_items()`` and ``load_item()`` (which can run in several processes)."""
+        if type(self).load_item is CachedDataset.load_item:
+            raise NotImplementedError(
+                f"{type(self).__qualname__} must define load_source(), or source_items() "
+                "and load_item()"
+            )
+        items = list(self.source_items())
+        if self._num_workers <= 1:
+            return map(self.load_item, items)
+        return self._parallel(items)
+
+    def _parallel(self, items: list[Any]) -> Iterable[Mapping[str, Any]]:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(self._num_workers) as pool:
+            chunk = max(1, min(64, len(items) // (4 * self._num_workers) or 1))
+            yield from pool.imap(self.load_item, items, chunksize=chunk)
+
+    def source_items(self) -> Iterable[Any]:
+        """What ``load_item`` turns into samples (default: ``source_files()``)."""
+        return self.source_files() or ()
+
+    def load_item(self, item: Any) -> Mapping[str, Any]:
+        """One sample from one source item (a file path, a row id...)."""
+        raise NotImplementedError
 
     def source_files(self) -> Iterable[str | os.PathLike[str]] | None:
         """The files the samples come from (optional): their paths, sizes and
@@ -162,19 +195,21 @@ class CachedDataset(Sequence[Any]):
     # -- reading ----------------------------------------------------------------------
     @property
     def packed(self) -> PackedDataset:
-        """The underlying :class:`PackedDataset`."""
+        """The underlying :class:`PackedDataset` (opened on first use in a new process)."""
+        if self._pack is None:
+            self._pack = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
         return self._pack
 
     def __len__(self) -> int:
-        return len(self._pack)
+        return len(self.packed)
 
     def __getitem__(self, i: int) -> Any:  # type: ignore[override]
-        sample = self._pack[i]
+        sample = self.packed[i]
         return self.transform(sample) if self.transform is not None else sample
 
     def get_batch(self, indices: Sequence[int]) -> dict[str, Any]:
         """See :meth:`PackedDataset.get_batch` (``transform`` is not applied)."""
-        return self._pack.get_batch(indices)
+        return self.packed.get_batch(indices)
 
     def __getstate__(self) -> dict[str, Any]:
         # to a DataLoader worker: the path and settings, never the samples; the
@@ -184,5 +219,4 @@ class CachedDataset(Sequence[Any]):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._pack = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
+        self.__dict__.update(state)  # the pack is mapped on first use
