@@ -196,3 +196,45 @@ def test_a_class_without_a_source_says_so(tmp_path):
 
     with pytest.raises(NotImplementedError, match="must define load_source"):
         Nothing(cache_dir=tmp_path, progress=False)
+
+
+def test_a_database_source(tmp_path):
+    import sqlite3
+
+    from mlcache.data import from_sql
+
+    db = tmp_path / "h.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE adm (id TEXT, age INTEGER, los REAL, label INTEGER)")
+        con.executemany(
+            "INSERT INTO adm VALUES (?, ?, ?, ?)",
+            [(f"a{i}", 20 + i, 1.5 * i, i % 2) for i in range(30)],
+        )
+    con.close()
+
+    class Admissions(CachedDataset):
+        def __init__(self, db, version, **kw):
+            self.db, self.version = str(db), version
+            super().__init__(**kw)
+
+        def query(self):
+            con = sqlite3.connect(self.db)
+            return from_sql("SELECT * FROM adm WHERE age >= ?", con, (25,), data_version="v1")
+
+        def load_source(self):
+            BUILDS.append("sql")
+            return self.query()
+
+        def source_fingerprint(self):
+            return self.query().fingerprint()
+
+    BUILDS.clear()
+    ds = Admissions(db, 1, cache_dir=tmp_path / "c", progress=False)
+    assert len(ds) == 25 and ds[0] == {"id": "a5", "age": 25, "los": 7.5, "label": 1}
+    Admissions(db, 1, cache_dir=tmp_path / "c", progress=False)
+    assert BUILDS == ["sql"]
+    a = from_sql("SELECT 1", sqlite3.connect(db), data_version="v1").fingerprint()
+    b = from_sql("SELECT 1", sqlite3.connect(db), data_version="v2").fingerprint()
+    assert a != b
+    with pytest.raises(TypeError):
+        from_sql("SELECT 1", object())

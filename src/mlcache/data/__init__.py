@@ -7,6 +7,7 @@ from __future__ import annotations
 from .cached import CachedDataset
 from .format import PackCorrupted
 from .reader import PackedDataset
+from .sql import SqlSource, from_sql
 from .writer import pack
 
-__all__ = ["CachedDataset", "PackCorrupted", "PackedDataset", "pack"]
+__all__ = ["CachedDataset", "PackCorrupted", "PackedDataset", "SqlSource", "from_sql", "pack"]
