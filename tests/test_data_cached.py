@@ -238,3 +238,18 @@ def test_a_database_source(tmp_path):
     assert a != b
     with pytest.raises(TypeError):
         from_sql("SELECT 1", object())
+
+
+def test_tensors_share_the_memory_map(source, tmp_path):
+    pytest.importorskip("torch")
+    from mlcache.torch import TensorDataset
+
+    ds = PatientSeries(source, cache_dir=tmp_path / "c", progress=False)
+    tds = TensorDataset(ds)
+    sample = tds[3]
+    import torch
+
+    assert isinstance(sample["vitals"], torch.Tensor) and sample["id"] == ds[3]["id"]
+    assert sample["vitals"].data_ptr() == ds[3]["vitals"].__array_interface__["data"][0]
+    loader = torch.utils.data.DataLoader(tds, batch_size=None, num_workers=2)
+    assert sum(1 for _ in loader) == len(ds)
