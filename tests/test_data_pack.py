@@ -231,3 +231,8 @@ def test_header_layout_matches_the_spec(ds):
         for key in ("data", "offsets", "shapes"):
             if key in field:
                 assert field[key]["off"] % 64 == 0
+
+
+def test_ints_beyond_int64_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"sample 1, field 'n': .* does not fit in int64"):
+        pack([{"n": 1}, {"n": 2**70}], tmp_path / "big.pack", progress=False)

@@ -80,6 +80,10 @@ class _Field:
         if kind == "none":
             return
         if kind == "column":
+            if py == "int" and not -(1 << 63) <= value < (1 << 63):
+                raise ValueError(
+                    f"sample {index}, field {self.name!r}: {value} does not fit in int64"
+                )
             if len(shape) != len(self.shape):
                 raise ValueError(
                     f"sample {index}, field {self.name!r}: {len(shape)} dimensions where sample "
