@@ -112,7 +112,10 @@ class Outcome:
     verdict: str  # "holds", "marginal" or "fails"
 
 
-def parse_args(description: str) -> argparse.Namespace:
+def parse_args(
+    description: str, extra: Callable[[argparse.ArgumentParser], Any] | None = None
+) -> argparse.Namespace:
+    """The common options (``--quick``, ``--dir``, ``--json``); ``extra`` adds a script's own."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="tiny smoke run (a few seconds)")
     p.add_argument(
@@ -121,6 +124,8 @@ def parse_args(description: str) -> argparse.Namespace:
         help="parent folder of the scratch cache folder (default: the system temp folder)",
     )
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    if extra is not None:
+        extra(p)
     return p.parse_args()
 
 

@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ["bench_hash.py", "bench_hit.py", "bench_miss.py"]
+SCRIPTS = ["bench_hash.py", "bench_hit.py", "bench_miss.py", "bench_data.py"]
 
 
 def main() -> int:

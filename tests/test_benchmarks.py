@@ -31,3 +31,23 @@ def test_path_profiler_runs(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "mlcache hit f(3, 4)" in res.stdout
+
+
+def test_quick_data_benchmark_runs_and_reports_every_target(tmp_path):
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_data.py"), "--quick", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for target in (
+        "open 20,000 / open 2,000 samples",
+        "open at 20,000 samples, ms",
+        "(a) read_patient / mlcache",
+        "(b) pickle list / mlcache",
+        "packing 4x the budget: peak RSS / budget",
+        "DataLoader: peak Σ PSS anon + shmem",
+    ):
+        assert target in res.stdout
+    assert list(tmp_path.iterdir()) == []  # scratch data removed
