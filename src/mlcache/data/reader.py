@@ -31,6 +31,12 @@ class _Region:
         self.checked = bytearray(len(self.sums))
         self.path = path
 
+    def ok(self, start: int, stop: int) -> None:
+        """:meth:`check`, with a fast path for a range inside one checked block."""
+        b = start // self.block
+        if b != (stop - 1) // self.block or not self.checked[b]:
+            self.check(start, stop)
+
     def check(self, start: int, stop: int) -> None:
         """Verify the blocks covering bytes [start, stop) of the region."""
         first, last = start // self.block, max(start, stop - 1) // self.block
@@ -91,6 +97,10 @@ class PackedDataset(Sequence[dict[str, Any]]):
                     if key in spec
                 }
                 self._fields.append((spec["name"], spec["kind"], (spec, regions)))
+            self._getters = [
+                (name, self._getter(kind, spec, regions))
+                for name, kind, (spec, regions) in self._fields
+            ]
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, PackCorrupted):
                 raise
@@ -122,40 +132,88 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
     def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
         j = self._index(i)
-        return {name: self._value(kind, spec, j) for name, kind, spec in self._fields}
+        return {name: get(j) for name, get in self._getters}
 
-    def _value(self, kind: str, spec_regions: Any, j: int) -> Any:
-        spec, regions = spec_regions
+    def _getter(self, kind: str, spec: dict[str, Any], regions: dict[str, _Region]) -> Any:
+        """A function j -> the field's value in sample j, with everything that does not
+        depend on j (views, dtypes, row sizes) worked out once, at open."""
         if kind == "none":
-            return None
+            return lambda j: None
         data = regions["data"]
         dtype = np.dtype(spec["dtype"])
         if kind == "column":
             shape = tuple(spec["shape"])
             row = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-            value = data.array(dtype, j * row, (j + 1) * row).reshape(shape)
+            column = np.frombuffer(data.mv, dtype=dtype).reshape((self._n, *shape))
             py = spec.get("py")
+            ok = data.ok
             if py in ("int", "float", "bool"):
-                return value.item()
-            return value[()] if py == "scalar" else value
-        start, stop = regions["offsets"].array(np.dtype("<i8"), 8 * j, 8 * j + 16)
-        raw = data.array(np.dtype(np.uint8), int(start), int(stop))
+                item = column.item
+
+                def scalar(j: int) -> Any:
+                    ok(j * row, (j + 1) * row)
+                    return item(j)
+
+                return scalar
+
+            def cell(j: int) -> Any:
+                ok(j * row, (j + 1) * row)
+                return column[j] if py != "scalar" else column[j][()]
+
+            return cell
+        if kind not in ("ragged", "str", "bytes", "pickle"):
+            raise PackCorrupted(f"{self.path}: unknown field kind {kind!r}")
+        offsets = regions["offsets"]
+        offs_item = np.frombuffer(offsets.mv, dtype="<i8").item
+        raw = data.mv
+        ok_offs, ok_data = offsets.ok, data.ok
+
+        def span(j: int) -> tuple[int, int]:
+            ok_offs(8 * j, 8 * j + 16)
+            start, stop = offs_item(j), offs_item(j + 1)
+            if not 0 <= start <= stop <= data.len:
+                raise PackCorrupted(f"{self.path}: bad offsets for sample {j}")
+            if stop > start:
+                ok_data(start, stop)
+            return start, stop
+
         if kind == "ragged":
             ndim = int(spec["ndim"])
-            shape = regions["shapes"].array(np.dtype("<i8"), 8 * ndim * j, 8 * ndim * (j + 1))
-            return raw.view(dtype).reshape(tuple(shape))
+            shapes = regions["shapes"]
+            shape_rows = np.frombuffer(shapes.mv, dtype="<i8").reshape(self._n, ndim)
+            as_bytes = np.frombuffer(raw, dtype=np.uint8)
+
+            def ragged(j: int) -> Any:
+                start, stop = span(j)
+                shapes.ok(8 * ndim * j, 8 * ndim * (j + 1))
+                return as_bytes[start:stop].view(dtype).reshape(tuple(shape_rows[j].tolist()))
+
+            return ragged
         if kind == "str":
-            return raw.tobytes().decode("utf-8", "surrogatepass")
+
+            def text(j: int) -> str:
+                start, stop = span(j)
+                return str(raw[start:stop], "utf-8", "surrogatepass")
+
+            return text
         if kind == "bytes":
-            return raw.tobytes()
-        if kind == "pickle":
+
+            def blob(j: int) -> bytes:
+                start, stop = span(j)
+                return raw[start:stop].tobytes()
+
+            return blob
+
+        def unpickle(j: int) -> Any:
+            start, stop = span(j)
             if not self.allow_pickle:
                 raise UnsupportedValue(
                     f"{self.path}: field {spec['name']!r} holds pickles; open the pack with "
                     "allow_pickle=True to load them"
                 )
-            return pickle.loads(raw)
-        raise PackCorrupted(f"{self.path}: unknown field kind {kind!r}")
+            return pickle.loads(raw[start:stop])
+
+        return unpickle
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
         """Samples ``indices`` as one dict: column fields stacked into arrays of shape
@@ -176,7 +234,8 @@ class PackedDataset(Sequence[dict[str, Any]]):
                 column = np.frombuffer(data.mv, dtype=dtype).reshape((self._n, *shape))
                 batch[name] = column[idx]
             else:
-                batch[name] = [self._value(kind, (spec, regions), int(j)) for j in idx]
+                get = dict(self._getters)[name]
+                batch[name] = [get(int(j)) for j in idx]
         return batch
 
     def verify(self) -> None:
