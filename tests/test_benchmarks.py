@@ -9,38 +9,32 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def test_quick_benchmarks_run_and_report_every_target(tmp_path):
+def run_quick(script: str, scratch: Path) -> str:
+    """Run ``benchmarks/<script> --quick`` with its scratch folder under ``scratch``;
+    check it succeeds and leaves nothing behind; return its output."""
     res = subprocess.run(
-        [sys.executable, str(BENCH / "run_all.py"), "--quick", "--dir", str(tmp_path)],
+        [sys.executable, str(BENCH / script), "--quick", "--dir", str(scratch)],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert list(scratch.iterdir()) == []  # scratch data removed
+    return res.stdout
+
+
+def test_quick_benchmarks_run_and_report_every_target(tmp_path):
+    out = run_quick("run_all.py", tmp_path)
     for target in ("joblib.hash / mlcache", "(b) joblib / mlcache, mmap", "(c) diskcache"):
-        assert target in res.stdout
-    assert list(tmp_path.iterdir()) == []  # scratch caches removed
+        assert target in out
 
 
 def test_path_profiler_runs(tmp_path):
-    res = subprocess.run(
-        [sys.executable, str(BENCH / "profile_paths.py"), "--quick", "--dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "mlcache hit f(3, 4)" in res.stdout
+    assert "mlcache hit f(3, 4)" in run_quick("profile_paths.py", tmp_path)
 
 
 def test_quick_data_benchmark_runs_and_reports_every_target(tmp_path):
-    res = subprocess.run(
-        [sys.executable, str(BENCH / "bench_data.py"), "--quick", "--dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = run_quick("bench_data.py", tmp_path)
     for target in (
         "open 20,000 / open 2,000 samples",
         "open at 20,000 samples, ms",
@@ -49,5 +43,4 @@ def test_quick_data_benchmark_runs_and_reports_every_target(tmp_path):
         "packing 4x the budget: peak RSS / budget",
         "DataLoader: peak Σ PSS anon + shmem",
     ):
-        assert target in res.stdout
-    assert list(tmp_path.iterdir()) == []  # scratch data removed
+        assert target in out
