@@ -7,6 +7,8 @@
      ├── RegistryError(CacheError, LookupError)   unknown or invalid registry name / implementation
      ├── EntryNotFound(CacheError, KeyError)      no entry under a key (a miss)
      ├── EntryCorrupted(CacheError, ValueError)   an entry failed its checksum or its format check
+     │    └── PackCorrupted                       a dataset pack is truncated or damaged
+     │                                            (mlcache.data.PackCorrupted)
      ├── UnsupportedValue(CacheError, TypeError)  a value no allowed codec can store
      └── StoreError(CacheError, OSError)          the store could not be created, read or written
 

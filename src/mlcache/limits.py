@@ -136,7 +136,6 @@ def enforce_limits(
     items_limit: int | None = None,
     age_limit: float | None = None,
     protect: Iterable[str] = (),
-    prefix: str = "",
     entries: Iterable[EntryStat] | None = None,
 ) -> list[EntryStat]:
     """Delete least-recently-used entries until the store fits the limits.
@@ -146,7 +145,7 @@ def enforce_limits(
     Returns what was removed.
     """
     keep = set(protect)
-    entries = sorted(store.list(prefix) if entries is None else entries, key=lambda e: e.last_used)
+    entries = sorted(store.list() if entries is None else entries, key=lambda e: e.last_used)
     total = sum(e.size for e in entries)
     count = len(entries)
     now = time.time()

@@ -47,10 +47,6 @@ class _Region:
                     raise PackCorrupted(f"{self.path}: checksum mismatch in block {b} of a region")
                 self.checked[b] = 1
 
-    def array(self, dtype: np.dtype, start: int, stop: int) -> np.ndarray:
-        self.check(start, stop)
-        return np.frombuffer(self.mv[start:stop], dtype=dtype)
-
 
 class PackedDataset(Sequence[dict[str, Any]]):
     """A pack file opened for random access: ``len(ds)``, ``ds[i]`` (a dict of
@@ -101,6 +97,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
                 (name, self._getter(kind, spec, regions))
                 for name, kind, (spec, regions) in self._fields
             ]
+            self._getter_by_name = dict(self._getters)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, PackCorrupted):
                 raise
@@ -234,7 +231,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
                 column = np.frombuffer(data.mv, dtype=dtype).reshape((self._n, *shape))
                 batch[name] = column[idx]
             else:
-                get = dict(self._getters)[name]
+                get = self._getter_by_name[name]
                 batch[name] = [get(int(j)) for j in idx]
         return batch
 

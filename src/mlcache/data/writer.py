@@ -105,7 +105,7 @@ class _Field:
         self.spill.write(data)
         self.offsets.append(self.offsets[-1] + data.nbytes)
 
-    def index_entry(self, out: BinaryIO, n: int) -> dict[str, Any]:
+    def index_entry(self, out: BinaryIO) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": self.name, "kind": self.kind}
         if self.kind == "none":
             return entry
@@ -244,7 +244,7 @@ def pack(
                     "version": 1,
                     "n": count,
                     "block": BLOCK,
-                    "fields": [fields[name].index_entry(out, count) for name in names],
+                    "fields": [fields[name].index_entry(out) for name in names],
                 }
                 index_off = _align(out)
                 index_b = json.dumps(index, separators=(",", ":")).encode()

@@ -12,10 +12,10 @@ as ``Memory(location, backend="name")``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from .._registry import Registry
 
@@ -100,7 +100,6 @@ def _check_store(obj: object) -> None:
         )
 
 
-StoreFactory = Callable[..., Any]
 stores: Registry[type] = Registry("store backend", _check_store)
 
 
