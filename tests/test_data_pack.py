@@ -236,3 +236,67 @@ def test_header_layout_matches_the_spec(ds):
 def test_ints_beyond_int64_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"sample 1, field 'n': .* does not fit in int64"):
         pack([{"n": 1}, {"n": 2**70}], tmp_path / "big.pack", progress=False)
+
+
+def _same(got, want):
+    for key, value in want.items():
+        if isinstance(value, np.ndarray):
+            if not np.array_equal(got[key], value) or got[key].dtype != value.dtype:
+                return False
+        elif got[key] != value or type(got[key]) is not type(value):
+            return False
+    return True
+
+
+def test_reads_of_a_damaged_pack_are_right_or_raise(tmp_path):
+    """With 64-byte blocks, damage anywhere is caught by the reads that touch it:
+    every ds[i] and get_batch either returns the original sample or raises."""
+    expected = list(patients(60))
+    good = pack(expected, tmp_path / "b.pack", progress=False, block_size=64)
+    data = bytearray(Path(good.path).read_bytes())
+    rng = np.random.default_rng(7)
+    detected = 0
+    for pos in rng.integers(64, len(data), 300).tolist():
+        damaged = bytearray(data)
+        damaged[pos] ^= 1 << int(rng.integers(0, 8))
+        p = tmp_path / "flip.pack"
+        p.write_bytes(bytes(damaged))
+        raised = False
+        try:
+            ds = PackedDataset(p)
+            for i in rng.permutation(60).tolist():
+                try:
+                    assert _same(ds[i], expected[i]), f"wrong sample {i} after a flip at {pos}"
+                except PackCorrupted:
+                    raised = True
+            try:
+                batch = ds.get_batch([5, 1, 59])
+                np.testing.assert_array_equal(
+                    batch["age"], [expected[i]["age"] for i in (5, 1, 59)]
+                )
+            except PackCorrupted:
+                raised = True
+            ds.verify()
+        except PackCorrupted:
+            raised = True
+        assert raised, f"a flip at byte {pos} went unnoticed"
+        detected += 1
+    assert detected == 300
+
+
+def test_reads_after_every_block_is_verified(tmp_path):
+    """Once every block has been verified the reader drops its checks; the values
+    stay the same, before and after, in any order."""
+    expected = list(patients(80))
+    ds = pack(expected, tmp_path / "v.pack", progress=False, block_size=256)
+    order = np.random.default_rng(3).permutation(80).tolist()
+    first = [ds[i] for i in order]
+    ds.verify()
+    assert "k0(" not in ds._sample.__doc__  # the generated reader no longer tests blocks
+    for i, got in zip(order, first):
+        assert _same(got, expected[i]) and _same(ds[i], expected[i])
+
+
+def test_block_size_must_be_a_power_of_two(tmp_path):
+    with pytest.raises(ValueError, match="power of two"):
+        pack(patients(3), tmp_path / "x.pack", progress=False, block_size=1000)

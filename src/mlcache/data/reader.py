@@ -1,11 +1,20 @@
-"""``PackedDataset``: random access to a pack file through one memory map."""
+"""``PackedDataset``: random access to a pack file through one memory map.
+
+Reading sample ``j`` is the hot path of a training loop, so it is one function
+per pack, generated from the pack's fields when the pack is first read (the way
+``dataclasses`` generates ``__init__``): no loop over fields, no call per field,
+and only the checks the pack still needs. Every name in the generated code is
+ours (``o0``, ``v1``, ...); field names and values only ever appear as objects in
+its namespace, never in its text.
+"""
 
 from __future__ import annotations
 
 import mmap
 import os
 import pickle
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,36 +25,182 @@ from .format import HEADER, PackCorrupted, parse_index, read_header
 
 __all__ = ["PackedDataset"]
 
+# memoryview formats that give the Python scalars of int/float/bool columns directly
+_PY_FORMATS = {("int", "<i8"): "q", ("float", "<f8"): "d", ("bool", "|b1"): "?"}
+_LITTLE = sys.byteorder == "little"
+
 
 class _Region:
-    """A byte range of the pack, checked block by block the first time it is read."""
+    """A byte range of the pack, checked block by block the first time it is read.
 
-    __slots__ = ("block", "checked", "len", "mv", "off", "path", "sums")
+    ``checked[b]`` is 1 once block ``b`` matched its checksum; one extra entry,
+    always 1, lets a reader test ``checked[start >> shift]`` for an empty range at
+    the very end without a bounds check. ``pending`` counts the blocks not yet
+    checked; ``on_complete`` is called when it reaches zero.
+    """
+
+    __slots__ = (
+        "block",
+        "checked",
+        "len",
+        "mv",
+        "nblocks",
+        "off",
+        "on_complete",
+        "path",
+        "pending",
+        "shift",
+        "sums",
+    )
 
     def __init__(self, spec: dict[str, Any], mm: mmap.mmap, block: int, path: str) -> None:
         self.off, self.len, self.sums = int(spec["off"]), int(spec["len"]), spec["sums"]
-        self.block = block
-        if len(self.sums) != -(-self.len // block):
+        self.block, self.shift = block, block.bit_length() - 1
+        self.nblocks = self.pending = len(self.sums)
+        if self.nblocks != -(-self.len // block):
             raise PackCorrupted(f"{path}: region checksum table has the wrong length")
         self.mv = memoryview(mm)[self.off : self.off + self.len]
-        self.checked = bytearray(len(self.sums))
+        if self.off < 0 or len(self.mv) != self.len:
+            raise PackCorrupted(f"{path}: a region lies outside the file")
+        self.checked = bytearray(self.nblocks) + b"\x01"
         self.path = path
-
-    def ok(self, start: int, stop: int) -> None:
-        """:meth:`check`, with a fast path for a range inside one checked block."""
-        b = start // self.block
-        if b != (stop - 1) // self.block or not self.checked[b]:
-            self.check(start, stop)
+        self.on_complete: Callable[[], None] | None = None
 
     def check(self, start: int, stop: int) -> None:
         """Verify the blocks covering bytes [start, stop) of the region."""
-        first, last = start // self.block, max(start, stop - 1) // self.block
-        for b in range(first, min(last, len(self.sums) - 1) + 1):
+        first, last = start >> self.shift, max(start, stop - 1) >> self.shift
+        for b in range(first, min(last, self.nblocks - 1) + 1):
             if not self.checked[b]:
                 piece = self.mv[b * self.block : (b + 1) * self.block]
                 if xxhash.xxh3_64_intdigest(piece) != self.sums[b]:
                     raise PackCorrupted(f"{self.path}: checksum mismatch in block {b} of a region")
                 self.checked[b] = 1
+                self.pending -= 1
+                if not self.pending and self.on_complete is not None:
+                    self.on_complete()
+
+    def table(self, rows: int, cols: int = 1) -> np.ndarray:
+        """The whole region, verified now, as an int64 table of ``rows`` x ``cols``."""
+        self.check(0, self.len)
+        if self.len != 8 * rows * cols:
+            raise PackCorrupted(f"{self.path}: a table region has the wrong size")
+        return np.frombuffer(self.mv, dtype="<i8").reshape(rows, cols)
+
+
+class _Field:
+    """One field of the pack: its index entry, its regions, and, once the pack is
+    first read, its verified tables as the generated reader indexes them."""
+
+    __slots__ = ("dtype", "kind", "name", "ndim", "offsets", "regions", "row", "shapes", "spec")
+
+    def __init__(self, spec: dict[str, Any], regions: dict[str, _Region], path: str) -> None:
+        self.spec, self.regions = spec, regions
+        self.name: str = spec["name"]
+        self.kind: str = spec["kind"]
+        if self.kind not in ("none", "column", "ragged", "str", "bytes", "pickle"):
+            raise PackCorrupted(f"{path}: field {self.name!r} has unknown kind {self.kind!r}")
+        self.dtype = np.dtype(spec.get("dtype", "|u1"))
+        self.ndim = int(spec.get("ndim", 0))
+        self.row = 0
+        self.offsets: Any = None
+        self.shapes: Any = None
+
+    def prepare(self, n: int, path: str) -> None:
+        """Verify this field's tables (offsets, shapes, columns of Python scalars: 8
+        bytes a sample) whole, and check that they agree with each other and with the
+        data, so that a read needs no bounds checks of its own."""
+        kind, data = self.kind, self.regions.get("data")
+        if kind == "none" or data is None:
+            return
+        bad = f"{path}: field {self.name!r}"
+        if kind == "column":
+            shape = tuple(self.spec["shape"])
+            self.row = self.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            if data.len != n * self.row:
+                raise PackCorrupted(f"{bad} has the wrong size")
+            if self.spec.get("py") in ("int", "float", "bool"):
+                data.check(0, data.len)
+            return
+        table = self.regions["offsets"].table(n + 1)[:, 0]
+        if table[0] != 0 or table[-1] != data.len or (table[1:] < table[:-1]).any():
+            raise PackCorrupted(f"{bad} has bad offsets")
+        self.offsets = self.regions["offsets"].mv.cast("q") if _LITTLE else table.tolist()
+        if kind == "ragged":
+            shapes = self.regions["shapes"].table(n, self.ndim)
+            sizes = np.prod(shapes, axis=1, dtype=np.int64) * self.dtype.itemsize
+            if self.ndim < 1 or (shapes < 0).any() or (sizes != np.diff(table)).any():
+                raise PackCorrupted(f"{bad} has bad shapes")
+            self.shapes = (
+                self.regions["shapes"].mv.cast("q") if _LITTLE else shapes.ravel().tolist()
+            )
+
+    def code(self, k: int, n: int, ns: dict[str, Any], unpickle: Any) -> list[str]:
+        """Lines that leave this field's value for sample ``j`` in ``v{k}``; the
+        objects they use go into ``ns`` under names suffixed with ``k``."""
+        kind, spec = self.kind, self.spec
+        if kind == "none":
+            return [f"v{k} = None"]
+        data = self.regions["data"]
+        ns.update({f"r{k}": data.mv, f"c{k}": data.checked, f"k{k}": data.check})
+        ns[f"s{k}"] = data.shift
+        if kind == "column":
+            py = spec.get("py")
+            fmt: Any = _PY_FORMATS.get((str(py), self.dtype.str)) if _LITTLE else None
+            if fmt is not None:
+                ns[f"g{k}"] = data.mv.cast(fmt).__getitem__  # Python scalars, no numpy
+                return [f"v{k} = g{k}(j)"]
+            column = np.frombuffer(data.mv, dtype=self.dtype).reshape((n, *spec["shape"]))
+            if py in ("int", "float", "bool"):  # a format memoryview cannot give directly
+                ns[f"g{k}"] = column.item
+                return [f"v{k} = g{k}(j)"]
+            ns[f"g{k}"], ns[f"w{k}"] = column, self.row
+            start, stop, value = f"j * w{k}", f"a + w{k}", f"g{k}[j]"
+        else:
+            ns[f"o{k}"] = self.offsets
+            start, stop = f"o{k}[j]", f"o{k}[j + 1]"
+            if kind == "ragged":
+                ns[f"h{k}"], ns[f"t{k}"] = self.shapes, self.dtype
+                d = self.ndim
+                shape = {
+                    1: f"(h{k}[j],)",
+                    2: f"(h{k}[2 * j], h{k}[2 * j + 1])",
+                }.get(d, f"tuple(h{k}[{d} * j : {d} * j + {d}])")
+                value = f"nd({shape}, t{k}, r{k}, a)"
+            elif kind == "str":
+                value = f'str(r{k}[a:z], "utf-8", "surrogatepass")'
+            elif kind == "bytes":
+                value = f"r{k}[a:z].tobytes()"
+            else:
+                ns["unpickle"] = unpickle
+                value = f"unpickle(r{k}[a:z], n{k})"
+        lines = [f"a = {start}"]
+        if data.pending or "z" in value:
+            lines.append(f"z = {stop}")
+        if data.pending:  # blocks not yet verified: test the one byte, verify if needed
+            lines += [
+                f"b = a >> s{k}",
+                f"if not c{k}[b] or (z - 1) >> s{k} != b:",
+                f"    k{k}(a, z)",
+            ]
+        lines.append(f"v{k} = {value}")
+        return lines
+
+
+def _compile(fields: list[_Field], n: int, unpickle: Any) -> Callable[[int], dict[str, Any]]:
+    """The function ``j -> {name: value}`` for sample ``j`` (0 <= j < n, checked by
+    the caller) over ``fields``, which must be prepared."""
+    ns: dict[str, Any] = {"nd": np.ndarray}
+    body: list[str] = []
+    for k, field in enumerate(fields):
+        body += field.code(k, n, ns, unpickle)
+        ns[f"n{k}"] = field.name
+    items = ", ".join(f"n{k}: v{k}" for k in range(len(fields)))
+    source = "def sample(j):\n" + "".join(f"    {line}\n" for line in body)
+    source += f"    return {{{items}}}\n"
+    exec(compile(source, "<mlcache pack reader>", "exec"), ns)  # our own text, see above
+    sample: Callable[[int], dict[str, Any]] = ns["sample"]
+    sample.__doc__ = source
+    return sample
 
 
 class PackedDataset(Sequence[dict[str, Any]]):
@@ -53,10 +208,12 @@ class PackedDataset(Sequence[dict[str, Any]]):
     fields), ``ds.get_batch(indices)``.
 
     Arrays come back as read-only, zero-copy views of the memory map. Opening is
-    O(1) in the number of samples; each 4 MiB block is checksummed the first
-    time it is read, so a damaged pack raises :class:`PackCorrupted` (a
-    ``ValueError``) naming the file, never returns a wrong sample. Pickling a
-    PackedDataset (to a DataLoader worker) sends its path, not its data.
+    O(1) in the number of samples. The first read verifies the small per-sample
+    tables (offsets and shapes, 8 bytes a sample); each 4 MiB block of data is
+    checksummed the first time it is read. So a damaged pack raises
+    :class:`PackCorrupted` (a ``ValueError``) naming the file, never returns a
+    wrong sample. Pickling a PackedDataset (to a DataLoader worker) sends its
+    path, not its data.
 
     Parameters
     ----------
@@ -83,8 +240,10 @@ class PackedDataset(Sequence[dict[str, Any]]):
         self._n = n
         self._index_len = i_len
         self.layout = index  # the parsed index (see mlcache.data.format)
-        block = int(index.get("block", 0)) or 1
-        self._fields: list[tuple[str, str, Any]] = []
+        block = int(index.get("block", 0))
+        if block <= 0 or block & (block - 1):
+            raise PackCorrupted(f"{self.path}: block size {block} is not a power of two")
+        self._fields: list[_Field] = []
         try:
             for spec in index["fields"]:
                 regions = {
@@ -92,16 +251,12 @@ class PackedDataset(Sequence[dict[str, Any]]):
                     for key in ("data", "offsets", "shapes")
                     if key in spec
                 }
-                self._fields.append((spec["name"], spec["kind"], (spec, regions)))
-            self._getters = [
-                (name, self._getter(kind, spec, regions))
-                for name, kind, (spec, regions) in self._fields
-            ]
-            self._getter_by_name = dict(self._getters)
+                self._fields.append(_Field(spec, regions, self.path))
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, PackCorrupted):
                 raise
             raise PackCorrupted(f"{self.path}: bad field in the index ({exc})") from None
+        self._sample: Callable[[int], dict[str, Any]] | None = None  # see _prepare()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PackedDataset, (self.path,), {"allow_pickle": self.allow_pickle})
@@ -117,7 +272,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
     @property
     def field_names(self) -> list[str]:
-        return [name for name, _, _ in self._fields]
+        return [f.name for f in self._fields]
 
     def _index(self, i: int) -> int:
         if not isinstance(i, (int, np.integer)):
@@ -128,89 +283,45 @@ class PackedDataset(Sequence[dict[str, Any]]):
         return j
 
     def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
-        j = self._index(i)
-        return {name: get(j) for name, get in self._getters}
+        sample = self._sample or self._prepare()
+        if i.__class__ is not int or not 0 <= i < self._n:
+            i = self._index(i)
+        return sample(i)
 
-    def _getter(self, kind: str, spec: dict[str, Any], regions: dict[str, _Region]) -> Any:
-        """A function j -> the field's value in sample j, with everything that does not
-        depend on j (views, dtypes, row sizes) worked out once, at open."""
-        if kind == "none":
-            return lambda j: None
-        data = regions["data"]
-        dtype = np.dtype(spec["dtype"])
-        if kind == "column":
-            shape = tuple(spec["shape"])
-            row = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-            column = np.frombuffer(data.mv, dtype=dtype).reshape((self._n, *shape))
-            py = spec.get("py")
-            ok = data.ok
-            if py in ("int", "float", "bool"):
-                item = column.item
+    def _prepare(self) -> Callable[[int], dict[str, Any]]:
+        """Verify the tables and generate the sample reader (at the first read).
 
-                def scalar(j: int) -> Any:
-                    ok(j * row, (j + 1) * row)
-                    return item(j)
+        The reader tests the data blocks it touches until each is verified; when
+        every block of a region has been, the reader is generated again without
+        that region's test.
+        """
+        try:
+            for field in self._fields:
+                field.prepare(self._n, self.path)
+            self._sample = self._compile()
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, PackCorrupted):
+                raise
+            raise PackCorrupted(f"{self.path}: bad field in the index ({exc})") from None
+        for field in self._fields:
+            for region in field.regions.values():
+                if region.pending:
+                    region.on_complete = self._recompile
+        return self._sample
 
-                return scalar
+    def _compile(self, fields: list[_Field] | None = None) -> Callable[[int], dict[str, Any]]:
+        return _compile(self._fields if fields is None else fields, self._n, self._unpickle)
 
-            def cell(j: int) -> Any:
-                ok(j * row, (j + 1) * row)
-                return column[j] if py != "scalar" else column[j][()]
+    def _recompile(self) -> None:
+        self._sample = self._compile()
 
-            return cell
-        if kind not in ("ragged", "str", "bytes", "pickle"):
-            raise PackCorrupted(f"{self.path}: unknown field kind {kind!r}")
-        offsets = regions["offsets"]
-        offs_item = np.frombuffer(offsets.mv, dtype="<i8").item
-        raw = data.mv
-        ok_offs, ok_data = offsets.ok, data.ok
-
-        def span(j: int) -> tuple[int, int]:
-            ok_offs(8 * j, 8 * j + 16)
-            start, stop = offs_item(j), offs_item(j + 1)
-            if not 0 <= start <= stop <= data.len:
-                raise PackCorrupted(f"{self.path}: bad offsets for sample {j}")
-            if stop > start:
-                ok_data(start, stop)
-            return start, stop
-
-        if kind == "ragged":
-            ndim = int(spec["ndim"])
-            shapes = regions["shapes"]
-            shape_rows = np.frombuffer(shapes.mv, dtype="<i8").reshape(self._n, ndim)
-            as_bytes = np.frombuffer(raw, dtype=np.uint8)
-
-            def ragged(j: int) -> Any:
-                start, stop = span(j)
-                shapes.ok(8 * ndim * j, 8 * ndim * (j + 1))
-                return as_bytes[start:stop].view(dtype).reshape(tuple(shape_rows[j].tolist()))
-
-            return ragged
-        if kind == "str":
-
-            def text(j: int) -> str:
-                start, stop = span(j)
-                return str(raw[start:stop], "utf-8", "surrogatepass")
-
-            return text
-        if kind == "bytes":
-
-            def blob(j: int) -> bytes:
-                start, stop = span(j)
-                return raw[start:stop].tobytes()
-
-            return blob
-
-        def unpickle(j: int) -> Any:
-            start, stop = span(j)
-            if not self.allow_pickle:
-                raise UnsupportedValue(
-                    f"{self.path}: field {spec['name']!r} holds pickles; open the pack with "
-                    "allow_pickle=True to load them"
-                )
-            return pickle.loads(raw[start:stop])
-
-        return unpickle
+    def _unpickle(self, data: memoryview, name: str) -> Any:
+        if not self.allow_pickle:
+            raise UnsupportedValue(
+                f"{self.path}: field {name!r} holds pickles; open the pack "
+                "with allow_pickle=True to load them"
+            )
+        return pickle.loads(data)
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
         """Samples ``indices`` as one dict: column fields stacked into arrays of shape
@@ -221,27 +332,44 @@ class PackedDataset(Sequence[dict[str, Any]]):
         idx = np.where(idx < 0, idx + self._n, idx)
         if idx.size and (idx.min() < 0 or idx.max() >= self._n):
             raise IndexError(f"indices out of range for a pack of {self._n} samples")
+        self._sample or self._prepare()
         batch: dict[str, Any] = {}
-        for name, kind, (spec, regions) in self._fields:
-            if kind == "column":
-                shape = tuple(spec["shape"])
-                dtype = np.dtype(spec["dtype"])
-                data = regions["data"]
-                data.check(0, data.len)  # a batch reads across the whole column
-                column = np.frombuffer(data.mv, dtype=dtype).reshape((self._n, *shape))
-                batch[name] = column[idx]
+        others = []
+        for field in self._fields:
+            if field.kind == "column":
+                batch[field.name] = self._column_batch(field, idx)
             else:
-                get = self._getter_by_name[name]
-                batch[name] = [get(int(j)) for j in idx]
+                others.append(field)
+                batch[field.name] = []
+        if others:
+            read = self._compile(others)
+            rows = [read(j) for j in idx.tolist()]
+            for field in others:
+                batch[field.name] = [row[field.name] for row in rows]
         return batch
+
+    def _column_batch(self, field: _Field, idx: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` of a column field, verifying only the blocks they touch."""
+        data, row = field.regions["data"], field.row
+        column = np.frombuffer(data.mv, dtype=field.dtype).reshape((self._n, *field.spec["shape"]))
+        if row >= data.block:
+            for j in idx.tolist():
+                data.check(j * row, (j + 1) * row)
+        elif idx.size and data.pending:
+            starts = idx.astype(np.int64) * row
+            for b in np.unique(np.concatenate([starts, starts + row - 1]) >> data.shift).tolist():
+                if not data.checked[b]:
+                    data.check(b << data.shift, (b + 1) << data.shift)
+        result: np.ndarray = column[idx]
+        return result
 
     def verify(self) -> None:
         """Check every byte of the pack now: each block against its checksum, and the
         padding between regions (which no read uses) for zeros. Raises
         :class:`PackCorrupted` if anything is damaged."""
         spans = [(0, HEADER.size)]
-        for _, _, (_, regions) in self._fields:
-            for region in regions.values():
+        for field in self._fields:
+            for region in field.regions.values():
                 region.check(0, region.len)
                 spans.append((region.off, region.off + region.len))
         index_off = len(self._mm) - self._index_len

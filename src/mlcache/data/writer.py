@@ -105,7 +105,7 @@ class _Field:
         self.spill.write(data)
         self.offsets.append(self.offsets[-1] + data.nbytes)
 
-    def index_entry(self, out: BinaryIO) -> dict[str, Any]:
+    def index_entry(self, out: BinaryIO, block: int) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": self.name, "kind": self.kind}
         if self.kind == "none":
             return entry
@@ -114,15 +114,15 @@ class _Field:
             entry["py"] = self.py
         self.spill.flush()
         self.spill.seek(0)
-        entry["data"] = _copy_region(self.spill, out, self.offsets[-1])
+        entry["data"] = _copy_region(self.spill, out, self.offsets[-1], block)
         if self.kind == "column" and self.fixed:
             entry["shape"] = list(self.shape)
             return entry
         if self.kind == "column":
             self.kind = entry["kind"] = "ragged"
             entry["ndim"] = len(self.shape)
-            entry["shapes"] = _write_region(out, np.frombuffer(self.shapes, dtype="<i8"))
-        entry["offsets"] = _write_region(out, np.frombuffer(self.offsets, dtype="<i8"))
+            entry["shapes"] = _write_region(out, np.frombuffer(self.shapes, dtype="<i8"), block)
+        entry["offsets"] = _write_region(out, np.frombuffer(self.offsets, dtype="<i8"), block)
         return entry
 
 
@@ -140,21 +140,21 @@ def _align(out: BinaryIO) -> int:
     return pos + pad(pos)
 
 
-def _copy_region(src: BinaryIO, out: BinaryIO, n: int) -> dict[str, Any]:
+def _copy_region(src: BinaryIO, out: BinaryIO, n: int, block_size: int) -> dict[str, Any]:
     start = _align(out)
     sums = []
     block = xxhash.xxh3_64()
     filled = 0
     left = n
     while left:
-        chunk = src.read(min(_COPY, left, BLOCK - filled))
+        chunk = src.read(min(_COPY, left, block_size - filled))
         if not chunk:
             raise OSError("spill file shorter than expected")
         out.write(chunk)
         block.update(chunk)
         filled += len(chunk)
         left -= len(chunk)
-        if filled == BLOCK:
+        if filled == block_size:
             sums.append(block.intdigest())
             block, filled = xxhash.xxh3_64(), 0
     if filled:
@@ -162,11 +162,11 @@ def _copy_region(src: BinaryIO, out: BinaryIO, n: int) -> dict[str, Any]:
     return {"off": start, "len": n, "sums": sums}
 
 
-def _write_region(out: BinaryIO, arr: np.ndarray) -> dict[str, Any]:
+def _write_region(out: BinaryIO, arr: np.ndarray, block: int) -> dict[str, Any]:
     start = _align(out)
     data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     out.write(data)
-    return {"off": start, "len": data.nbytes, "sums": block_sums(data)}
+    return {"off": start, "len": data.nbytes, "sums": block_sums(data, block)}
 
 
 def _progress(iterable: Iterable[Any], enabled: bool, desc: str) -> Iterable[Any]:
@@ -185,6 +185,7 @@ def pack(
     *,
     progress: bool = True,
     allow_pickle: bool = False,
+    block_size: int = BLOCK,
 ) -> Any:
     """Write ``samples`` (dicts of named fields) into the pack file ``path``.
 
@@ -194,6 +195,11 @@ def pack(
     :class:`~mlcache.UnsupportedValue` for values that need pickle when
     ``allow_pickle`` is false.
 
+    ``block_size`` (a power of two, default 4 MiB) is the unit of checksumming:
+    a reader verifies each block the first time it touches it, so smaller blocks
+    make the first random reads of a large pack cheaper and the checksum table
+    longer.
+
     >>> import numpy as np, tempfile, os
     >>> ds = pack(({"x": np.arange(i), "y": i} for i in range(3)),
     ...           os.path.join(tempfile.mkdtemp(), "d.pack"), progress=False)
@@ -202,6 +208,8 @@ def pack(
     """
     from .reader import PackedDataset
 
+    if block_size < 64 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two of at least 64, got {block_size}")
     target = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)
@@ -243,8 +251,8 @@ def pack(
                 index = {
                     "version": 1,
                     "n": count,
-                    "block": BLOCK,
-                    "fields": [fields[name].index_entry(out) for name in names],
+                    "block": block_size,
+                    "fields": [fields[name].index_entry(out, block_size) for name in names],
                 }
                 index_off = _align(out)
                 index_b = json.dumps(index, separators=(",", ":")).encode()
