@@ -199,25 +199,29 @@ def test_random_bytes_give_only_pack_errors(tmp_path, blob):
     st.lists(
         st.fixed_dictionaries(
             {
-                "a": hnp.arrays(
+                "a": st.none()
+                | hnp.arrays(
                     st.sampled_from([np.float32, np.int64, np.uint8, np.complex64]),
                     hnp.array_shapes(min_dims=2, max_dims=2, min_side=0, max_side=4),
                 ),
-                "n": st.integers(-(2**63), 2**63 - 1),
+                "n": st.none() | st.integers(-(2**63), 2**63 - 1),
                 "f": st.floats(allow_nan=False),
-                "s": st.text(max_size=8),
+                "s": st.none() | st.text(max_size=8),
             }
         ),
         min_size=1,
         max_size=12,
-    ).filter(lambda xs: len({x["a"].dtype for x in xs}) == 1)
+    ).filter(lambda xs: len({x["a"].dtype for x in xs if x["a"] is not None}) <= 1)
 )
 def test_hypothesis_samples_round_trip(tmp_path, samples):
-    ds = pack(samples, tmp_path / "h.pack", progress=False)
+    ds = pack(samples, tmp_path / "h.pack", progress=False, block_size=64)
     for i, want in enumerate(samples):
         got = ds[i]
-        np.testing.assert_array_equal(got["a"], want["a"])
-        assert got["a"].dtype == want["a"].dtype
+        if want["a"] is None:
+            assert got["a"] is None
+        else:
+            np.testing.assert_array_equal(got["a"], want["a"])
+            assert got["a"].dtype == want["a"].dtype
         assert (got["n"], got["f"], got["s"]) == (want["n"], want["f"], want["s"])
     ds.verify()
 
@@ -300,3 +304,34 @@ def test_reads_after_every_block_is_verified(tmp_path):
 def test_block_size_must_be_a_power_of_two(tmp_path):
     with pytest.raises(ValueError, match="power of two"):
         pack(patients(3), tmp_path / "x.pack", progress=False, block_size=1000)
+
+
+def test_fields_may_be_none_in_some_samples(tmp_path):
+    samples = [
+        {"a": None, "b": 1, "x": np.ones(3), "s": None, "r": None, "all": None},
+        {"a": 2.5, "b": None, "x": None, "s": "hi", "r": np.ones((2, 2)), "all": None},
+        {"a": None, "b": 3, "x": np.zeros(3), "s": None, "r": np.ones((1, 2)), "all": None},
+        {"a": 1.0, "b": None, "x": None, "s": "yo", "r": None, "all": None},
+    ]
+    ds = pack(samples, tmp_path / "n.pack", progress=False, block_size=64)
+    for i, want in enumerate(samples):
+        got = ds[i]
+        for key, value in want.items():
+            if value is None:
+                assert got[key] is None, (i, key)
+            elif isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(got[key], value)
+            else:
+                assert got[key] == value and type(got[key]) is type(value)
+    batch = ds.get_batch([3, 0, 1])
+    assert batch["b"] == [None, 1, None] and batch["a"] == [1.0, None, 2.5]
+    assert batch["x"][0] is None and batch["x"][1].tolist() == [1, 1, 1]
+    kinds = {f["name"]: (f["kind"], "valid" in f) for f in ds.layout["fields"]}
+    assert kinds["all"] == ("none", False) and kinds["r"] == ("ragged", True)
+    ds.verify()
+
+
+def test_a_type_mismatch_after_nones_names_the_first_value(tmp_path):
+    samples = [{"a": None}, {"a": 2}, {"a": None}, {"a": "two"}]
+    with pytest.raises(TypeError, match=r"sample 3, field 'a': str where sample 1 has int"):
+        pack(samples, tmp_path / "m.pack", progress=False)

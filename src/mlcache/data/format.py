@@ -41,10 +41,14 @@ where every ``R`` is a region ``{"off": absolute offset, "len": bytes,
 * ``none``: the field is ``None`` in every sample (no region).
 * ``pickle``: ragged bytes holding pickles (only with ``allow_pickle=True``).
 
+A field that is ``None`` in some samples only adds a region ``valid`` (uint8
+``[N]``, 1 where the sample has a value); those samples hold a placeholder.
+
 The header is written last: a file whose build was interrupted has no valid
 header and cannot be opened, and a build writes to a temporary name anyway.
-Regions are checked block by block (``B`` bytes, default 4 MiB) the first time
-a block is read, so opening is O(1) and a damaged block is never returned.
+Regions are checked block by block (``B`` bytes, a power of two, default
+4 MiB) the first time a block is read, so opening is O(1) and a damaged block
+is never returned.
 """
 
 from __future__ import annotations

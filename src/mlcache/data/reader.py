@@ -113,6 +113,11 @@ class _Field:
         if kind == "none" or data is None:
             return
         bad = f"{path}: field {self.name!r}"
+        valid = self.regions.get("valid")
+        if valid is not None:
+            valid.check(0, valid.len)
+            if valid.len != n:
+                raise PackCorrupted(f"{bad} has a validity table of the wrong size")
         if kind == "column":
             shape = tuple(self.spec["shape"])
             self.row = self.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
@@ -137,6 +142,18 @@ class _Field:
     def code(self, k: int, n: int, ns: dict[str, Any], unpickle: Any) -> list[str]:
         """Lines that leave this field's value for sample ``j`` in ``v{k}``; the
         objects they use go into ``ns`` under names suffixed with ``k``."""
+        lines = self._value_code(k, n, ns, unpickle)
+        if "valid" in self.regions:  # None where the sample has no value
+            ns[f"m{k}"] = self.regions["valid"].mv
+            lines = [
+                f"if m{k}[j]:",
+                *(f"    {line}" for line in lines),
+                "else:",
+                f"    v{k} = None",
+            ]
+        return lines
+
+    def _value_code(self, k: int, n: int, ns: dict[str, Any], unpickle: Any) -> list[str]:
         kind, spec = self.kind, self.spec
         if kind == "none":
             return [f"v{k} = None"]
@@ -183,6 +200,14 @@ class _Field:
                 f"    k{k}(a, z)",
             ]
         lines.append(f"v{k} = {value}")
+        if "valid" in self.regions:  # None where the sample has no value
+            ns[f"m{k}"] = self.regions["valid"].mv
+            lines = [
+                f"if m{k}[j]:",
+                *(f"    {line}" for line in lines),
+                "else:",
+                f"    v{k} = None",
+            ]
         return lines
 
 
@@ -248,7 +273,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
             for spec in index["fields"]:
                 regions = {
                     key: _Region(spec[key], self._mm, block, self.path)
-                    for key in ("data", "offsets", "shapes")
+                    for key in ("data", "offsets", "shapes", "valid")
                     if key in spec
                 }
                 self._fields.append(_Field(spec, regions, self.path))
@@ -325,7 +350,8 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
         """Samples ``indices`` as one dict: column fields stacked into arrays of shape
-        ``[len(indices), ...]`` (one read, no Python loop), other fields as lists."""
+        ``[len(indices), ...]`` (one read, no Python loop), other fields (and fields
+        that are ``None`` in some samples) as lists."""
         idx = np.asarray(indices)
         if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
             raise TypeError("indices must be a 1-d sequence of integers")
@@ -336,7 +362,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         batch: dict[str, Any] = {}
         others = []
         for field in self._fields:
-            if field.kind == "column":
+            if field.kind == "column" and "valid" not in field.regions:
                 batch[field.name] = self._column_batch(field, idx)
             else:
                 others.append(field)

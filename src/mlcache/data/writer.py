@@ -33,14 +33,24 @@ _PY_COLUMNS = {bool: np.dtype(np.bool_), int: np.dtype("<i8"), float: np.dtype("
 
 
 class _Field:
-    """What one field's samples look like so far, and where their bytes went."""
+    """What one field's samples look like so far, and where their bytes went.
 
-    def __init__(self, name: str, first: Any, spill: BinaryIO, allow_pickle: bool) -> None:
+    A field may be ``None`` in some samples: it keeps a validity byte per sample
+    (``valid``, from the first ``None`` on) and a placeholder in their place
+    (a row of zeros in a column, an empty value otherwise). Its kind comes from
+    the first sample that has a value.
+    """
+
+    def __init__(self, name: str, spill: BinaryIO, allow_pickle: bool) -> None:
         self.name = name
         self.spill = spill
         self.allow_pickle = allow_pickle
-        self.kind, self.py, self.dtype, self.shape = self._describe(first, 0)
-        self.fixed = self.kind == "column"  # same shape in every sample so far
+        self.kind, self.dtype = "none", np.dtype(np.uint8)
+        self.py: str | None = None
+        self.shape: tuple[int, ...] = ()
+        self.fixed = False  # a column whose samples all have the same shape so far
+        self.count = 0
+        self.valid: bytearray | None = None
         self.offsets = array("q", [0])
         self.shapes = array("q")
 
@@ -48,8 +58,6 @@ class _Field:
         self, value: Any, index: int
     ) -> tuple[str, str | None, np.dtype, tuple[int, ...]]:
         t = type(value)
-        if value is None:
-            return "none", None, np.dtype(np.uint8), ()
         if t in _PY_COLUMNS:
             return "column", t.__name__, _PY_COLUMNS[t], ()
         if t is str:
@@ -71,14 +79,25 @@ class _Field:
         )
 
     def add(self, value: Any, index: int) -> None:
-        kind, py, dtype, shape = self._describe(value, index)
-        if kind != self.kind or py != self.py or (kind == "column" and dtype != self.dtype):
-            raise TypeError(
-                f"sample {index}, field {self.name!r}: {_what(kind, py, dtype)} where sample 0 "
-                f"has {_what(self.kind, self.py, self.dtype)}"
-            )
-        if kind == "none":
+        if value is None:
+            if self.valid is None:
+                self.valid = bytearray(b"\x01") * self.count
+            self.valid.append(0)
+            if self.kind != "none":
+                self._placeholders(1)
+            self.count += 1
             return
+        kind, py, dtype, shape = self._describe(value, index)
+        if self.kind == "none":  # the first value: it sets the kind
+            self.kind, self.py, self.dtype, self.shape = kind, py, dtype, shape
+            self.fixed = kind == "column"
+            self._placeholders(self.count)
+        elif kind != self.kind or py != self.py or (kind == "column" and dtype != self.dtype):
+            first = self.valid.index(1) if self.valid is not None else 0
+            raise TypeError(
+                f"sample {index}, field {self.name!r}: {_what(kind, py, dtype)} where sample "
+                f"{first} has {_what(self.kind, self.py, self.dtype)}"
+            )
         if kind == "column":
             if py == "int" and not -(1 << 63) <= value < (1 << 63):
                 raise ValueError(
@@ -86,8 +105,8 @@ class _Field:
                 )
             if len(shape) != len(self.shape):
                 raise ValueError(
-                    f"sample {index}, field {self.name!r}: {len(shape)} dimensions where sample "
-                    f"0 has {len(self.shape)}"
+                    f"sample {index}, field {self.name!r}: {len(shape)} dimensions where "
+                    f"earlier samples have {len(self.shape)}"
                 )
             if self.fixed and shape != self.shape:
                 self.fixed = False
@@ -104,6 +123,25 @@ class _Field:
             data = memoryview(pickle.dumps(value, protocol=5))
         self.spill.write(data)
         self.offsets.append(self.offsets[-1] + data.nbytes)
+        if self.valid is not None:
+            self.valid.append(1)
+        self.count += 1
+
+    def _placeholders(self, k: int) -> None:
+        """Stand-ins for ``k`` samples without a value: rows of zeros in a column of
+        fixed shape, empty values otherwise."""
+        if not k:
+            return
+        size = 0
+        if self.fixed:
+            size = self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64))
+            zeros = bytes(size * min(k, 1 << 10))
+            for left in range(k, 0, -(1 << 10)):
+                self.spill.write(zeros[: size * min(left, 1 << 10)])
+        elif self.kind == "column":
+            self.shapes.extend([0] * (len(self.shape) * k))
+        end = self.offsets[-1]
+        self.offsets.extend(range(end + size, end + size * k + 1, size) if size else [end] * k)
 
     def index_entry(self, out: BinaryIO, block: int) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": self.name, "kind": self.kind}
@@ -115,6 +153,8 @@ class _Field:
         self.spill.flush()
         self.spill.seek(0)
         entry["data"] = _copy_region(self.spill, out, self.offsets[-1], block)
+        if self.valid is not None:
+            entry["valid"] = _write_region(out, np.frombuffer(self.valid, dtype=np.uint8), block)
         if self.kind == "column" and self.fixed:
             entry["shape"] = list(self.shape)
             return entry
@@ -232,7 +272,7 @@ def pack(
                         if not isinstance(name, str):
                             raise TypeError(f"sample 0: field names must be str, got {name!r}")
                         spill = stack.enter_context(open(os.path.join(spill_dir, str(i)), "w+b"))
-                        fields[name] = _Field(name, sample[name], spill, allow_pickle)
+                        fields[name] = _Field(name, spill, allow_pickle)
                 elif sample.keys() != fields.keys():
                     missing = sorted(set(fields) - set(sample))
                     extra = sorted(set(sample) - set(fields))
