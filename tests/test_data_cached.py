@@ -134,24 +134,30 @@ def _collate(batch):
     return batch
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-@pytest.mark.parametrize("workers", [0, 2])
-def test_dataloader_workers(source, tmp_path, method, workers):
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+@pytest.mark.parametrize(
+    ("method", "workers"), [(None, 0), ("fork", 2), ("fork", 4), ("spawn", 2), ("spawn", 4)]
+)
+@pytest.mark.parametrize("kind", ["packed", "cached"])
+def test_dataloader_workers(source, tmp_path, method, workers, kind):
+    """Every sample exactly once per epoch, each worker mapping the pack itself."""
     torch = pytest.importorskip("torch")
-    packed = PackedDataset(
-        PatientSeries(source, cache_dir=tmp_path / "c", progress=False).pack_path
-    )
+    ds = PatientSeries(source, cache_dir=tmp_path / "c", progress=False)
+    if kind == "packed":
+        ds = PackedDataset(ds.pack_path)
     loader = torch.utils.data.DataLoader(
-        packed,
+        ds,
         batch_size=8,
         shuffle=True,
         num_workers=workers,
         collate_fn=_collate,
-        multiprocessing_context=method if workers else None,
+        multiprocessing_context=method,
+        persistent_workers=workers > 0,
         generator=torch.Generator().manual_seed(0),
     )
-    seen = sorted(sample["id"] for batch in loader for sample in batch)
-    assert seen == sorted(packed[i]["id"] for i in range(len(packed)))
+    for _epoch in range(2):
+        seen = sorted(sample["id"] for batch in loader for sample in batch)
+        assert seen == sorted(ds[i]["id"] for i in range(len(ds)))
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
@@ -188,6 +194,12 @@ def test_parallel_build_keeps_the_order(source, tmp_path):
         np.testing.assert_array_equal(one[i]["vitals"], two[i]["vitals"])
     with pytest.raises(ValueError, match="num_workers"):
         PatientFiles(source, cache_dir=tmp_path / "x", num_workers=-1)
+
+
+def test_a_parallel_build_shows_progress_with_a_total(source, tmp_path, capsys):
+    PatientFiles(source, cache_dir=tmp_path / "bar", progress=True, num_workers=2)
+    err = capsys.readouterr().err
+    assert "40/40" in err and "samples/s" in err
 
 
 def test_a_class_without_a_source_says_so(tmp_path):
@@ -240,7 +252,8 @@ def test_a_database_source(tmp_path):
         from_sql("SELECT 1", object())
 
 
-def test_tensors_share_the_memory_map(source, tmp_path):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_tensors_share_the_memory_map(source, tmp_path, method):
     pytest.importorskip("torch")
     from mlcache.torch import TensorDataset
 
@@ -251,5 +264,8 @@ def test_tensors_share_the_memory_map(source, tmp_path):
 
     assert isinstance(sample["vitals"], torch.Tensor) and sample["id"] == ds[3]["id"]
     assert sample["vitals"].data_ptr() == ds[3]["vitals"].__array_interface__["data"][0]
-    loader = torch.utils.data.DataLoader(tds, batch_size=None, num_workers=2)
-    assert sum(1 for _ in loader) == len(ds)
+    loader = torch.utils.data.DataLoader(
+        tds, batch_size=None, num_workers=2, multiprocessing_context=method
+    )
+    ids = [s["id"] for s in loader]
+    assert ids == [ds[i]["id"] for i in range(len(ds))]

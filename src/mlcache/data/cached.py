@@ -28,8 +28,11 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
+
+import xxhash
 
 from .._default import default_location
 from ..fingerprint import code_version, slug
@@ -123,10 +126,10 @@ class CachedDataset(Sequence[Any]):
             )
         items = list(self.source_items())
         if self._num_workers <= 1:
-            return map(self.load_item, items)
-        return self._parallel(items)
+            return _Counted(map(self.load_item, items), len(items))
+        return _Counted(self._parallel(items), len(items))
 
-    def _parallel(self, items: list[Any]) -> Iterable[Mapping[str, Any]]:
+    def _parallel(self, items: list[Any]) -> Iterator[Mapping[str, Any]]:
         import multiprocessing
 
         with multiprocessing.get_context("spawn").Pool(self._num_workers) as pool:
@@ -151,11 +154,15 @@ class CachedDataset(Sequence[Any]):
         files = self.source_files()
         if files is None:
             return ""
-        stats = []
-        for f in files:
-            st = os.stat(f)
-            stats.append((os.path.abspath(f), st.st_size, st.st_mtime_ns))
-        return hash_value(stats)
+        paths, stats = [], array("q")
+        for f in files:  # the one cost that grows with the dataset when opening it
+            path = os.path.abspath(f)
+            st = os.stat(path)
+            paths.append(path)
+            stats.extend((st.st_size, st.st_mtime_ns))
+        digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
+        digest.update(stats.tobytes())
+        return digest.hexdigest()
 
     # -- building --------------------------------------------------------------------
     def _open_or_build(self, force: bool, progress: bool) -> PackedDataset:
@@ -220,3 +227,16 @@ class CachedDataset(Sequence[Any]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)  # the pack is mapped on first use
+
+
+class _Counted(Iterable[Mapping[str, Any]]):
+    """An iterator that knows its length, so that the progress bar shows a total."""
+
+    def __init__(self, samples: Iterator[Mapping[str, Any]], n: int) -> None:
+        self._samples, self._n = samples, n
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        return self._samples
+
+    def __len__(self) -> int:
+        return self._n

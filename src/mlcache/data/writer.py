@@ -16,7 +16,7 @@ import pickle
 import shutil
 import tempfile
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sized
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -216,7 +216,8 @@ def _progress(iterable: Iterable[Any], enabled: bool, desc: str) -> Iterable[Any
         from tqdm.auto import tqdm
     except ImportError:
         return iterable
-    return tqdm(iterable, desc=desc, unit=" samples", mininterval=0.5)
+    total = len(iterable) if isinstance(iterable, Sized) else None
+    return tqdm(iterable, desc=desc, total=total, unit=" samples", mininterval=0.5)
 
 
 def pack(
