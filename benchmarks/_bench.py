@@ -35,23 +35,30 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "MIB",
     "Contender",
     "Outcome",
     "Result",
     "Target",
     "check_free_disk",
+    "disk_size",
     "finish",
     "machine_note",
+    "mb",
     "measure",
+    "outcome",
     "parse_args",
+    "print_outcomes",
     "report",
     "scratch_dir",
 ]
 
 OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
+MIB = 1 << 20
 
 
 @dataclass
@@ -255,6 +262,43 @@ def report(
             flush=True,
         )
     return outcomes
+
+
+def outcome(label: str, med: float, mn: float, op: str, bound: float) -> Outcome:
+    """The verdict on a figure other than a ratio of two contenders' times (an absolute
+    time, a ratio of memory figures): ``med`` from medians, ``mn`` from minima."""
+
+    def ok(r: float) -> bool:
+        return r >= bound if op == ">=" else r <= bound
+
+    n_ok = ok(med) + ok(mn)
+    verdict = "holds" if n_ok == 2 else "marginal" if n_ok == 1 else "fails"
+    return Outcome(label, med, mn, op, bound, verdict)
+
+
+def print_outcomes(outcomes: list[Outcome], first: str = "ratio") -> None:
+    """A table of outcomes, as ``report`` prints its targets; ``first`` heads the label column."""
+    print(f"\n| {first} | of medians | of minima | target | verdict |")
+    print("|---|---:|---:|---:|---|")
+    for o in outcomes:
+        shown = o.verdict if o.verdict == "holds" else f"**{o.verdict.upper()}**"
+        print(
+            f"| {o.label} | {o.ratio_median:.2f} | {o.ratio_min:.2f} | {o.op} {o.bound:g} "
+            f"| {shown} |",
+            flush=True,
+        )
+
+
+def mb(n: float) -> str:
+    """``n`` bytes in MiB (a decimal below 10 MiB)."""
+    return f"{n / MIB:,.0f} MiB" if n >= 10 * MIB else f"{n / MIB:.1f} MiB"
+
+
+def disk_size(path: str) -> int:
+    """The bytes of a file, or of every file under a folder."""
+    if os.path.isdir(path):
+        return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+    return os.path.getsize(path)
 
 
 def finish(

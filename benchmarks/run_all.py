@@ -15,7 +15,13 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = ["bench_hash.py", "bench_hit.py", "bench_miss.py", "bench_data.py"]
+SCRIPTS = [
+    "bench_hash.py",
+    "bench_hit.py",
+    "bench_miss.py",
+    "bench_data.py",
+    "bench_data_memory.py",
+]
 
 
 def main() -> int:

@@ -40,6 +40,13 @@ def test_quick_data_benchmark_runs_and_reports_every_target(tmp_path):
         "open at 20,000 samples, ms",
         "(a) read_patient / mlcache",
         "(b) pickle list / mlcache",
+    ):
+        assert target in out
+
+
+def test_quick_data_memory_benchmark_runs_and_reports_every_target(tmp_path):
+    out = run_quick("bench_data_memory.py", tmp_path)
+    for target in (
         "packing 4x the budget: peak RSS / budget",
         "DataLoader: peak Σ PSS anon + shmem",
     ):
