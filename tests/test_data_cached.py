@@ -93,6 +93,66 @@ def test_a_changed_class_or_argument_rebuilds(source, tmp_path):
     assert len(PatientSeries(other, cache_dir=tmp_path / "cache", progress=False)) == 3
 
 
+USER_MODULE = """
+from pathlib import Path
+
+from mlcache.data import CachedDataset
+from mlcache.data.synthetic import read_patient
+
+
+class Patients(CachedDataset):
+    def __init__(self, root, **kw):
+        self.root = root
+        super().__init__(**kw)
+
+    def source_files(self):
+        return sorted(Path(self.root).glob("*.csv"))
+
+    def load_source(self):
+        print("BUILD")
+        for path in self.source_files():
+            sample = read_patient(path)
+            sample["age"] = sample["age"] * 1
+            yield sample
+"""
+
+USER_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from userdata import Patients
+ds = Patients(sys.argv[2], cache_dir=sys.argv[3], progress=False)
+print("AGE", ds[0]["age"])
+"""
+
+
+def test_editing_the_class_in_its_file_rebuilds_and_a_comment_does_not(source, tmp_path):
+    """A new process after each edit of the user's module, as in real use."""
+    import subprocess
+
+    module = tmp_path / "userdata.py"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run(code: str) -> tuple[bool, int]:
+        module.write_text(code)
+        out = subprocess.run(
+            [sys.executable, "-c", USER_SCRIPT, str(tmp_path), str(source), str(tmp_path / "c")],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
+        return "BUILD" in out, int(out.split("AGE ")[1])
+
+    age = read_patient(sorted(source.glob("*.csv"))[0])["age"]
+    assert run(USER_MODULE) == (True, age)
+    assert run(USER_MODULE) == (False, age)
+    commented = USER_MODULE.replace(
+        "    def source_files", "    # a comment\n\n    def source_files"
+    )
+    assert run(commented) == (False, age)
+    assert run(USER_MODULE.replace("* 1", "* 2")) == (True, 2 * age)
+
+
 def test_a_damaged_pack_is_logged_and_rebuilt(source, tmp_path, caplog):
     ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     path = Path(ds.pack_path)
@@ -100,6 +160,27 @@ def test_a_damaged_pack_is_logged_and_rebuilt(source, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mlcache"):
         again = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     assert "rebuilding" in caplog.text and len(BUILDS) == 2 and len(again) == 40
+
+
+def test_damage_met_while_reading_is_logged_and_rebuilt(source, tmp_path, caplog):
+    """A block whose checksum fails at a read (not at open): the read rebuilds the
+    pack and returns the right sample; the next open uses the rebuilt pack."""
+    ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    want = read_patient(sorted(source.glob("*.csv"))[9])
+    vitals = next(f for f in ds.packed.layout["fields"] if f["name"] == "vitals")
+    with open(ds.pack_path, "r+b") as f:  # damage the data in place, after the open
+        f.seek(vitals["data"]["off"] + 5)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with caplog.at_level(logging.WARNING, logger="mlcache"):
+        got = ds[9]
+    assert "checksum mismatch" in caplog.text and "rebuilding" in caplog.text
+    np.testing.assert_array_equal(got["vitals"], want["vitals"])
+    assert len(BUILDS) == 2
+    ds.packed.verify()
+    PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    assert len(BUILDS) == 2
 
 
 def test_transform_is_applied_on_read(source, tmp_path):

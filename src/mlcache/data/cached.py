@@ -20,7 +20,8 @@ the attributes set before ``super().__init__`` (or only those named in
 of ``source_files()``, or whatever ``source_fingerprint()`` returns). Any change
 is a rebuild; so is ``force_recache=True``. Several processes opening the same
 dataset at once: one builds (holding a lock on ``<pack>.lock``), the others wait
-and open its result. A damaged pack is logged and rebuilt.
+and open its result. A damaged pack is logged and rebuilt, whether the damage
+shows when it is opened or when a read meets a block whose checksum fails.
 """
 
 from __future__ import annotations
@@ -165,9 +166,16 @@ class CachedDataset(Sequence[Any]):
         return digest.hexdigest()
 
     # -- building --------------------------------------------------------------------
-    def _open_or_build(self, force: bool, progress: bool) -> PackedDataset:
+    def _open_or_build(
+        self, force: bool, progress: bool, damaged: tuple[int, int] | None = None
+    ) -> PackedDataset:
+        """Open the pack, building it first if it is missing, damaged or ``force``.
+
+        ``damaged`` is the ``file_id`` of a pack found damaged while reading: it is
+        rebuilt unless another process already replaced it.
+        """
         os.makedirs(os.path.dirname(self.pack_path), mode=0o700, exist_ok=True)
-        if not force:
+        if not force and damaged is None:
             opened = self._try_open()
             if opened is not None:
                 return opened
@@ -178,7 +186,7 @@ class CachedDataset(Sequence[Any]):
             try:
                 if not force:  # someone else may have built it while we waited
                     opened = self._try_open()
-                    if opened is not None:
+                    if opened is not None and opened.file_id != damaged:
                         return opened
                 logger.info("mlcache: building %s", self.pack_path)
                 return pack(
@@ -211,12 +219,26 @@ class CachedDataset(Sequence[Any]):
         return len(self.packed)
 
     def __getitem__(self, i: int) -> Any:  # type: ignore[override]
-        sample = self.packed[i]
+        try:
+            sample = self.packed[i]
+        except PackCorrupted as exc:
+            sample = self._rebuilt(exc)[i]
         return self.transform(sample) if self.transform is not None else sample
 
     def get_batch(self, indices: Sequence[int]) -> dict[str, Any]:
         """See :meth:`PackedDataset.get_batch` (``transform`` is not applied)."""
-        return self.packed.get_batch(indices)
+        try:
+            return self.packed.get_batch(indices)
+        except PackCorrupted as exc:
+            return self._rebuilt(exc).get_batch(indices)
+
+    def _rebuilt(self, exc: PackCorrupted) -> PackedDataset:
+        """Damage found while reading: log it, rebuild the pack (or open the one
+        another process rebuilt meanwhile) and read from that."""
+        logger.warning("mlcache: %s; rebuilding it", exc)
+        damaged = self.packed.file_id
+        self._pack = self._open_or_build(False, False, damaged=damaged)
+        return self._pack
 
     def __getstate__(self) -> dict[str, Any]:
         # to a DataLoader worker: the path and settings, never the samples; the

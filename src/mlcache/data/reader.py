@@ -256,7 +256,11 @@ class PackedDataset(Sequence[dict[str, Any]]):
         except FileNotFoundError:
             raise FileNotFoundError(f"no pack file at {self.path}") from None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size = st.st_size
+            #: which file this is, to tell a pack rebuilt under the same name from it
+            #: (its inode cannot be reused while this map holds it)
+            self.file_id = (st.st_dev, st.st_ino)
             n, i_off, i_len, i_sum = read_header(os.pread(fd, HEADER.size, 0), size, self.path)
             index = parse_index(os.pread(fd, i_len, i_off), i_sum, n, size, self.path)
             self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
