@@ -335,3 +335,14 @@ def test_a_type_mismatch_after_nones_names_the_first_value(tmp_path):
     samples = [{"a": None}, {"a": 2}, {"a": None}, {"a": "two"}]
     with pytest.raises(TypeError, match=r"sample 3, field 'a': str where sample 1 has int"):
         pack(samples, tmp_path / "m.pack", progress=False)
+
+
+def test_strings_with_lone_surrogates_round_trip(tmp_path):
+    values = ["plain", "\ud800 lone", "é\udfff", ""]
+    ds = pack(
+        ({"s": v, "b": v.encode("utf-8", "surrogatepass")} for v in values),
+        tmp_path / "s.pack",
+        progress=False,
+    )
+    assert [ds[i]["s"] for i in range(4)] == values
+    assert [ds[i]["b"] for i in range(4)] == [v.encode("utf-8", "surrogatepass") for v in values]
