@@ -91,7 +91,18 @@ class _Field:
     """One field of the pack: its index entry, its regions, and, once the pack is
     first read, its verified tables as the generated reader indexes them."""
 
-    __slots__ = ("dtype", "kind", "name", "ndim", "offsets", "regions", "row", "shapes", "spec")
+    __slots__ = (
+        "dtype",
+        "inner",
+        "kind",
+        "name",
+        "ndim",
+        "offsets",
+        "regions",
+        "row",
+        "shapes",
+        "spec",
+    )
 
     def __init__(self, spec: dict[str, Any], regions: dict[str, _Region], path: str) -> None:
         self.spec, self.regions = spec, regions
@@ -101,7 +112,8 @@ class _Field:
             raise PackCorrupted(f"{path}: field {self.name!r} has unknown kind {self.kind!r}")
         self.dtype = np.dtype(spec.get("dtype", "|u1"))
         self.ndim = int(spec.get("ndim", 0))
-        self.row = 0
+        self.row = 0  # bytes of a column's row, or of one step along a ragged first axis
+        self.inner: tuple[int, ...] | None = None  # a ragged field's fixed trailing shape
         self.offsets: Any = None
         self.shapes: Any = None
 
@@ -138,6 +150,12 @@ class _Field:
             self.shapes = (
                 self.regions["shapes"].mv.cast("q") if _LITTLE else shapes.ravel().tolist()
             )
+            # the common case, a variable first axis only ([T, C] series, [T] tokens):
+            # a sample is a slice of one [-1, *inner] view, no shape table needed
+            inner = shapes[0, 1:]
+            row = self.dtype.itemsize * int(np.prod(inner, dtype=np.int64))
+            if row and (shapes[:, 1:] == inner).all():
+                self.inner, self.row = tuple(inner.tolist()), row
 
     def code(self, k: int, n: int, ns: dict[str, Any], unpickle: Any) -> list[str]:
         """Lines that leave this field's value for sample ``j`` in ``v{k}``; the
@@ -175,7 +193,11 @@ class _Field:
         else:
             ns[f"o{k}"] = self.offsets
             start, stop = f"o{k}[j]", f"o{k}[j + 1]"
-            if kind == "ragged":
+            if kind == "ragged" and self.inner is not None:
+                ns[f"f{k}"] = np.frombuffer(data.mv, self.dtype).reshape(-1, *self.inner)
+                ns[f"w{k}"] = self.row
+                value = f"f{k}[a // w{k} : z // w{k}]"
+            elif kind == "ragged":
                 ns[f"h{k}"], ns[f"t{k}"] = self.shapes, self.dtype
                 d = self.ndim
                 shape = {

@@ -138,8 +138,8 @@ class _Field:
             zeros = bytes(size * min(k, 1 << 10))
             for left in range(k, 0, -(1 << 10)):
                 self.spill.write(zeros[: size * min(left, 1 << 10)])
-        elif self.kind == "column":
-            self.shapes.extend([0] * (len(self.shape) * k))
+        elif self.kind == "column":  # empty along the first axis, like the others after
+            self.shapes.extend((0, *self.shape[1:]) * k)
         end = self.offsets[-1]
         self.offsets.extend(range(end + size, end + size * k + 1, size) if size else [end] * k)
 
