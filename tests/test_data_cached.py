@@ -75,6 +75,19 @@ def test_a_changed_source_file_rebuilds(source, tmp_path):
     ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     assert len(BUILDS) == 2
     assert ds[0]["age"] == read_patient(victim)["age"]
+    # the older version of the pack is gone, the pack of other arguments stays
+    other = source.parent / "other"
+    write_patients(other, 3, seed=4)
+    PatientSeries(other, cache_dir=tmp_path / "cache", progress=False)
+    packs = sorted(p.name for p in Path(ds.pack_path).parent.glob("*.pack"))
+    assert len(packs) == 2 and Path(ds.pack_path).name in packs
+    time.sleep(0.01)  # a new modification time even on coarse clocks
+    victim.write_text(text.replace("# age: 1", "# age: 2", 1))
+    again = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    packs = sorted(p.name for p in Path(ds.pack_path).parent.glob("*.pack"))
+    assert len(packs) == 2 and Path(again.pack_path).name in packs
+    assert Path(ds.pack_path).name not in packs
+    assert ds[1]["id"] == again[1]["id"]  # the replaced pack is still readable while open
 
 
 def test_a_changed_class_or_argument_rebuilds(source, tmp_path):

@@ -99,7 +99,7 @@ class CachedDataset(Sequence[Any]):
             else os.path.join(default_location(), "datasets")
         )
         cls = type(self)
-        key = hash_value(
+        version = hash_value(
             (
                 f"{cls.__module__}.{cls.__qualname__}",
                 code_version(cls),
@@ -107,8 +107,13 @@ class CachedDataset(Sequence[Any]):
                 self.source_fingerprint(),
             )
         )
+        # <what>-<which version>.pack: a rebuild removes the older versions of the
+        # same dataset, never the packs of other arguments
+        self._args_id = args_key[:16]
         self.pack_path = os.path.join(
-            os.path.abspath(root), slug(f"{cls.__module__}.{cls.__qualname__}"), f"{key}.pack"
+            os.path.abspath(root),
+            slug(f"{cls.__module__}.{cls.__qualname__}"),
+            f"{self._args_id}-{version[:16]}.pack",
         )
         self.transform = transform
         self._allow_pickle = allow_pickle
@@ -189,14 +194,31 @@ class CachedDataset(Sequence[Any]):
                     if opened is not None and opened.file_id != damaged:
                         return opened
                 logger.info("mlcache: building %s", self.pack_path)
-                return pack(
+                built = pack(
                     self.load_source(),
                     self.pack_path,
                     progress=progress,
                     allow_pickle=self._allow_pickle,
                 )
+                self._remove_older_versions()
+                return built
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _remove_older_versions(self) -> None:
+        """Delete the packs this one replaces (same arguments, older code or source);
+        a process still reading one keeps its map (the file goes when it closes)."""
+        folder, mine = os.path.split(self.pack_path)
+        for name in os.listdir(folder):
+            if name.startswith(self._args_id + "-") and name.endswith(".pack") and name != mine:
+                for path in (os.path.join(folder, name), os.path.join(folder, name + ".lock")):
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as exc:  # housekeeping: never fail the build for it
+                        logger.debug("mlcache: could not remove %s: %s", path, exc)
+                logger.info("mlcache: removed the older pack %s", name)
 
     def _try_open(self) -> PackedDataset | None:
         try:

@@ -10,10 +10,12 @@ its namespace, never in its text.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import pickle
 import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -232,6 +234,12 @@ class _Field:
         return lines
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled(source: str) -> types.CodeType:
+    """Compiled once per process: every pack of one layout has the same source."""
+    return compile(source, "<mlcache pack reader>", "exec")
+
+
 def _compile(fields: list[_Field], n: int, unpickle: Any) -> Callable[[int], dict[str, Any]]:
     """The function ``j -> {name: value}`` for sample ``j`` (0 <= j < n, checked by
     the caller) over ``fields``, which must be prepared."""
@@ -243,7 +251,7 @@ def _compile(fields: list[_Field], n: int, unpickle: Any) -> Callable[[int], dic
     items = ", ".join(f"n{k}: v{k}" for k in range(len(fields)))
     source = "def sample(j):\n" + "".join(f"    {line}\n" for line in body)
     source += f"    return {{{items}}}\n"
-    exec(compile(source, "<mlcache pack reader>", "exec"), ns)  # our own text, see above
+    exec(_compiled(source), ns)  # our own text, see above
     sample: Callable[[int], dict[str, Any]] = ns["sample"]
     sample.__doc__ = source
     return sample
