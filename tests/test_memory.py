@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import inspect
+import logging
 import os
 import pickle
 import subprocess
@@ -982,3 +983,31 @@ def test_script_functions_hit_in_joblib_workers(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.split("\n")[:2] == ["[0, 2, 4, 6]", "[0, 2, 4, 6]"]
     assert (tmp_path / "calls").read_text() == "cccc"  # the workers hit the parent's entries
+
+
+def test_a_logged_miss_says_why(tmp_path, caplog):
+    mem = Memory(tmp_path, verbose=1)
+
+    def scaled(x, scale=2.0):
+        return x * scale
+
+    f = mem.cache(scaled)
+    x = np.arange(5.0)
+    with caplog.at_level(logging.INFO, logger="mlcache"):
+        f(x)
+        f(x)  # a hit says nothing at verbose=1
+        f(x, scale=3.0)
+        f(x + 1, scale=4.0)
+    calls = [r.getMessage() for r in caplog.records if "calling" in r.getMessage()]
+    assert len(calls) == 3
+    assert calls[0].endswith("no entry yet")
+    assert calls[1].endswith("argument 'scale' changed since the last entry")
+    assert calls[2].endswith("arguments 'x', 'scale' changed since the last entry")
+
+    def scaled(x, scale=2.0):  # new code, same function
+        return x * scale + 0
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mlcache"):
+        mem.cache(scaled)(x)
+    assert any(r.getMessage().endswith("its code changed") for r in caplog.records)

@@ -15,6 +15,8 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import xxhash
+
 from .errors import ConfigError
 from .hashing import HASH_SCHEME, Hasher
 
@@ -121,21 +123,37 @@ class CallKeyer:
         bound.apply_defaults()
         return [bound.arguments[n] for n in self.names]
 
-    def key(self, args: tuple[Any, ...], kwargs: dict[str, Any], extra: bytes = b"") -> str:
-        """The 32-hex-digit key of the call ``func(*args, **kwargs)``; ``extra`` is the
-        digest of the function's own state (closure values, bound object)."""
+    def key(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], extra: bytes = b""
+    ) -> tuple[str, list[bytes]]:
+        """The 32-hex-digit key of the call ``func(*args, **kwargs)``, and the
+        16-byte digest of each kept argument it combines (which say, on a miss,
+        which argument changed). ``extra`` is the digest of the function's own
+        state (closure values, bound object)."""
         values = self.bind(args, kwargs)
-        h = Hasher(self._prefix + extra if extra else self._prefix)
+        h = Hasher()
+        digests = []
         for i in self._keep:
             try:
-                h.update(values[i])
+                digests.append(h.digest_of(values[i]))
             except (TypeError, RecursionError) as exc:
                 v = values[i]
                 raise TypeError(
                     f"cannot hash argument {self.names[i]!r} of type "
                     f"{type(v).__module__}.{type(v).__qualname__}: {exc}"
                 ) from None
-        return h.hexdigest()
+        return xxhash.xxh3_128_hexdigest(self._prefix + extra + b"".join(digests)), digests
+
+    def changed(self, old: dict[str, str], digests: list[bytes]) -> list[str]:
+        """The kept arguments whose digest differs from ``old`` (name -> hex digest,
+        as stored in an entry's metadata under ``"arg_digests"``)."""
+        return [
+            self.names[i] for i, d in zip(self._keep, digests) if old.get(self.names[i]) != d.hex()
+        ]
+
+    def digest_map(self, digests: list[bytes]) -> dict[str, str]:
+        """``{argument name: hex digest}``, for an entry's metadata."""
+        return {self.names[i]: d.hex() for i, d in zip(self._keep, digests)}
 
     def describe(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, str]:
         """Short reprs of the arguments, for the entry's metadata."""

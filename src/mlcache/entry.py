@@ -376,6 +376,11 @@ class EntryReader:
             raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
 
     @property
+    def info_bytes(self) -> bytes:
+        """The entry's metadata as stored (JSON), unparsed."""
+        return bytes(self._h.info_b)
+
+    @property
     def info(self) -> dict[str, Any]:
         """The entry's metadata (parsed on demand: hits do not pay for it)."""
         try:

@@ -43,7 +43,7 @@ import xxhash
 __all__ = ["HASH_SCHEME", "Hasher", "hash_value"]
 
 #: Version of the canonical stream; part of every key, bump it on any change here.
-HASH_SCHEME = 2
+HASH_SCHEME = 3
 
 _BIG = 1 << 16  # buffers at least this large bypass the staging buffer
 _CHUNK = 1 << 24  # copy size when hashing a non-contiguous array
@@ -95,6 +95,17 @@ class Hasher:
         self._h.update(self._buf)
         self._buf.clear()
         return self._h.hexdigest()
+
+    def digest_of(self, obj: Any) -> bytes:
+        """The 16-byte digest of ``obj`` alone, as a fresh ``Hasher`` would give it;
+        the hasher is reset first, so one hasher can digest many values in turn."""
+        self._h.reset()
+        self._buf.clear()
+        if self._memo:
+            self._memo.clear()
+        self.update(obj)
+        self._h.update(self._buf)
+        return self._h.digest()
 
     # -- helpers -----------------------------------------------------------
     def _raw(self, data: Any) -> None:

@@ -9,6 +9,8 @@ only makes eviction slightly less exact, never a result wrong.
 from __future__ import annotations
 
 import atexit
+import json
+import multiprocessing.util
 import os
 import threading
 import time
@@ -16,6 +18,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
+from .names import cached_objects, entry_folder
 from .store import EntryStat, Store
 
 __all__ = ["FLUSH_SECONDS", "SizeGuard", "UsageLog", "enforce_limits"]
@@ -42,35 +45,72 @@ if hasattr(os, "register_at_fork"):
 
 
 class UsageLog:
-    """Batches "this entry was used" notes for one store."""
+    """Batches what happens to one store's entries, off the hot path.
+
+    A hit notes the entry's name and its metadata bytes (a dict update); a miss
+    notes its compute time. Every ``FLUSH_SECONDS`` of activity, and at exit, the
+    notes become last-use times (one ``touch`` of the names) and per-function
+    statistics (:class:`mlcache.stats.StatsLog`). Notes racing with a flush may
+    be lost: both are advisory.
+    """
 
     def __init__(self, store: Store) -> None:
+        from .stats import StatsLog
+
         self._store = store
-        self._names: set[str] = set()
+        self._hits: dict[str, tuple[int, bytes]] = {}
+        self.stats = StatsLog(store)
         self._last = time.monotonic()
         self._lock = threading.Lock()
         _LOGS.add(self)
         _FORK_SENSITIVE.add(self)
 
-    def note(self, name: str) -> None:
-        self._names.add(name)
+    def note(self, name: str, info: bytes = b"") -> None:
+        """Entry ``name`` was just read; ``info`` is its metadata (JSON bytes)."""
+        seen = self._hits.get(name)
+        self._hits[name] = (1 if seen is None else seen[0] + 1, info)
+        if time.monotonic() - self._last > FLUSH_SECONDS:
+            self.flush()
+
+    def miss(self, name: str, func: str, duration: float) -> None:
+        """A call of ``func`` computed entry ``name`` in ``duration`` seconds."""
+        self.stats.add(entry_folder(name), func, misses=1, computed=duration)
         if time.monotonic() - self._last > FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
         with self._lock:
-            # list() of a set is one step under the GIL: a note() racing with this
-            # swap lands in either set and is never iterated while it changes
-            names, self._names = list(self._names), set()
+            hits, self._hits = self._hits, {}
             self._last = time.monotonic()
-        if names:
+        if hits:
             try:
-                self._store.touch(names)
+                self._store.touch(list(hits))
             except (OSError, ValueError):
                 pass  # last-use times are advisory
+            for name, (count, info) in hits.items():
+                func, duration = _func_and_duration(info)
+                self.stats.add(entry_folder(name), func, hits=count, saved=count * duration)
+        self.stats.flush()
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
+        self._hits = {}
+        self.stats._after_fork()
+
+    def __del__(self) -> None:
+        # a Memory dropped before the process ends (a worker's local) keeps its notes
+        try:
+            self.flush()
+        except Exception:  # nothing can be reported from a finalizer
+            pass
+
+
+def _func_and_duration(info: bytes) -> tuple[str, float]:
+    try:
+        meta = json.loads(info) if info else {}
+        return str(meta.get("func", "")), float(meta.get("duration", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        return "", 0.0
 
 
 class SizeGuard:
@@ -104,7 +144,7 @@ class SizeGuard:
                 if self._estimate <= self.bytes_limit:
                     return []
         self._usage.flush()
-        entries = list(self._store.list())
+        entries = list(cached_objects(self._store))
         total = sum(e.size for e in entries)
         removed: list[EntryStat] = []
         if total > self.bytes_limit:
@@ -129,6 +169,17 @@ def _flush_all() -> None:
         log.flush()
 
 
+def _flush_at_process_exit(_: object = None) -> None:
+    # multiprocessing children end with os._exit, which skips atexit; they run
+    # multiprocessing's own exit finalizers instead (forked children get a fresh
+    # registry, hence the re-registration after each fork)
+    multiprocessing.util.Finalize(None, _flush_all, exitpriority=0)
+
+
+_flush_at_process_exit()
+multiprocessing.util.register_after_fork(_flush_all, _flush_at_process_exit)
+
+
 def enforce_limits(
     store: Store,
     *,
@@ -145,7 +196,9 @@ def enforce_limits(
     Returns what was removed.
     """
     keep = set(protect)
-    entries = sorted(store.list() if entries is None else entries, key=lambda e: e.last_used)
+    entries = sorted(
+        cached_objects(store) if entries is None else entries, key=lambda e: e.last_used
+    )
     total = sum(e.size for e in entries)
     count = len(entries)
     now = time.time()

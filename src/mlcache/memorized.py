@@ -26,6 +26,7 @@ from .entry import write_entry
 from .errors import CacheWarning, ConfigError, EntryNotFound, UnsupportedValue
 from .fingerprint import call_state, code_version, func_identity, slug, target_function
 from .hashing import hash_value
+from .names import STATS
 from .results import (
     MemorizedResult,
     NotMemorizedResult,
@@ -33,6 +34,7 @@ from .results import (
     open_entry,
     read_entry_info,
 )
+from .stats import FunctionStats, collect
 from .store import LocalPaths, Store
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ logger = logging.getLogger("mlcache")
 P = ParamSpec("P")
 R = TypeVar("R")
 _MISS = object()
+#: a call's entry name and its kept arguments' digests (see CallKeyer.key)
+Keyed = tuple[str, list[bytes]]
 
 
 #: (location, function folder, version) whose other versions this process removed
@@ -113,6 +117,7 @@ class MemorizedFunc(Generic[P, R]):
         self._code_dir = ""
         self._code_path = ""  # the code folder's local path (local stores only)
         self._unkeyable_warned = False
+        self._code_changed = False  # older code versions were found (and removed)
         functools.update_wrapper(self, func)
 
     def __repr__(self) -> str:
@@ -174,8 +179,9 @@ class MemorizedFunc(Generic[P, R]):
             others = {
                 parts[1]
                 for e in self._store.list(self._folder)
-                if len(parts := e.name.split("/")) == 3 and parts[1] != version
+                if len(parts := e.name.split("/")) == 3 and parts[1] not in (version, STATS)
             }
+            self._code_changed = bool(others)
             for folder in others:
                 if self._verbose:
                     logger.info("[Memory] %s: code changed, removing old results", self.func_id)
@@ -183,9 +189,10 @@ class MemorizedFunc(Generic[P, R]):
         except (OSError, ValueError) as exc:  # housekeeping: never fail the call for it
             logger.debug("could not remove old results of %s: %s", self.func_id, exc)
 
-    def _name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-        """The entry name of this call, or None when it cannot be cached (its function
-        holds state that cannot be hashed: warned once, then called uncached)."""
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Keyed | None:
+        """The entry name of this call and its arguments' digests, or None when it
+        cannot be cached (its function holds state that cannot be hashed: warned
+        once, then called uncached)."""
         keyer = self._keyer
         if keyer is None or (self._target is not None and not self._same_code()):
             keyer = self._prepare()
@@ -204,7 +211,12 @@ class MemorizedFunc(Generic[P, R]):
                         stacklevel=4,
                     )
                 return None
-        return f"{self._code_dir}/{keyer.key(args, kwargs, extra)}"
+        key, digests = keyer.key(args, kwargs, extra)
+        return f"{self._code_dir}/{key}", digests
+
+    def _name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        keyed = self._key(args, kwargs)
+        return None if keyed is None else keyed[0]
 
     # -- load and store -------------------------------------------------------------
     def _read(self, name: str, read: Callable[[], Any]) -> Any:
@@ -258,28 +270,38 @@ class MemorizedFunc(Generic[P, R]):
         if validate and not self._valid(name, path):
             return _MISS
         allow = self.memory.allow_pickle
-        value = self._read(
-            name,
-            lambda: decode(open_entry(self._store, name, mmap_mode, path=path), allow_pickle=allow),
-        )
-        if value is not _MISS:
-            self.memory._usage.note(name)  # type: ignore[union-attr]
-        return value
+
+        def read() -> tuple[Any, bytes]:
+            reader = open_entry(self._store, name, mmap_mode, path=path)
+            return decode(reader, allow_pickle=allow), reader.info_bytes
+
+        got = self._read(name, read)
+        if got is _MISS:
+            return _MISS
+        self.memory._usage.note(name, got[1])  # type: ignore[union-attr]
+        return got[0]
 
     def _store_result(
-        self, name: str, value: Any, duration: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        keyed: Keyed,
+        value: Any,
+        duration: float,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> dict[str, Any] | None:
         """Write ``value``; on failure warn and return None (the value is never lost).
 
         A value that needs pickle while pickle is disabled raises ``UnsupportedValue``:
         that is a configuration error, not a cache problem."""
         assert self._keyer is not None
+        name, digests = keyed
         codec = select_codec(value, allow_pickle=self.memory.allow_pickle)
         info = {
             "func": self.func_id,
             "time": time.time(),
             "duration": duration,
             "input_args": self._keyer.describe(args, kwargs),
+            "arg_digests": self._keyer.digest_map(digests),
             "codec": codec.name,
         }
         try:
@@ -315,42 +337,65 @@ class MemorizedFunc(Generic[P, R]):
             stacklevel=5,
         )
 
-    def _log_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._verbose > 0:
+    def _log_call(self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._verbose > 0 and logger.isEnabledFor(logging.INFO):
             assert self._keyer is not None
             shown = ", ".join(f"{k}={v}" for k, v in self._keyer.describe(args, kwargs).items())
-            logger.info("[Memory] calling %s(%s)", self.func_id, shown)
+            logger.info(
+                "[Memory] calling %s(%s): %s", self.func_id, shown, self._miss_reason(keyed[1])
+            )
+
+    def _miss_reason(self, digests: list[bytes]) -> str:
+        """Why this call missed, against the most recently used entry of the function
+        (a listing of its folder: paid on a logged miss only)."""
+        assert self._keyer is not None
+        try:
+            entries = [e for e in self._store.list(self._code_dir) if "/" in e.name]
+            latest = max(entries, key=lambda e: e.last_used, default=None)
+            if latest is None:
+                return "its code changed" if self._code_changed else "no entry yet"
+            old = read_entry_info(self._store, latest.name).get("arg_digests")
+        except Exception:  # an explanation must never fail the call
+            return "new arguments"
+        if not isinstance(old, dict):
+            return "new arguments"
+        changed = self._keyer.changed(old, digests)
+        if not changed:  # the same arguments, but the function's state differs
+            return "what the function captures (closure, bound object) changed"
+        what = ", ".join(repr(c) for c in changed)
+        return f"argument{'s' if len(changed) > 1 else ''} {what} changed since the last entry"
 
     def _finish(
-        self, name: str, out: Any, t0: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, keyed: Keyed, out: Any, t0: float, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, dict[str, Any] | None]:
         duration = time.perf_counter() - t0
         if self._verbose > 0:
             logger.info("[Memory] %s computed in %.3fs", self.func_id, duration)
-        meta = self._store_result(name, out, duration, args, kwargs)
+        self.memory._usage.miss(keyed[0], self.func_id, duration)  # type: ignore[union-attr]
+        meta = self._store_result(keyed, out, duration, args, kwargs)
         if meta is not None and self.mmap_mode is not None:
             # consistent with later hits: return the memory-mapped copy
-            loaded = self._load(name, self.mmap_mode, validate=False)
+            loaded = self._load(keyed[0], self.mmap_mode, validate=False)
             if loaded is not _MISS:
                 out = loaded
         return out, meta
 
     def _run(
-        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, dict[str, Any] | None]:
-        self._log_call(args, kwargs)
+        self._log_call(keyed, args, kwargs)
         t0 = time.perf_counter()
-        return self._finish(name, self.func(*args, **kwargs), t0, args, kwargs)
+        return self._finish(keyed, self.func(*args, **kwargs), t0, args, kwargs)
 
-    def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, Any]:
-        """(entry name or None if uncacheable, cached value or ``_MISS``)."""
-        name = self._name(args, kwargs)
-        if name is None:
+    def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Keyed | None, Any]:
+        """(entry name and digests, or None if uncacheable; cached value or ``_MISS``)."""
+        keyed = self._key(args, kwargs)
+        if keyed is None:
             return None, _MISS
-        value = self._load(name, self.mmap_mode)
+        value = self._load(keyed[0], self.mmap_mode)
         if value is not _MISS and self._verbose >= 10:
             logger.info("[Memory] %s: loaded from cache", self.func_id)
-        return name, value
+        return keyed, value
 
     def _shelved(self, name: str, out: Any, meta: dict[str, Any] | None) -> Any:
         if meta is None:  # not stored: keep the value itself
@@ -359,19 +404,19 @@ class MemorizedFunc(Generic[P, R]):
 
     # -- the public interface ---------------------------------------------------------
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        name, value = self._lookup(args, kwargs)
+        keyed, value = self._lookup(args, kwargs)
         if value is not _MISS:
             return value
-        if name is None:
+        if keyed is None:
             return self.func(*args, **kwargs)
-        return self._run(name, args, kwargs)[0]
+        return self._run(keyed, args, kwargs)[0]
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
         """Always compute and store; return ``(output, metadata)`` as joblib does."""
-        name = self._name(args, kwargs)
-        if name is None:
+        keyed = self._key(args, kwargs)
+        if keyed is None:
             return self.func(*args, **kwargs), {}
-        out, meta = self._run(name, args, kwargs)
+        out, meta = self._run(keyed, args, kwargs)
         return out, meta or {}
 
     def call_and_shelve(
@@ -379,12 +424,12 @@ class MemorizedFunc(Generic[P, R]):
     ) -> MemorizedResult | NotMemorizedResult:
         """Compute (or find) the result and return a small, picklable reference to it
         (the value itself, in a ``NotMemorizedResult``, when it could not be stored)."""
-        name = self._name(args, kwargs)
-        if name is None:
+        keyed = self._key(args, kwargs)
+        if keyed is None:
             return NotMemorizedResult(self.func(*args, **kwargs))
-        if self._in_cache(name):
-            return self._shelved(name, None, {})
-        return self._shelved(name, *self._run(name, args, kwargs))
+        if self._in_cache(keyed[0]):
+            return self._shelved(keyed[0], None, {})
+        return self._shelved(keyed[0], *self._run(keyed, args, kwargs))
 
     def check_call_in_cache(self, *args: P.args, **kwargs: P.kwargs) -> bool:
         """True if a valid result for these arguments is cached (nothing is computed)."""
@@ -398,6 +443,13 @@ class MemorizedFunc(Generic[P, R]):
             return False
         return exists and self._valid(name, self._path(name))
 
+    def stats(self) -> FunctionStats:
+        """This function's entries, bytes, last use, hits, misses and the seconds of
+        computing its hits saved (see :meth:`Memory.stats`)."""
+        self.memory._usage.flush()  # type: ignore[union-attr]
+        found = collect(self._store, self._folder).get(self._folder)
+        return found or FunctionStats(self._folder, self.func_id)
+
     def clear(self, warn: bool = True) -> None:
         """Remove every cached result of this function (all code versions)."""
         if warn and self._verbose:
@@ -409,37 +461,37 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
     """A memoized ``async def`` function: awaiting it computes or loads."""
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:  # type: ignore[override]
-        name, value = self._lookup(args, kwargs)
+        keyed, value = self._lookup(args, kwargs)
         if value is not _MISS:
             return value
-        if name is None:
+        if keyed is None:
             return await self.func(*args, **kwargs)  # type: ignore[misc]
-        return (await self._arun(name, args, kwargs))[0]
+        return (await self._arun(keyed, args, kwargs))[0]
 
     async def _arun(
-        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, dict[str, Any] | None]:
-        self._log_call(args, kwargs)
+        self._log_call(keyed, args, kwargs)
         t0 = time.perf_counter()
         out = await self.func(*args, **kwargs)  # type: ignore[misc]
-        return self._finish(name, out, t0, args, kwargs)
+        return self._finish(keyed, out, t0, args, kwargs)
 
     async def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:  # type: ignore[override]
-        name = self._name(args, kwargs)
-        if name is None:
+        keyed = self._key(args, kwargs)
+        if keyed is None:
             return await self.func(*args, **kwargs), {}  # type: ignore[misc]
-        out, meta = await self._arun(name, args, kwargs)
+        out, meta = await self._arun(keyed, args, kwargs)
         return out, meta or {}
 
     async def call_and_shelve(  # type: ignore[override]
         self, *args: P.args, **kwargs: P.kwargs
     ) -> MemorizedResult | NotMemorizedResult:
-        name = self._name(args, kwargs)
-        if name is None:
+        keyed = self._key(args, kwargs)
+        if keyed is None:
             return NotMemorizedResult(await self.func(*args, **kwargs))  # type: ignore[misc]
-        if self._in_cache(name):
-            return self._shelved(name, None, {})
-        return self._shelved(name, *(await self._arun(name, args, kwargs)))
+        if self._in_cache(keyed[0]):
+            return self._shelved(keyed[0], None, {})
+        return self._shelved(keyed[0], *(await self._arun(keyed, args, kwargs)))
 
 
 def _rebuild_func(

@@ -26,6 +26,7 @@ from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
 from .errors import CacheWarning, EntryCorrupted, EntryNotFound
 from .limits import SizeGuard, UsageLog, enforce_limits
 from .memorized import AsyncMemorizedFunc, MemorizedFunc
+from .names import cached_objects, entry_folder
 from .results import (
     AsyncNotMemorizedFunc,
     MemorizedResult,
@@ -34,6 +35,7 @@ from .results import (
     expires_after,
     open_entry,
 )
+from .stats import FunctionStats, collect
 from .store import Store, stores
 
 __all__ = [
@@ -269,13 +271,14 @@ class Memory:
         )
 
     def clear(self, warn: bool = True) -> None:
-        """Remove every cached result of this location."""
+        """Remove every cached result of this location (other files there, such as
+        dataset packs, stay)."""
         if self.store is None:
             return
         if warn and self._verbose:
             logger.info("[Memory] clearing the whole cache at %s", self.location)
-        for top in {e.name.split("/", 1)[0] for e in self.store.list()}:
-            self.store.delete(top)
+        for folder in {entry_folder(e.name) for e in cached_objects(self.store)}:
+            self.store.delete(folder)
 
     def reduce_size(
         self,
@@ -312,6 +315,17 @@ class Memory:
             return func(*args, **kwargs)
         return self.cache(func)(*args, **kwargs)
 
+    def stats(self) -> dict[str, FunctionStats]:
+        """What each function has in this cache and what the cache did for it, by
+        function identity: entries, bytes, last use, hits, misses, and the seconds
+        of computing the hits saved (counted by every process using the cache;
+        this process's latest counts are written first)."""
+        if self.store is None:
+            return {}
+        assert self._usage is not None
+        self._usage.flush()
+        return {st.func: st for st in collect(self.store).values()}
+
     def verify(self, *, fix: bool = False) -> list[str]:
         """Check every entry's checksums; return the names of damaged ones
         (removing them when ``fix`` is true)."""
@@ -319,7 +333,7 @@ class Memory:
             return []
         damaged = []
         store = self.store
-        for e in store.list():
+        for e in cached_objects(store):
             try:
                 open_entry(store, e.name)  # reads and checks every byte
             except EntryCorrupted:

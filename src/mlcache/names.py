@@ -1,0 +1,50 @@
+"""How the function cache names what it stores (the one module that knows).
+
+Inside a store::
+
+    <function folder>/<code version>/<key>     an entry: one result
+    <function folder>/stats/<process>          one process's hit and miss counts
+
+``<function folder>`` is a slug of the function's identity with a short hash
+(:func:`mlcache.fingerprint.slug`), ``<code version>`` 16 hex digits, ``<key>``
+32. Anything else under a cache folder (dataset packs, a user's files) is not
+the function cache's: :func:`cached_objects` leaves it out, so eviction,
+``clear`` and ``verify`` never touch it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from .store import EntryStat, Store
+
+__all__ = ["STATS", "cached_objects", "entry_folder", "is_entry", "is_stats"]
+
+#: the folder of a function's statistics, beside its code versions
+STATS = "stats"
+_ENTRY = re.compile(r"[^/]+/[0-9a-f]{16}/[0-9a-f]{32}")
+_STATS = re.compile(r"[^/]+/stats/[^/]+")
+
+
+def is_entry(name: str) -> bool:
+    """``name`` is a result entry."""
+    return _ENTRY.fullmatch(name) is not None
+
+
+def is_stats(name: str) -> bool:
+    """``name`` is a statistics entry."""
+    return _STATS.fullmatch(name) is not None
+
+
+def entry_folder(name: str) -> str:
+    """The function folder an entry or statistics name belongs to."""
+    return name.partition("/")[0]
+
+
+def cached_objects(store: Store, prefix: str = "") -> Iterator[EntryStat]:
+    """What the function cache stored under ``prefix``: result and statistics
+    entries, nothing else found there."""
+    for e in store.list(prefix):
+        if _ENTRY.fullmatch(e.name) or _STATS.fullmatch(e.name):
+            yield e
