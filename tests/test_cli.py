@@ -47,3 +47,105 @@ def test_verify_reports_and_fixes_damage(tmp_path):
 def test_missing_cache_is_exit_code_2(tmp_path):
     res = run("--location", str(tmp_path / "nope"), "verify")
     assert res.returncode == 2 and "no cache" in res.stderr
+
+
+def work(x, scale=2.0):
+    return np.asarray(x) * scale
+
+
+def populated(tmp_path):
+    """A cache with two functions (hits and misses) and one dataset pack."""
+    from mlcache.data import pack
+
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(work)
+    f(np.arange(10.0))
+    f(np.arange(10.0))
+    f(np.arange(20.0), scale=3.0)
+    g = mem.cache(np.cumsum)
+    g(np.arange(5))
+    mem.stats()  # writes this process's counts
+    pack(
+        ({"x": np.arange(i + 1.0), "y": i, "name": f"s{i}"} for i in range(30)),
+        tmp_path / "datasets" / "demo" / "d.pack",
+        progress=False,
+    )
+    return mem
+
+
+def test_ls_shows_functions_and_datasets(tmp_path):
+    populated(tmp_path)
+    res = run("--location", str(tmp_path), "ls", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    by_name = {f["func"].rpartition(".")[2]: f for f in out["functions"]}
+    assert by_name["work"]["entries"] == 2 and by_name["work"]["hits"] == 1
+    assert by_name["work"]["misses"] == 2 and by_name["work"]["size"] > 0
+    assert by_name["cumsum"]["entries"] == 1
+    [ds] = out["datasets"]
+    assert ds["samples"] == 30 and ds["name"].endswith("d.pack")
+    text = run("--location", str(tmp_path), "ls").stdout
+    assert "work" in text and "d.pack" in text and "30" in text
+
+
+def test_info_of_a_function_and_of_a_pack(tmp_path):
+    populated(tmp_path)
+    res = run("--location", str(tmp_path), "info", "work", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert len(out["entries"]) == 2
+    assert {e["args"]["scale"] for e in out["entries"]} == {"2.0", "3.0"}
+    assert all(e["size"] > 0 and e["duration"] >= 0 for e in out["entries"])
+    res = run("--location", str(tmp_path), "info", "d.pack", "--json")
+    out = json.loads(res.stdout)
+    assert out["samples"] == 30
+    assert [f["name"] for f in out["fields"]] == ["x", "y", "name"]
+    lines = run("--location", str(tmp_path), "info", "d.pack").stdout.splitlines()
+    assert any(" x " in line and "ragged" in line for line in lines)
+    assert any(" y " in line and "column" in line for line in lines)
+    res = run("--location", str(tmp_path), "info", "nothing")
+    assert res.returncode == 2 and "no function or pack" in res.stderr
+
+
+def test_clear_one_function_one_pack_then_everything(tmp_path):
+    mem = populated(tmp_path)
+    assert run("--location", str(tmp_path), "clear", "work").returncode == 0
+    names = {f.func.rpartition(".")[2] for f in mem.stats().values()}
+    assert "work" not in names and "cumsum" in names
+    assert run("--location", str(tmp_path), "clear", "d.pack").returncode == 0
+    assert not (tmp_path / "datasets" / "demo" / "d.pack").exists()
+    populated(tmp_path)
+    res = run("--location", str(tmp_path), "clear")
+    assert res.returncode == 0 and "cleared 2 functions and 1 dataset packs" in res.stdout
+    out = json.loads(run("--location", str(tmp_path), "ls", "--json").stdout)
+    assert out["functions"] == [] and out["datasets"] == []
+
+
+def test_prune_dry_run_lists_and_keeps_then_prunes(tmp_path):
+    populated(tmp_path)
+    res = run("--location", str(tmp_path), "prune", "--max-size", "1K", "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    planned = json.loads(res.stdout)["removed"]
+    assert planned and any(p["name"].endswith(".pack") for p in planned)
+    before = json.loads(run("--location", str(tmp_path), "ls", "--json").stdout)
+    assert sum(f["entries"] for f in before["functions"]) == 3 and len(before["datasets"]) == 1
+    res = run("--location", str(tmp_path), "prune", "--max-size", "1K")
+    assert res.returncode == 0 and "removed" in res.stdout
+    after = json.loads(run("--location", str(tmp_path), "ls", "--json").stdout)
+    total = sum(f["size"] for f in after["functions"]) + sum(d["size"] for d in after["datasets"])
+    assert total <= 1024
+    assert run("--location", str(tmp_path), "prune").returncode == 2  # nothing asked
+
+
+def test_verify_covers_packs(tmp_path):
+    populated(tmp_path)
+    path = tmp_path / "datasets" / "demo" / "d.pack"
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1
+    path.write_bytes(bytes(data))
+    res = run("--location", str(tmp_path), "verify", "--json")
+    assert res.returncode == 1
+    out = json.loads(res.stdout)
+    assert out["damaged"] == [] and out["damaged_packs"][0]["name"].endswith("d.pack")
+    assert run("--location", str(tmp_path), "verify", "--fix").returncode == 0
+    assert not path.exists()

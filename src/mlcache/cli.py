@@ -1,19 +1,293 @@
-"""The ``mlcache`` command (a thin layer over the Python API)."""
+"""The ``mlcache`` command (a thin layer over the Python API).
+
+Exit codes: 0 done; 1 the command found a problem (``verify``: damaged entries
+or packs left in place); 2 a usage error (bad arguments, no cache at the
+location, no such function or pack).
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import os
+import shutil
 import sys
+import time
+from typing import Any
 
 from . import __version__
 from ._default import default_location
+from .config import parse_bytes, parse_duration
 from .memory import Memory
 
+OK, PROBLEM, USAGE = 0, 1, 2
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mlcache", description=__doc__)
+
+# -- formatting -------------------------------------------------------------------------
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _age(t: float | None) -> str:
+    if not t:
+        return "-"
+    s = max(0.0, time.time() - t)
+    for unit, span in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= span:
+            return f"{s / span:.0f} {unit} ago"
+    return f"{s:.0f} s ago"
+
+
+def _secs(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.3f} s" if s < 60 else str(_dt.timedelta(seconds=round(s)))
+
+
+def _table(title: str, headers: list[str], rows: list[list[str]]) -> None:
+    """A table on stdout: rich when installed, aligned plain text otherwise."""
+    if not rows:
+        print(f"{title}: none")
+        return
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+        print(title)
+        print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+        for r in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        return
+    table = Table(title=title, title_justify="left")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        table.add_row(*r)
+    Console(width=max(100, shutil.get_terminal_size().columns)).print(table)
+
+
+def _dump(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# -- commands ---------------------------------------------------------------------------
+def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
+    from . import inventory
+
+    funcs, found = inventory.functions(mem), inventory.packs(location)
+    if args.json:
+        _dump(
+            {
+                "location": location,
+                "functions": [f.as_dict() for f in funcs],
+                "datasets": [p.as_dict() for p in found],
+            }
+        )
+        return OK
+    rows = [
+        [
+            f.func,
+            str(f.entries),
+            _size(f.size),
+            _age(f.last_used),
+            str(f.hits),
+            str(f.misses),
+            _secs(f.saved),
+        ]
+        for f in funcs
+    ]
+    headers = ["function", "entries", "size", "last use", "hits", "misses", "time saved"]
+    _table(f"Functions in {location}", headers, rows)
+    print()
+    rows = [
+        [
+            p.name,
+            "damaged" if p.error else f"{p.samples:,}",
+            _size(p.size),
+            _age(p.built),
+            ", ".join(f["name"] for f in p.fields),
+        ]
+        for p in found
+    ]
+    _table(f"Datasets in {location}", ["pack", "samples", "size", "built", "fields"], rows)
+    return OK
+
+
+def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
+    from . import inventory
+
+    st = inventory.find_function(mem, args.name)
+    if st is not None:
+        entries = inventory.function_entries(mem, st)
+        if args.json:
+            _dump({"function": st.as_dict(), "entries": entries})
+            return OK
+        print(
+            f"{st.func}: {st.entries} entries, {_size(st.size)}, {st.hits} hits, "
+            f"{st.misses} misses, {_secs(st.saved)} of computing saved"
+        )
+        rows = [
+            [
+                e["key"][:12],
+                ", ".join(f"{k}={v}" for k, v in e["args"].items())[:80],
+                _size(e["size"]),
+                _age(e["created"]),
+                _age(e["last_used"]),
+                _secs(e["duration"]),
+            ]
+            for e in entries
+        ]
+        _table("Entries", ["key", "arguments", "size", "created", "last use", "compute"], rows)
+        return OK
+    pack = inventory.find_pack(location, args.name)
+    if pack is None:
+        print(f"no function or pack named {args.name!r} in {location}", file=sys.stderr)
+        return USAGE
+    if args.json:
+        _dump(pack.as_dict())
+        return OK if not pack.error else PROBLEM
+    if pack.error:
+        print(f"{pack.path}: {pack.error}")
+        return PROBLEM
+    print(f"{pack.path}: {pack.samples:,} samples, {_size(pack.size)}, pack format version 1")
+    rows = [
+        [
+            f["name"],
+            f["kind"] + (" (some None)" if f.get("nullable") else ""),
+            f.get("dtype", "-"),
+            str(f.get("shape", f.get("ndim", "-"))),
+        ]
+        for f in pack.fields
+    ]
+    _table("Fields", ["field", "kind", "dtype", "shape (column) or ndim (ragged)"], rows)
+    return OK
+
+
+def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
+    from . import inventory
+
+    if args.name is None:
+        n_funcs, found = len(inventory.functions(mem)), inventory.packs(location, detail=False)
+        mem.clear(warn=False)
+        for p in found:
+            _remove_pack(p.path)
+        print(f"cleared {n_funcs} functions and {len(found)} dataset packs in {location}")
+        return OK
+    st = inventory.find_function(mem, args.name)
+    if st is not None:
+        assert mem.store is not None
+        mem.store.delete(st.folder)
+        print(f"cleared {st.func} ({st.entries} entries, {_size(st.size)})")
+        return OK
+    pack = inventory.find_pack(location, args.name)
+    if pack is None:
+        print(f"no function or pack named {args.name!r} in {location}", file=sys.stderr)
+        return USAGE
+    _remove_pack(pack.path)
+    print(f"removed {pack.name} ({_size(pack.size)})")
+    return OK
+
+
+def _remove_pack(path: str) -> None:
+    for p in (path, path + ".lock"):
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
+    from . import inventory
+
+    try:
+        max_size = parse_bytes(args.max_size)
+        older = parse_duration(args.older_than)
+    except (ValueError, TypeError) as exc:
+        print(f"mlcache prune: {exc}", file=sys.stderr)
+        return USAGE
+    if max_size is None and older is None:
+        print("mlcache prune: give --max-size and/or --older-than", file=sys.stderr)
+        return USAGE
+    plan = inventory.prune(mem, max_size=max_size, older_than=older, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    if args.json:
+        _dump(
+            {
+                "dry_run": args.dry_run,
+                "removed": [
+                    {"name": e.name, "size": e.size, "last_used": e.last_used} for e in plan
+                ],
+            }
+        )
+        return OK
+    for e in plan:
+        print(f"{verb} {e.name} ({_size(e.size)}, last used {_age(e.last_used)})")
+    print(f"{verb} {len(plan)} items, {_size(sum(e.size for e in plan))}")
+    return OK
+
+
+def _verify(mem: Memory, location: str, args: argparse.Namespace) -> int:
+    from . import inventory
+    from .data.format import PackCorrupted
+    from .data.reader import PackedDataset
+
+    damaged = mem.verify(fix=args.fix)
+    bad_packs = []
+    for p in inventory.packs(location, detail=False):
+        try:
+            PackedDataset(p.path).verify()
+        except (PackCorrupted, OSError) as exc:
+            bad_packs.append({"name": p.name, "error": str(exc)})
+            if args.fix:
+                _remove_pack(p.path)
+    if args.json:
+        _dump(
+            {
+                "location": location,
+                "damaged": damaged,
+                "damaged_packs": bad_packs,
+                "fixed": args.fix,
+            }
+        )
+    else:
+        for name in damaged:
+            print(f"damaged entry: {name}" + (" (removed)" if args.fix else ""))
+        for bad in bad_packs:
+            print(
+                f"damaged pack: {bad['name']}: {bad['error']}" + (" (removed)" if args.fix else "")
+            )
+        print(f"{len(damaged)} damaged entries, {len(bad_packs)} damaged packs in {location}")
+    return PROBLEM if (damaged or bad_packs) and not args.fix else OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for root in (os.getcwd(), os.path.dirname(os.path.dirname(here))):
+        script = os.path.join(root, "benchmarks", "run_all.py")
+        if os.path.exists(script):
+            cmd = [sys.executable, script, *(["--quick"] if args.quick else [])]
+            return subprocess.call(cmd)
+    print(
+        "mlcache bench runs the scripts in benchmarks/ of a source checkout; "
+        "run it from the repository folder",
+        file=sys.stderr,
+    )
+    return USAGE
+
+
+# -- the parser -------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlcache", description="Inspect and manage an mlcache cache; run the demo."
+    )
     parser.add_argument("--version", action="version", version=f"mlcache {__version__}")
     parser.add_argument(
         "--location",
@@ -21,12 +295,33 @@ def main(argv: list[str] | None = None) -> int:
         help="cache folder (default: $MLCACHE_DIR or the user cache folder)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    verify = sub.add_parser("verify", help="check every entry's checksums")
-    verify.add_argument("--fix", action="store_true", help="remove damaged entries")
-    verify.add_argument("--json", action="store_true", help="machine-readable output")
-    demo = sub.add_parser("demo", help="time the function cache on generated data")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    command("ls", "functions and datasets in the cache: entries, size, last use, hits, time saved")
+    p = command("info", "one function's entries, or one pack's fields")
+    p.add_argument("name", help="a function (its name or module.name) or a pack")
+    p = command("clear", "remove everything, or one function's results or one pack")
+    p.add_argument("name", nargs="?", default=None, help="a function or a pack (default: all)")
+    p = command("prune", "remove least recently used results and packs")
+    p.add_argument("--max-size", default=None, help="keep at most this much, e.g. 10GB")
+    p.add_argument("--older-than", default=None, help="remove what was unused for, e.g. 7d")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    p = command("verify", "check every entry's and pack's checksums")
+    p.add_argument("--fix", action="store_true", help="remove damaged entries and packs")
+    demo = sub.add_parser("demo", help="show what mlcache saves, timed on generated data")
     demo.add_argument("--size", type=int, default=4000, help="array side (default 4000)")
     demo.add_argument("--quick", action="store_true", help="a small, fast run (for CI)")
+    bench = sub.add_parser("bench", help="run benchmarks/ (a source checkout) and print ratios")
+    bench.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo
@@ -34,22 +329,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.size <= 0:
             parser.error(f"--size must be positive, got {args.size}")
         run_demo(size=300 if args.quick else args.size, location=args.location)
-        return 0
-    location = args.location or default_location()
+        return OK
+    if args.command == "bench":
+        return _bench(args)
+    location = os.path.abspath(args.location or default_location())
     if not os.path.isdir(location):
         print(f"no cache at {location}", file=sys.stderr)
-        return 2
+        return USAGE
     mem = Memory(location, verbose=0)
-    if args.command == "verify":
-        damaged = mem.verify(fix=args.fix)
-        if args.json:
-            print(json.dumps({"location": location, "damaged": damaged, "fixed": args.fix}))
-        else:
-            for name in damaged:
-                print(f"damaged: {name}" + (" (removed)" if args.fix else ""))
-            print(f"{len(damaged)} damaged entries in {location}")
-        return 1 if damaged and not args.fix else 0
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    handlers = {"ls": _ls, "info": _info, "clear": _clear, "prune": _prune, "verify": _verify}
+    return handlers[args.command](mem, location, args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,7 +21,7 @@ from typing import Any
 from .names import cached_objects, entry_folder
 from .store import EntryStat, Store
 
-__all__ = ["FLUSH_SECONDS", "SizeGuard", "UsageLog", "enforce_limits"]
+__all__ = ["FLUSH_SECONDS", "SizeGuard", "UsageLog", "enforce_limits", "plan_eviction"]
 
 FLUSH_SECONDS = 2.0
 #: a store's size is re-read at least this often while writing (other processes write too)
@@ -180,30 +180,25 @@ _flush_at_process_exit()
 multiprocessing.util.register_after_fork(_flush_all, _flush_at_process_exit)
 
 
-def enforce_limits(
-    store: Store,
+def plan_eviction(
+    entries: Iterable[EntryStat],
     *,
     bytes_limit: int | None = None,
     items_limit: int | None = None,
     age_limit: float | None = None,
     protect: Iterable[str] = (),
-    entries: Iterable[EntryStat] | None = None,
 ) -> list[EntryStat]:
-    """Delete least-recently-used entries until the store fits the limits.
+    """What to delete, least recently used first, for ``entries`` to fit the limits.
 
-    ``age_limit`` is in seconds since last use. Names in ``protect`` (the entry
-    just written) are never removed. ``entries`` is a listing just made, if any.
-    Returns what was removed.
+    ``age_limit`` is in seconds since last use; names in ``protect`` are kept.
     """
     keep = set(protect)
-    entries = sorted(
-        cached_objects(store) if entries is None else entries, key=lambda e: e.last_used
-    )
-    total = sum(e.size for e in entries)
-    count = len(entries)
+    ordered = sorted(entries, key=lambda e: e.last_used)
+    total = sum(e.size for e in ordered)
+    count = len(ordered)
     now = time.time()
-    removed = []
-    for e in entries:
+    chosen = []
+    for e in ordered:
         too_old = age_limit is not None and now - e.last_used > age_limit
         too_big = bytes_limit is not None and total > bytes_limit
         too_many = items_limit is not None and count > items_limit
@@ -213,11 +208,36 @@ def enforce_limits(
             continue
         if e.name in keep:
             continue
+        total -= e.size
+        count -= 1
+        chosen.append(e)
+    return chosen
+
+
+def enforce_limits(
+    store: Store,
+    *,
+    bytes_limit: int | None = None,
+    items_limit: int | None = None,
+    age_limit: float | None = None,
+    protect: Iterable[str] = (),
+    entries: Iterable[EntryStat] | None = None,
+) -> list[EntryStat]:
+    """Delete least-recently-used entries until the store fits the limits (see
+    :func:`plan_eviction`). ``entries`` is a listing just made, if any. Returns
+    what was removed."""
+    plan = plan_eviction(
+        cached_objects(store) if entries is None else entries,
+        bytes_limit=bytes_limit,
+        items_limit=items_limit,
+        age_limit=age_limit,
+        protect=protect,
+    )
+    removed = []
+    for e in plan:
         try:
             store.delete(e.name)
         except (OSError, ValueError):
             continue
-        total -= e.size
-        count -= 1
         removed.append(e)
     return removed
