@@ -19,6 +19,7 @@ from typing import Any
 from . import __version__
 from ._default import default_location
 from .config import parse_bytes, parse_duration
+from .data.cached import remove_pack
 from .memory import Memory
 
 OK, PROBLEM, USAGE = 0, 1, 2
@@ -176,7 +177,7 @@ def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
         n_funcs, found = len(inventory.functions(mem)), inventory.packs(location, detail=False)
         mem.clear(warn=False)
         for p in found:
-            _remove_pack(p.path)
+            remove_pack(p.path)
         print(f"cleared {n_funcs} functions and {len(found)} dataset packs in {location}")
         return OK
     st = inventory.find_function(mem, args.name)
@@ -189,17 +190,9 @@ def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
     if pack is None:
         print(f"no function or pack named {args.name!r} in {location}", file=sys.stderr)
         return USAGE
-    _remove_pack(pack.path)
+    remove_pack(pack.path)
     print(f"removed {pack.name} ({_size(pack.size)})")
     return OK
-
-
-def _remove_pack(path: str) -> None:
-    for p in (path, path + ".lock"):
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
 
 
 def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
@@ -245,7 +238,7 @@ def _verify(mem: Memory, location: str, args: argparse.Namespace) -> int:
         except (PackCorrupted, OSError) as exc:
             bad_packs.append({"name": p.name, "error": str(exc)})
             if args.fix:
-                _remove_pack(p.path)
+                remove_pack(p.path)
     if args.json:
         _dump(
             {

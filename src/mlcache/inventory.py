@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from .data.cached import remove_pack
 from .data.format import PackCorrupted
 from .data.reader import PackedDataset
 from .limits import plan_eviction
@@ -167,10 +168,7 @@ def prune(
     for e in plan:
         try:
             if e.name.endswith(".pack"):
-                path = os.path.join(location, e.name)
-                os.unlink(path)
-                if os.path.exists(path + ".lock"):
-                    os.unlink(path + ".lock")
+                remove_pack(os.path.join(location, e.name))
             else:
                 mem.store.delete(e.name)
         except (OSError, ValueError):

@@ -42,9 +42,18 @@ from .format import PackCorrupted
 from .reader import PackedDataset
 from .writer import pack
 
-__all__ = ["CachedDataset"]
+__all__ = ["CachedDataset", "remove_pack"]
 
 logger = logging.getLogger("mlcache")
+
+
+def remove_pack(path: str) -> None:
+    """Delete a pack and its build lock (a reader that has it mapped keeps its map)."""
+    for p in (path, path + ".lock"):
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
 
 
 class CachedDataset(Sequence[Any]):
@@ -211,14 +220,12 @@ class CachedDataset(Sequence[Any]):
         folder, mine = os.path.split(self.pack_path)
         for name in os.listdir(folder):
             if name.startswith(self._args_id + "-") and name.endswith(".pack") and name != mine:
-                for path in (os.path.join(folder, name), os.path.join(folder, name + ".lock")):
-                    try:
-                        os.unlink(path)
-                    except FileNotFoundError:
-                        pass
-                    except OSError as exc:  # housekeeping: never fail the build for it
-                        logger.debug("mlcache: could not remove %s: %s", path, exc)
-                logger.info("mlcache: removed the older pack %s", name)
+                try:
+                    remove_pack(os.path.join(folder, name))
+                except OSError as exc:  # housekeeping: never fail the build for it
+                    logger.debug("mlcache: could not remove %s: %s", name, exc)
+                else:
+                    logger.info("mlcache: removed the older pack %s", name)
 
     def _try_open(self) -> PackedDataset | None:
         try:
