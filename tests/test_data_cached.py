@@ -75,18 +75,21 @@ def test_a_changed_source_file_rebuilds(source, tmp_path):
     ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     assert len(BUILDS) == 2
     assert ds[0]["age"] == read_patient(victim)["age"]
-    # the older version of the pack is gone, the pack of other arguments stays
+    # the first version, replaced a moment ago, is left a while (another job may use
+    # it); the pack of other arguments stays
     other = source.parent / "other"
     write_patients(other, 3, seed=4)
     PatientSeries(other, cache_dir=tmp_path / "cache", progress=False)
     packs = sorted(p.name for p in Path(ds.pack_path).parent.glob("*.pack"))
-    assert len(packs) == 2 and Path(ds.pack_path).name in packs
+    assert len(packs) == 3 and Path(ds.pack_path).name in packs
     time.sleep(0.01)  # a new modification time even on coarse clocks
     victim.write_text(text.replace("# age: 1", "# age: 2", 1))
+    old = Path(ds.pack_path)
+    os.utime(old, (time.time() - 3600, time.time() - 3600))  # past the grace period
     again = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     packs = sorted(p.name for p in Path(ds.pack_path).parent.glob("*.pack"))
-    assert len(packs) == 2 and Path(again.pack_path).name in packs
-    assert Path(ds.pack_path).name not in packs
+    assert Path(again.pack_path).name in packs and old.name not in packs
+    assert len(packs) == 3  # the other arguments' pack and the recent first version stay
     assert ds[1]["id"] == again[1]["id"]  # the replaced pack is still readable while open
 
 
@@ -363,3 +366,14 @@ def test_tensors_share_the_memory_map(source, tmp_path, method):
     )
     ids = [s["id"] for s in loader]
     assert ids == [ds[i]["id"] for i in range(len(ds))]
+
+
+def test_a_fresh_worker_meeting_a_damaged_header_rebuilds(source, tmp_path):
+    ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    worker = pickle.loads(pickle.dumps(ds))  # as a DataLoader worker gets it: not yet opened
+    path = Path(ds.pack_path)
+    data = bytearray(path.read_bytes())
+    data[20] ^= 0xFF  # the header
+    path.write_bytes(bytes(data))
+    assert worker[3]["id"] == read_patient(sorted(source.glob("*.csv"))[3])["id"]
+    assert len(BUILDS) == 2

@@ -346,3 +346,26 @@ def test_strings_with_lone_surrogates_round_trip(tmp_path):
     )
     assert [ds[i]["s"] for i in range(4)] == values
     assert [ds[i]["b"] for i in range(4)] == [v.encode("utf-8", "surrogatepass") for v in values]
+
+
+def test_an_index_naming_an_object_dtype_is_refused(tmp_path):
+    """Object dtypes would turn the file's bytes into pointers: a hostile index that
+    asks for one (with valid checksums) is refused at open."""
+    import json as _json
+
+    ds = pack(
+        ({"x": np.arange(i + 1.0), "y": np.ones((i + 1, i + 2))} for i in range(4)),
+        tmp_path / "o.pack",
+        progress=False,
+    )
+    data = bytearray(Path(ds.path).read_bytes())
+    n, i_off, _, _ = fmt.read_header(bytes(data[:64]), len(data), "t")
+    index = _json.loads(bytes(data[i_off:]))
+    for field in index["fields"]:
+        field["dtype"] = "|O"
+    new_index = _json.dumps(index).encode()
+    forged = bytes(data[64:i_off]) + new_index
+    p = tmp_path / "forged.pack"
+    p.write_bytes(fmt.pack_header(n, i_off, new_index) + forged)
+    with pytest.raises(PackCorrupted, match="dtype"):
+        PackedDataset(p)

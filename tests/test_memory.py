@@ -29,6 +29,7 @@ from mlcache import (
     UnsupportedValue,
     expires_after,
 )
+from mlcache.names import entries
 
 CALLS: list[object] = []
 
@@ -444,13 +445,13 @@ def test_reduce_size_limits(mem):
         f(np.full(1000, i, dtype=np.float64))
         time.sleep(0.01)
     mem.reduce_size(items_limit=3)
-    assert len(list(mem.store.list())) == 3
+    assert len(list(entries(mem.store))) == 3
     assert f.check_call_in_cache(np.full(1000, 4, dtype=np.float64))
-    size_one = max(e.size for e in mem.store.list())
+    size_one = max(e.size for e in entries(mem.store))
     mem.reduce_size(bytes_limit=size_one)
-    assert len(list(mem.store.list())) == 1
+    assert len(list(entries(mem.store))) == 1
     mem.reduce_size(age_limit=datetime.timedelta(seconds=0))
-    assert list(mem.store.list()) == []
+    assert list(entries(mem.store)) == []  # statistics entries are not results
     with pytest.raises(ValueError):
         mem.reduce_size(items_limit=-1)
 

@@ -117,3 +117,10 @@ def test_a_forked_child_counts_its_own_calls(tmp_path):
     os.waitpid(pid, 0)
     st = f.stats()
     assert (st.hits, st.misses) == (2, 1)  # the parent's hit and the child's
+
+
+def test_a_memory_mapped_miss_is_not_also_a_hit(tmp_path):
+    f = Memory(tmp_path, mmap_mode="r", verbose=0).cache(slow_square)
+    f(np.arange(3.0))
+    st = f.stats()
+    assert (st.hits, st.misses, st.saved) == (0, 1, 0.0)

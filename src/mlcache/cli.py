@@ -235,10 +235,12 @@ def _verify(mem: Memory, location: str, args: argparse.Namespace) -> int:
     for p in inventory.packs(location, detail=False):
         try:
             PackedDataset(p.path).verify()
-        except (PackCorrupted, OSError) as exc:
+        except PackCorrupted as exc:
             bad_packs.append({"name": p.name, "error": str(exc)})
             if args.fix:
                 remove_pack(p.path)
+        except OSError as exc:  # unreadable is not damaged: reported, never removed
+            bad_packs.append({"name": p.name, "error": f"cannot read: {exc}"})
     if args.json:
         _dump(
             {
@@ -262,12 +264,12 @@ def _verify(mem: Memory, location: str, args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import subprocess
 
+    # only the checkout this package was installed from (src/mlcache -> ../../benchmarks),
+    # never a script found in the current folder
     here = os.path.dirname(os.path.abspath(__file__))
-    for root in (os.getcwd(), os.path.dirname(os.path.dirname(here))):
-        script = os.path.join(root, "benchmarks", "run_all.py")
-        if os.path.exists(script):
-            cmd = [sys.executable, script, *(["--quick"] if args.quick else [])]
-            return subprocess.call(cmd)
+    script = os.path.join(os.path.dirname(os.path.dirname(here)), "benchmarks", "run_all.py")
+    if os.path.exists(script):
+        return subprocess.call([sys.executable, script, *(["--quick"] if args.quick else [])])
     print(
         "mlcache bench runs the scripts in benchmarks/ of a source checkout; "
         "run it from the repository folder",
@@ -331,7 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE
     mem = Memory(location, verbose=0)
     handlers = {"ls": _ls, "info": _info, "clear": _clear, "prune": _prune, "verify": _verify}
-    return handlers[args.command](mem, location, args)
+    try:
+        return handlers[args.command](mem, location, args)
+    except ValueError as exc:  # an ambiguous name
+        print(f"mlcache {args.command}: {exc}", file=sys.stderr)
+        return USAGE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,7 +17,7 @@ from .data.format import PackCorrupted
 from .data.reader import PackedDataset
 from .limits import plan_eviction
 from .memory import Memory
-from .names import cached_objects, is_entry
+from .names import cached_objects, entries, is_entry
 from .results import read_entry_info
 from .stats import FunctionStats
 from .store import EntryStat
@@ -60,10 +60,16 @@ def functions(mem: Memory) -> list[FunctionStats]:
 
 
 def find_function(mem: Memory, name: str) -> FunctionStats | None:
-    """The function whose identity is ``name`` or ends with ``.name``."""
+    """The function whose identity is ``name``, or the only one ending with
+    ``.name``; ``ValueError`` naming the candidates when several do."""
     found = [st for st in functions(mem) if st.func == name or st.func.endswith("." + name)]
     exact = [st for st in found if st.func == name]
-    return (exact or found)[0] if found else None
+    if exact:
+        return exact[0]
+    if len(found) > 1:
+        names = ", ".join(st.func for st in found)
+        raise ValueError(f"{name!r} names several functions: {names}; give the full name")
+    return found[0] if found else None
 
 
 def function_entries(mem: Memory, st: FunctionStats) -> list[dict[str, Any]]:
@@ -159,7 +165,7 @@ def prune(
     assert mem.store is not None
     location = mem.store.location
     mem._usage.flush()  # type: ignore[union-attr]
-    candidates = [e for e in cached_objects(mem.store) if is_entry(e.name)]
+    candidates = list(entries(mem.store))
     candidates += pack_entries(location)
     plan = plan_eviction(candidates, bytes_limit=max_size, age_limit=older_than)
     if dry_run:

@@ -18,7 +18,8 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from .names import cached_objects, entry_folder
+from .names import entries as result_entries
+from .names import entry_folder
 from .store import EntryStat, Store
 
 __all__ = ["FLUSH_SECONDS", "SizeGuard", "UsageLog", "enforce_limits", "plan_eviction"]
@@ -144,7 +145,7 @@ class SizeGuard:
                 if self._estimate <= self.bytes_limit:
                     return []
         self._usage.flush()
-        entries = list(cached_objects(self._store))
+        entries = list(result_entries(self._store))
         total = sum(e.size for e in entries)
         removed: list[EntryStat] = []
         if total > self.bytes_limit:
@@ -227,7 +228,7 @@ def enforce_limits(
     :func:`plan_eviction`). ``entries`` is a listing just made, if any. Returns
     what was removed."""
     plan = plan_eviction(
-        cached_objects(store) if entries is None else entries,
+        result_entries(store) if entries is None else entries,
         bytes_limit=bytes_limit,
         items_limit=items_limit,
         age_limit=age_limit,

@@ -264,7 +264,9 @@ class MemorizedFunc(Generic[P, R]):
             self._store.delete(name)
         return False
 
-    def _load(self, name: str, mmap_mode: str | None, *, validate: bool = True) -> Any:
+    def _load(
+        self, name: str, mmap_mode: str | None, *, validate: bool = True, hit: bool = True
+    ) -> Any:
         """The cached value of ``name`` (an entry of the current code folder), or ``_MISS``."""
         path = self._path(name)
         if validate and not self._valid(name, path):
@@ -278,7 +280,8 @@ class MemorizedFunc(Generic[P, R]):
         got = self._read(name, read)
         if got is _MISS:
             return _MISS
-        self.memory._usage.note(name, got[1])  # type: ignore[union-attr]
+        if hit:
+            self.memory._usage.note(name, got[1])  # type: ignore[union-attr]
         return got[0]
 
     def _store_result(
@@ -375,7 +378,7 @@ class MemorizedFunc(Generic[P, R]):
         meta = self._store_result(keyed, out, duration, args, kwargs)
         if meta is not None and self.mmap_mode is not None:
             # consistent with later hits: return the memory-mapped copy
-            loaded = self._load(keyed[0], self.mmap_mode, validate=False)
+            loaded = self._load(keyed[0], self.mmap_mode, validate=False, hit=False)
             if loaded is not _MISS:
                 out = loaded
         return out, meta

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from .store import EntryStat, Store
 
-__all__ = ["STATS", "cached_objects", "entry_folder", "is_entry", "is_stats"]
+__all__ = ["STATS", "cached_objects", "entries", "entry_folder", "is_entry", "is_stats"]
 
 #: the folder of a function's statistics, beside its code versions
 STATS = "stats"
@@ -47,4 +47,11 @@ def cached_objects(store: Store, prefix: str = "") -> Iterator[EntryStat]:
     entries, nothing else found there."""
     for e in store.list(prefix):
         if _ENTRY.fullmatch(e.name) or _STATS.fullmatch(e.name):
+            yield e
+
+
+def entries(store: Store, prefix: str = "") -> Iterator[EntryStat]:
+    """The result entries under ``prefix`` (what eviction and limits count)."""
+    for e in store.list(prefix):
+        if _ENTRY.fullmatch(e.name):
             yield e

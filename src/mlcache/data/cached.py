@@ -29,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -47,13 +48,17 @@ __all__ = ["CachedDataset", "remove_pack"]
 logger = logging.getLogger("mlcache")
 
 
+#: an older version of a pack is removed once it has not been rebuilt for this long
+_GRACE_SECONDS = 600.0
+
+
 def remove_pack(path: str) -> None:
-    """Delete a pack and its build lock (a reader that has it mapped keeps its map)."""
-    for p in (path, path + ".lock"):
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
+    """Delete a pack (a reader that has it mapped keeps its map). Its lock file
+    stays: a builder may hold it, and a new lock file would let a second build in."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class CachedDataset(Sequence[Any]):
@@ -140,7 +145,10 @@ class CachedDataset(Sequence[Any]):
                 "and load_item()"
             )
         items = list(self.source_items())
-        if self._num_workers <= 1:
+        import multiprocessing
+
+        # a DataLoader worker (a daemon) rebuilding the pack cannot have children
+        if self._num_workers <= 1 or multiprocessing.current_process().daemon:
             return _Counted(map(self.load_item, items), len(items))
         return _Counted(self._parallel(items), len(items))
 
@@ -218,10 +226,14 @@ class CachedDataset(Sequence[Any]):
         """Delete the packs this one replaces (same arguments, older code or source);
         a process still reading one keeps its map (the file goes when it closes)."""
         folder, mine = os.path.split(self.pack_path)
+        now = time.time()
         for name in os.listdir(folder):
             if name.startswith(self._args_id + "-") and name.endswith(".pack") and name != mine:
+                path = os.path.join(folder, name)
                 try:
-                    remove_pack(os.path.join(folder, name))
+                    if now - os.stat(path).st_mtime < _GRACE_SECONDS:
+                        continue  # maybe another job's current version: leave it a while
+                    remove_pack(path)
                 except OSError as exc:  # housekeeping: never fail the build for it
                     logger.debug("mlcache: could not remove %s: %s", name, exc)
                 else:
@@ -241,7 +253,10 @@ class CachedDataset(Sequence[Any]):
     def packed(self) -> PackedDataset:
         """The underlying :class:`PackedDataset` (opened on first use in a new process)."""
         if self._pack is None:
-            self._pack = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
+            try:
+                self._pack = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
+            except FileNotFoundError:  # removed since (clear, prune): build it again
+                self._pack = self._open_or_build(False, False)
         return self._pack
 
     def __len__(self) -> int:
@@ -265,7 +280,7 @@ class CachedDataset(Sequence[Any]):
         """Damage found while reading: log it, rebuild the pack (or open the one
         another process rebuilt meanwhile) and read from that."""
         logger.warning("mlcache: %s; rebuilding it", exc)
-        damaged = self.packed.file_id
+        damaged = self._pack.file_id if self._pack is not None else None
         self._pack = self._open_or_build(False, False, damaged=damaged)
         return self._pack
 

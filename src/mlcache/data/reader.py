@@ -78,8 +78,11 @@ class _Region:
                     raise PackCorrupted(f"{self.path}: checksum mismatch in block {b} of a region")
                 self.checked[b] = 1
                 self.pending -= 1
-                if not self.pending and self.on_complete is not None:
-                    self.on_complete()
+                # recounted: two threads verifying one block both decrement
+                if self.pending <= 0 and self.on_complete is not None:
+                    self.pending = self.checked.count(0)
+                    if not self.pending:
+                        self.on_complete()
 
     def table(self, rows: int, cols: int = 1) -> np.ndarray:
         """The whole region, verified now, as an int64 table of ``rows`` x ``cols``."""
@@ -113,6 +116,13 @@ class _Field:
         if self.kind not in ("none", "column", "ragged", "str", "bytes", "pickle"):
             raise PackCorrupted(f"{path}: field {self.name!r} has unknown kind {self.kind!r}")
         self.dtype = np.dtype(spec.get("dtype", "|u1"))
+        if (
+            self.dtype.hasobject
+            or self.dtype.fields is not None
+            or self.dtype.kind not in "biufcmM"
+        ):
+            # only plain numbers are ever written; anything else in an index is hostile
+            raise PackCorrupted(f"{path}: field {self.name!r} has dtype {self.dtype}")
         self.ndim = int(spec.get("ndim", 0))
         self.row = 0  # bytes of a column's row, or of one step along a ragged first axis
         self.inner: tuple[int, ...] | None = None  # a ragged field's fixed trailing shape

@@ -135,9 +135,10 @@ class _Field:
         size = 0
         if self.fixed:
             size = self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64))
-            zeros = bytes(size * min(k, 1 << 10))
-            for left in range(k, 0, -(1 << 10)):
-                self.spill.write(zeros[: size * min(left, 1 << 10)])
+            per = max(1, (1 << 20) // max(size, 1))  # rows per write: ~1 MiB at a time
+            zeros = bytes(size * min(k, per))
+            for left in range(k, 0, -per):
+                self.spill.write(zeros[: size * min(left, per)])
         elif self.kind == "column":  # empty along the first axis, like the others after
             self.shapes.extend((0, *self.shape[1:]) * k)
         end = self.offsets[-1]
