@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +20,42 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_demo_quick_prints_timings_and_leaves_nothing(tmp_path):
-    res = run("--location", str(tmp_path), "demo", "--quick")
+def test_demo_quick_prints_timings_writes_a_chart_and_a_report(tmp_path):
+    out = tmp_path / "report"
+    res = subprocess.run(
+        [sys.executable, "-m", "mlcache", "demo", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "MLCACHE_DIR": str(tmp_path / "never-used")},
+    )
     assert res.returncode == 0, res.stderr
-    assert "mlcache repeated, mmap" in res.stdout
-    assert "after clear(), original call in cache? False" in res.stdout
+    text = res.stdout
+    for step in (
+        "read the files (every run)",
+        "mlcache.data: repeated run (open)",
+        "mlcache.data",
+        'mlcache: repeated, mmap_mode="r"',
+        "joblib: repeated call",
+    ):
+        assert step in text
+    assert "argument 'scale' changed since the last entry" in text
+    assert "the dataset was rebuilt, once" in text
+    assert "after clear(), the first call is cached? False" in text
+    # the chart is a real image of some size
+    import matplotlib.image
+
+    image = matplotlib.image.imread(out / "mlcache-demo.png")
+    assert image.shape[0] > 400 and image.shape[1] > 600
+    # the report holds the very numbers printed
+    report = (out / "mlcache-demo.md").read_text()
+    printed = re.findall(r"\d[\d,]*\.\d+x (?:faster|slower)", text)
+    assert printed and all(p in report for p in printed)
+    assert "![timings](mlcache-demo.png)" in report
+    # caches went to a temporary folder, removed: nothing in the user's cache
+    assert not (tmp_path / "never-used").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
 def test_verify_reports_and_fixes_damage(tmp_path):

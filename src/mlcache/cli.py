@@ -308,7 +308,13 @@ def _parser() -> argparse.ArgumentParser:
     p = command("verify", "check every entry's and pack's checksums")
     p.add_argument("--fix", action="store_true", help="remove damaged entries and packs")
     demo = sub.add_parser("demo", help="show what mlcache saves, timed on generated data")
-    demo.add_argument("--size", type=int, default=4000, help="array side (default 4000)")
+    demo.add_argument("--size", type=int, default=None, help="array side (default 4000)")
+    demo.add_argument(
+        "--patients", type=int, default=None, help="patient files to generate (default 5000)"
+    )
+    demo.add_argument(
+        "--out", default="mlcache-demo", help="folder of the chart and report (./mlcache-demo)"
+    )
     demo.add_argument("--quick", action="store_true", help="a small, fast run (for CI)")
     bench = sub.add_parser("bench", help="run benchmarks/ (a source checkout) and print ratios")
     bench.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
@@ -321,9 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
-        if args.size <= 0:
-            parser.error(f"--size must be positive, got {args.size}")
-        run_demo(size=300 if args.quick else args.size, location=args.location)
+        size = args.size or (300 if args.quick else 4000)
+        patients = args.patients or (300 if args.quick else 5000)
+        if size <= 0 or patients <= 0:
+            parser.error("--size and --patients must be positive")
+        run_demo(size=size, patients=patients, location=args.location, out_dir=args.out)
         return OK
     if args.command == "bench":
         return _bench(args)

@@ -1,32 +1,87 @@
-"""``mlcache demo``: what the function cache saves, timed on this machine.
+"""``mlcache demo``: what mlcache saves, timed on this machine, on generated data.
 
-Times a preprocessing function over a large float64 array: without a cache,
-the first call (compute and store), a repeated call, a repeated call with
-``mmap_mode="r"``, and, when joblib is installed, the same with
-``joblib.Memory`` beside it. Then shows that a changed argument is a miss and
-that ``clear`` works. It uses a temporary folder unless ``location`` is given.
+1. **Dataset loading.** Writes a synthetic MIMIC-like dataset (one CSV file per
+   patient), then times loading it for training three ways: reading the files
+   at every run, the hand-written "pickle the whole list into one file" cache,
+   and ``mlcache.data.CachedDataset``; the first run, a repeated run, and one
+   epoch through a PyTorch DataLoader when torch is installed.
+2. **Function results.** A preprocessing function over a large float64 array:
+   no cache, the first call (compute and store), a repeated call, a repeated
+   call with ``mmap_mode="r"``, and ``joblib.Memory`` beside it if installed.
+3. **A change.** A changed argument is a miss that says which argument; an
+   edited source file rebuilds the dataset once; ``clear`` empties the cache.
+
+Prints a table, and writes a bar chart (``mlcache-demo.png``, with matplotlib)
+and a Markdown report (``mlcache-demo.md``) into ``out``. Everything it caches
+lives in a temporary folder unless ``location`` is given.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import _demo_report as report
+from .data import CachedDataset
+from .data.synthetic import read_patient, write_patients
 from .memory import Memory
 
-__all__ = ["preprocess", "run_demo"]
+__all__ = ["DemoResult", "preprocess", "run_demo"]
 
 
 def preprocess(x: np.ndarray, scale: float = 2.0) -> np.ndarray:
     """A stand-in for feature extraction: a few full passes over the array."""
     centered = x - x.mean(axis=0)
     return np.tanh(centered * scale) + np.sqrt(np.abs(centered))
+
+
+class Patients(CachedDataset):
+    """The demo's dataset: one CSV file per patient, parsed by ``read_patient``."""
+
+    def __init__(self, root: str, **kw: Any) -> None:
+        self.root = root
+        super().__init__(**kw)
+
+    def source_files(self) -> list[str]:
+        names = sorted(n for n in os.listdir(self.root) if n.endswith(".csv"))
+        return [os.path.join(self.root, n) for n in names]
+
+    def load_source(self) -> Iterator[dict[str, Any]]:
+        for path in self.source_files():
+            yield read_patient(path)
+
+
+@dataclass
+class Row:
+    """One timed step: ``group`` (a section), ``name``, seconds, and the baseline
+    (seconds) its speed-up is measured against."""
+
+    group: str
+    name: str
+    seconds: float
+    baseline: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        return None if self.baseline is None or self.seconds <= 0 else self.baseline / self.seconds
+
+
+@dataclass
+class DemoResult:
+    rows: list[Row] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
+    chart: str | None = None
+    report: str | None = None
 
 
 def _timed(fn: Callable[[], Any], repeat: int = 1) -> float:
@@ -39,59 +94,209 @@ def _timed(fn: Callable[[], Any], repeat: int = 1) -> float:
     return best
 
 
+def _progress(iterable: Any, desc: str, total: int | None = None) -> Any:
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, total=total, leave=False, disable=None)
+
+
+# -- 1. datasets ------------------------------------------------------------------------
+def _collate(batch: list[dict[str, Any]]) -> Any:
+    """Pad the vitals of a batch to its longest series; stack the labels."""
+    import torch
+
+    longest = max(s["vitals"].shape[0] for s in batch)
+    vitals = np.zeros((len(batch), longest, batch[0]["vitals"].shape[1]), np.float32)
+    for i, s in enumerate(batch):
+        vitals[i, : s["vitals"].shape[0]] = s["vitals"]
+    return torch.from_numpy(vitals), torch.tensor([s["label"] for s in batch])
+
+
+class _Files:
+    """The no-cache baseline as a map-style dataset: parse the file at each read."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return read_patient(self.paths[i])
+
+
+def _epoch(dataset: Any, workers: int, desc: str) -> float:
+    import torch
+
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=64, shuffle=True, num_workers=workers, collate_fn=_collate
+    )
+    t0 = time.perf_counter()
+    for _ in _progress(loader, desc, total=len(loader)):
+        pass
+    return time.perf_counter() - t0
+
+
+def _datasets(root: str, n: int, out: Callable[[str], None]) -> tuple[list[Row], Patients]:
+    files = os.path.join(root, "patients")
+    t0 = time.perf_counter()
+    write_patients(files, n, seed=0)
+    out(f"wrote {n:,} patient files in {time.perf_counter() - t0:.1f} s ({files})")
+    paths = sorted(str(p) for p in Path(files).glob("*.csv"))
+    group = f"loading {n:,} patient files"
+
+    def read_all() -> list[dict[str, Any]]:
+        return [read_patient(p) for p in _progress(paths, "reading the files")]
+
+    pkl = os.path.join(root, "patients.pkl")
+
+    def pickle_first() -> None:
+        samples = read_all()
+        with open(pkl, "wb") as f:
+            pickle.dump(samples, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def pickle_again() -> list[dict[str, Any]]:
+        with open(pkl, "rb") as f:
+            loaded: list[dict[str, Any]] = pickle.load(f)
+        return loaded
+
+    cache = os.path.join(root, "mlcache-datasets")
+    read_all()  # warm-up: every contender then reads from the page cache
+    read = _timed(read_all)
+    rows = [Row(group, "read the files (every run)", read, read)]
+    rows.append(Row(group, "pickled list: first run (read + dump)", _timed(pickle_first), read))
+    rows.append(Row(group, "pickled list: repeated run (load)", _timed(pickle_again, 3), read))
+    first = _timed(lambda: Patients(files, cache_dir=cache, progress=False))
+    rows.append(Row(group, "mlcache.data: first run (read + pack)", first, read))
+    again = _timed(lambda: Patients(files, cache_dir=cache, progress=False), 3)
+    rows.append(Row(group, "mlcache.data: repeated run (open)", again, read))
+    ds = Patients(files, cache_dir=cache, progress=False)
+    try:
+        import torch  # noqa: F401 (only whether it is installed)
+    except ImportError:
+        out("torch is not installed: the DataLoader epochs are skipped")
+        return rows, ds
+    group = "one DataLoader epoch (batch 64, shuffled, 2 workers)"
+    base = _epoch(_Files(paths), 2, "epoch over the files")
+    rows.append(Row(group, "reading the files", base, base))
+    rows.append(Row(group, "pickled list", _epoch(pickle_again(), 2, "epoch, pickled list"), base))
+    rows.append(Row(group, "mlcache.data", _epoch(ds, 2, "epoch, mlcache"), base))
+    return rows, ds
+
+
+# -- 2. function results ----------------------------------------------------------------
+def _functions(root: str, size: int, out: Callable[[str], None]) -> tuple[list[Row], Any]:
+    x = np.random.default_rng(0).standard_normal((size, size))
+    group = f"preprocess() of a {size}x{size} float64 array ({x.nbytes / 1e6:,.0f} MB)"
+    out(f"timing {group}")
+    mem = Memory(os.path.join(root, "mlcache"), verbose=1)
+    mapped = Memory(os.path.join(root, "mlcache"), mmap_mode="r", verbose=0)
+    cached, cached_mm = mem.cache(preprocess), mapped.cache(preprocess)
+    preprocess(x)  # warm-up: fresh memory is slow to touch the first time on some VMs
+    base = _timed(lambda: preprocess(x), repeat=2)
+    rows = [Row(group, "no cache", base, base)]
+    rows.append(
+        Row(
+            group, "mlcache: first call (compute + store, fsynced)", _timed(lambda: cached(x)), base
+        )
+    )
+    rows.append(Row(group, "mlcache: repeated call", _timed(lambda: cached(x), 3), base))
+    rows.append(
+        Row(group, 'mlcache: repeated, mmap_mode="r"', _timed(lambda: cached_mm(x), 3), base)
+    )
+    try:
+        import joblib
+    except ImportError:
+        out("joblib is not installed: joblib.Memory is not timed beside mlcache")
+        return rows, (cached, x)
+    jm = joblib.Memory(os.path.join(root, "joblib"), verbose=0)
+    jm_mm = joblib.Memory(os.path.join(root, "joblib"), mmap_mode="r", verbose=0)
+    jf, jf_mm = jm.cache(preprocess), jm_mm.cache(preprocess)
+    rows.append(Row(group, "joblib: first call", _timed(lambda: jf(x)), base))
+    rows.append(Row(group, "joblib: repeated call", _timed(lambda: jf(x), 3), base))
+    rows.append(Row(group, 'joblib: repeated, mmap_mode="r"', _timed(lambda: jf_mm(x), 3), base))
+    return rows, (cached, x)
+
+
+# -- 3. a change ------------------------------------------------------------------------
+class _Captured(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _changes(cached: Any, x: np.ndarray, ds: Patients, pickled: str) -> list[str]:
+    lines = []
+    log = logging.getLogger("mlcache")
+    captured = _Captured()
+    log.addHandler(captured)
+    try:
+        cached(x, scale=3.0)
+    finally:
+        log.removeHandler(captured)
+    reason = next((m for m in captured.messages if "calling" in m), "").rpartition(": ")[2]
+    lines.append(f"changed argument, preprocess(x, scale=3.0): a miss, {reason}")
+    victim = ds.source_files()[0]
+    before = read_patient(victim)["age"]
+    text = Path(victim).read_text().replace(f"# age: {before}", f"# age: {before + 1}", 1)
+    Path(victim).write_text(text)
+    t0 = time.perf_counter()
+    again = Patients(ds.root, cache_dir=os.path.dirname(os.path.dirname(ds.pack_path)))
+    took = time.perf_counter() - t0
+    if again.pack_path != ds.pack_path:
+        what = f"was rebuilt, once, in {took:.2f} s: patient 0's age is now {again[0]['age']}"
+    else:
+        what = "was NOT rebuilt"
+    name = os.path.basename(victim)
+    lines.append(
+        f"edited one source file ({name}, age {before} -> {before + 1}): the dataset {what}"
+    )
+    with open(pickled, "rb") as f:
+        stale = pickle.load(f)[0]["age"]
+    lines.append(f"the pickled list after the same edit: still says {stale} (it never looks)")
+    cached.clear(warn=False)
+    lines.append(f"after clear(), the first call is cached? {cached.check_call_in_cache(x)}")
+    return lines
+
+
 def run_demo(
-    size: int = 4000, location: str | None = None, out: Callable[[str], None] = print
-) -> dict[str, float]:
-    """Run the demo on a ``size`` x ``size`` float64 array; return the timings (seconds)."""
+    size: int = 4000,
+    patients: int = 5000,
+    location: str | None = None,
+    out_dir: str = "mlcache-demo",
+    out: Callable[[str], None] = print,
+) -> DemoResult:
+    """Run the three parts of the demo; print and write the report."""
     log = logging.getLogger("mlcache")
     level = log.level
-    log.setLevel(logging.WARNING)
+    log.setLevel(logging.INFO)  # the miss reasons; nothing is printed unless handled
     tmp = None if location is not None else tempfile.mkdtemp(prefix="mlcache-demo-")
     root = location if location is not None else tmp
     assert root is not None
+    result = DemoResult()
     try:
-        x = np.random.default_rng(0).standard_normal((size, size))
-        out(
-            f"mlcache demo: preprocess() on a {size}x{size} float64 array "
-            f"({x.nbytes / 1e6:.0f} MB), cache in {root}"
-        )
-        mem = Memory(f"{root}/mlcache", verbose=0)
-        mapped = Memory(f"{root}/mlcache", mmap_mode="r", verbose=0)
-        cached, cached_mm = mem.cache(preprocess), mapped.cache(preprocess)
-        t: dict[str, float] = {}
-        preprocess(x)  # warm-up: fresh memory is slow to touch the first time on some VMs
-        t["no cache"] = _timed(lambda: preprocess(x), repeat=2)
-        t["mlcache first call"] = _timed(lambda: cached(x))
-        t["mlcache repeated"] = _timed(lambda: cached(x), repeat=3)
-        t["mlcache repeated, mmap"] = _timed(lambda: cached_mm(x), repeat=3)
-        try:
-            import joblib
-        except ImportError:
-            joblib = None
-        if joblib is not None:
-            jm = joblib.Memory(f"{root}/joblib", verbose=0)
-            jm_mm = joblib.Memory(f"{root}/joblib", mmap_mode="r", verbose=0)
-            jf, jf_mm = jm.cache(preprocess), jm_mm.cache(preprocess)
-            t["joblib first call"] = _timed(lambda: jf(x))
-            t["joblib repeated"] = _timed(lambda: jf(x), repeat=3)
-            t["joblib repeated, mmap"] = _timed(lambda: jf_mm(x), repeat=3)
-        base = t["no cache"]
-        out("")
-        out(f"{'step':<28}{'seconds':>10}{'vs no cache':>14}")
-        for name, sec in t.items():
-            out(f"{name:<28}{sec:>10.4f}{base / sec:>13.1f}x")
-        if joblib is not None:
-            out("")
-            plain = t["joblib repeated"] / t["mlcache repeated"]
-            mm = t["joblib repeated, mmap"] / t["mlcache repeated, mmap"]
-            out(f"repeated call: mlcache is {plain:.1f}x faster than joblib; with mmap {mm:.1f}x")
-        out("")
-        changed = cached.check_call_in_cache(x, scale=3.0)
-        out(f"changed argument (scale=3.0) in cache? {changed} -> it will be computed")
-        cached.clear()
-        out(f"after clear(), original call in cache? {cached.check_call_in_cache(x)}")
-        return t
+        out(f"mlcache demo: caches and generated data in {root}")
+        rows, ds = _datasets(root, patients, out)
+        result.rows += rows
+        rows, (cached, x) = _functions(root, size, out)
+        result.rows += rows
+        result.changes = _changes(cached, x, ds, os.path.join(root, "patients.pkl"))
     finally:
         log.setLevel(level)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    report.show(result.rows, result.changes, out)
+    os.makedirs(out_dir, exist_ok=True)
+    result.chart = report.chart(result.rows, os.path.join(out_dir, "mlcache-demo.png"), out)
+    result.report = report.markdown(
+        result.rows, result.changes, result.chart, os.path.join(out_dir, "mlcache-demo.md")
+    )
+    out(f"\nreport: {os.path.abspath(result.report)}")
+    if result.chart:
+        out(f"chart:  {os.path.abspath(result.chart)}")
+    return result
