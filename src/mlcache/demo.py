@@ -128,11 +128,20 @@ class _Files:
 
 
 def _epoch(dataset: Any, workers: int, desc: str) -> float:
+    """One shuffled epoch, timed after a first one: the workers have started and
+    what the dataset does once per process is done, as in every later epoch."""
     import torch
 
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=64, shuffle=True, num_workers=workers, collate_fn=_collate
+        dataset,
+        batch_size=64,
+        shuffle=True,
+        num_workers=workers,
+        collate_fn=_collate,
+        persistent_workers=workers > 0,
     )
+    for _ in _progress(loader, desc + " (warm-up)", total=len(loader)):
+        pass
     t0 = time.perf_counter()
     for _ in _progress(loader, desc, total=len(loader)):
         pass
@@ -178,7 +187,7 @@ def _datasets(root: str, n: int, out: Callable[[str], None]) -> tuple[list[Row],
     except ImportError:
         out("torch is not installed: the DataLoader epochs are skipped")
         return rows, ds
-    group = "one DataLoader epoch (batch 64, shuffled, 2 workers)"
+    group = "one DataLoader epoch (batch 64, shuffled, 2 workers; not the first)"
     base = _epoch(_Files(paths), 2, "epoch over the files")
     rows.append(Row(group, "reading the files", base, base))
     rows.append(Row(group, "pickled list", _epoch(pickle_again(), 2, "epoch, pickled list"), base))

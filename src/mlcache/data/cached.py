@@ -179,7 +179,9 @@ class CachedDataset(Sequence[Any]):
             return ""
         paths, stats = [], array("q")
         for f in files:  # the one cost that grows with the dataset when opening it
-            path = os.path.abspath(f)
+            path = os.fspath(f)
+            if not os.path.isabs(path):
+                path = os.path.abspath(path)
             st = os.stat(path)
             paths.append(path)
             stats.extend((st.st_size, st.st_mtime_ns))
