@@ -124,3 +124,17 @@ def test_a_memory_mapped_miss_is_not_also_a_hit(tmp_path):
     f(np.arange(3.0))
     st = f.stats()
     assert (st.hits, st.misses, st.saved) == (0, 1, 0.0)
+
+
+def test_clear_starts_the_counts_again(tmp_path):
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(slow_square)
+    f(1)
+    f(1)
+    assert f.stats().hits == 1
+    f.clear(warn=False)
+    f(1)
+    st = f.stats()
+    assert (st.hits, st.misses, st.entries) == (0, 1, 1)
+    mem.clear(warn=False)
+    assert mem.stats() == {}

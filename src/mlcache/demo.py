@@ -151,7 +151,7 @@ def _epoch(dataset: Any, workers: int, desc: str) -> float:
 def _datasets(root: str, n: int, out: Callable[[str], None]) -> tuple[list[Row], Patients]:
     files = os.path.join(root, "patients")
     t0 = time.perf_counter()
-    write_patients(files, n, seed=0)
+    write_patients(files, n, seed=0, progress=True)
     out(f"wrote {n:,} patient files in {time.perf_counter() - t0:.1f} s ({files})")
     paths = sorted(str(p) for p in Path(files).glob("*.csv"))
     group = f"loading {n:,} patient files"
@@ -177,7 +177,7 @@ def _datasets(root: str, n: int, out: Callable[[str], None]) -> tuple[list[Row],
     rows = [Row(group, "read the files (every run)", read, read)]
     rows.append(Row(group, "pickled list: first run (read + dump)", _timed(pickle_first), read))
     rows.append(Row(group, "pickled list: repeated run (load)", _timed(pickle_again, 3), read))
-    first = _timed(lambda: Patients(files, cache_dir=cache, progress=False))
+    first = _timed(lambda: Patients(files, cache_dir=cache, progress=True))
     rows.append(Row(group, "mlcache.data: first run (read + pack)", first, read))
     again = _timed(lambda: Patients(files, cache_dir=cache, progress=False), 3)
     rows.append(Row(group, "mlcache.data: repeated run (open)", again, read))

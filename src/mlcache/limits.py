@@ -88,7 +88,7 @@ class UsageLog:
                 self._store.touch(list(hits))
             except (OSError, ValueError):
                 pass  # last-use times are advisory
-            for name, (count, info) in hits.items():
+            for name, (count, info) in list(hits.items()):  # a late note may still land
                 func, duration = _func_and_duration(info)
                 self.stats.add(entry_folder(name), func, hits=count, saved=count * duration)
         self.stats.flush()

@@ -279,6 +279,8 @@ class Memory:
             logger.info("[Memory] clearing the whole cache at %s", self.location)
         for folder in {entry_folder(e.name) for e in cached_objects(self.store)}:
             self.store.delete(folder)
+        assert self._usage is not None
+        self._usage.stats.forget()
 
     def reduce_size(
         self,

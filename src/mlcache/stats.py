@@ -85,6 +85,17 @@ class StatsLog:
             t["computed"] += computed
             self._dirty.add(folder)
 
+    def forget(self, folder: str | None = None) -> None:
+        """Drop this process's totals for ``folder`` (all when None): its results
+        were cleared, so its counts start again."""
+        with self._lock:
+            if folder is None:
+                self._totals.clear()
+                self._dirty.clear()
+            else:
+                self._totals.pop(folder, None)
+                self._dirty.discard(folder)
+
     def flush(self) -> None:
         with self._lock:
             dirty, self._dirty = self._dirty, set()

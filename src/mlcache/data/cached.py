@@ -26,6 +26,7 @@ shows when it is opened or when a read meets a block whose checksum fails.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -243,7 +244,13 @@ class CachedDataset(Sequence[Any]):
 
     def _try_open(self) -> PackedDataset | None:
         try:
-            return PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
+            opened = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
+            if time.time() - os.stat(self.pack_path).st_mtime > _GRACE_SECONDS:
+                # in use: a rebuild of another version leaves it alone a while, and
+                # `mlcache prune --older-than` sees its use even where atime is off
+                with contextlib.suppress(OSError):
+                    os.utime(self.pack_path)
+            return opened
         except FileNotFoundError:
             return None
         except PackCorrupted as exc:

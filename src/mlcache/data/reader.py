@@ -325,6 +325,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
                 raise
             raise PackCorrupted(f"{self.path}: bad field in the index ({exc})") from None
         self._sample: Callable[[int], dict[str, Any]] | None = None  # see _prepare()
+        self._batch_readers: dict[tuple[str, ...], Callable[[int], dict[str, Any]]] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PackedDataset, (self.path,), {"allow_pickle": self.allow_pickle})
@@ -382,6 +383,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
     def _recompile(self) -> None:
         self._sample = self._compile()
+        self._batch_readers.clear()
 
     def _unpickle(self, data: memoryview, name: str) -> Any:
         if not self.allow_pickle:
@@ -411,7 +413,10 @@ class PackedDataset(Sequence[dict[str, Any]]):
                 others.append(field)
                 batch[field.name] = []
         if others:
-            read = self._compile(others)
+            key = tuple(f.name for f in others)
+            read = self._batch_readers.get(key)
+            if read is None:
+                read = self._batch_readers[key] = self._compile(others)
             rows = [read(j) for j in idx.tolist()]
             for field in others:
                 batch[field.name] = [row[field.name] for row in rows]

@@ -31,10 +31,12 @@ def write_patients(
     fmt: str = "csv",
     min_hours: int = 12,
     max_hours: int = 96,
+    progress: bool = False,
 ) -> list[Path]:
     """Write ``n_patients`` files (``p00000.csv`` ...) into ``folder``; return their paths.
 
-    ``fmt`` is ``"csv"`` or ``"json"``.
+    ``fmt`` is ``"csv"`` or ``"json"``; ``progress`` shows a progress bar (tqdm,
+    on a terminal).
 
     >>> import tempfile
     >>> paths = write_patients(tempfile.mkdtemp(), 3, seed=1)
@@ -51,7 +53,15 @@ def write_patients(
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     paths = []
-    for i in range(n_patients):
+    steps: Any = range(n_patients)
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+
+            steps = tqdm(steps, desc="writing patient files", unit=" files", disable=None)
+        except ImportError:
+            pass
+    for i in steps:
         hours = int(rng.integers(min_hours, max_hours + 1))
         age = int(rng.integers(18, 95))
         sex = "F" if rng.random() < 0.5 else "M"
