@@ -40,9 +40,11 @@ def test_demo_quick_prints_timings_writes_a_chart_and_a_report(tmp_path):
         "joblib: repeated call",
     ):
         assert step in text
+    assert "preprocess(x) again: a hit (nothing computed)" in text
     assert "argument 'scale' changed since the last entry" in text
-    assert "the dataset was rebuilt, once" in text
-    assert "after clear(), the first call is cached? False" in text
+    assert "changed code of preprocess(), same call: a miss, its code changed" in text
+    assert "the dataset was rebuilt, once" in text and "opened again: the rebuilt pack" in text
+    assert "after clear(), the last call is cached? False" in text
     # the chart is a real image of some size
     import matplotlib.image
 

@@ -239,17 +239,36 @@ class _Captured(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _changes(cached: Any, x: np.ndarray, ds: Patients, pickled: str) -> list[str]:
-    lines = []
+def _why(call: Callable[[], Any]) -> str:
+    """Run ``call``; return why it computed (its miss reason), or that it did not."""
     log = logging.getLogger("mlcache")
     captured = _Captured()
     log.addHandler(captured)
     try:
-        cached(x, scale=3.0)
+        call()
     finally:
         log.removeHandler(captured)
-    reason = next((m for m in captured.messages if "calling" in m), "").rpartition(": ")[2]
-    lines.append(f"changed argument, preprocess(x, scale=3.0): a miss, {reason}")
+    reason = next((m for m in captured.messages if "calling" in m), None)
+    return "a hit (nothing computed)" if reason is None else "a miss, " + reason.rpartition(": ")[2]
+
+
+# preprocess() with one constant changed, defined in memory (nothing is edited on
+# disk) under the same module and name, as an edited and reloaded file would be
+_EDITED = """
+def preprocess(x, scale=2.0):
+    centered = x - x.mean(axis=0)
+    return np.tanh(centered * scale) + np.sqrt(np.abs(centered)) * 1.5
+"""
+
+
+def _changes(cached: Any, x: np.ndarray, ds: Patients, pickled: str) -> list[str]:
+    lines = [f"preprocess(x) again: {_why(lambda: cached(x))}"]
+    changed = _why(lambda: cached(x, scale=3.0))
+    lines.append(f"changed argument, preprocess(x, scale=3.0): {changed}")
+    ns: dict[str, Any] = {"__name__": __name__, "np": np}
+    exec(_EDITED, ns)  # our own text, above
+    edited = cached.memory.cache(ns["preprocess"])
+    lines.append(f"changed code of preprocess(), same call: {_why(lambda: edited(x))}")
     victim = ds.source_files()[0]
     before = read_patient(victim)["age"]
     text = Path(victim).read_text().replace(f"# age: {before}", f"# age: {before + 1}", 1)
@@ -265,11 +284,15 @@ def _changes(cached: Any, x: np.ndarray, ds: Patients, pickled: str) -> list[str
     lines.append(
         f"edited one source file ({name}, age {before} -> {before + 1}): the dataset {what}"
     )
+    t0 = time.perf_counter()
+    third = Patients(ds.root, cache_dir=os.path.dirname(os.path.dirname(ds.pack_path)))
+    same = "the rebuilt pack" if third.pack_path == again.pack_path else "ANOTHER pack"
+    lines.append(f"opened again: {same}, in {(time.perf_counter() - t0) * 1e3:.0f} ms")
     with open(pickled, "rb") as f:
         stale = pickle.load(f)[0]["age"]
     lines.append(f"the pickled list after the same edit: still says {stale} (it never looks)")
-    cached.clear(warn=False)
-    lines.append(f"after clear(), the first call is cached? {cached.check_call_in_cache(x)}")
+    edited.clear(warn=False)
+    lines.append(f"after clear(), the last call is cached? {edited.check_call_in_cache(x)}")
     return lines
 
 
