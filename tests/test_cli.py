@@ -133,7 +133,7 @@ def test_info_of_a_function_and_of_a_pack(tmp_path):
     assert all(e["size"] > 0 and e["duration"] >= 0 for e in out["entries"])
     res = run("--location", str(tmp_path), "info", "d.pack", "--json")
     out = json.loads(res.stdout)
-    assert out["samples"] == 30
+    assert out["samples"] == 30 and out["version"] == 1 and out["size"] > 0
     assert [f["name"] for f in out["fields"]] == ["x", "y", "name"]
     lines = run("--location", str(tmp_path), "info", "d.pack").stdout.splitlines()
     assert any(" x " in line and "ragged" in line for line in lines)
@@ -184,3 +184,11 @@ def test_verify_covers_packs(tmp_path):
     assert out["damaged"] == [] and out["damaged_packs"][0]["name"].endswith("d.pack")
     assert run("--location", str(tmp_path), "verify", "--fix").returncode == 0
     assert not path.exists()
+
+
+def test_bench_quick_runs_the_benchmarks_and_prints_ratios():
+    res = run("bench", "--quick")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "## Summary (quick run: targets not enforced)" in res.stdout
+    for script in ("bench_hash.py", "bench_hit.py", "bench_miss.py", "bench_data.py"):
+        assert f"| {script} |" in res.stdout

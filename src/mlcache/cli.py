@@ -156,7 +156,10 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
     if pack.error:
         print(f"{pack.path}: {pack.error}")
         return PROBLEM
-    print(f"{pack.path}: {pack.samples:,} samples, {_size(pack.size)}, pack format version 1")
+    print(
+        f"{pack.path}: {pack.samples:,} samples, {_size(pack.size)}, "
+        f"pack format version {pack.version}"
+    )
     rows = [
         [
             f["name"],

@@ -47,6 +47,7 @@ class PackInfo:
     built: float  #: modification time (epoch seconds)
     last_used: float  #: the later of its access and modification times
     samples: int | None = None  #: None when the pack cannot be opened
+    version: int | None = None  #: the pack format version
     fields: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     error: str = ""
 
@@ -126,6 +127,7 @@ def packs(location: str, *, detail: bool = True) -> list[PackInfo]:
             try:
                 ds = PackedDataset(path)
                 info.samples = len(ds)
+                info.version = int(ds.layout.get("version", 0))
                 info.fields = [
                     {k: v for k, v in f.items() if k in ("name", "kind", "dtype", "shape", "ndim")}
                     | {"nullable": "valid" in f}
