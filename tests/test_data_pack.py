@@ -369,3 +369,21 @@ def test_an_index_naming_an_object_dtype_is_refused(tmp_path):
     p.write_bytes(fmt.pack_header(n, i_off, new_index) + forged)
     with pytest.raises(PackCorrupted, match="dtype"):
         PackedDataset(p)
+
+
+def test_a_dropped_dataset_is_freed_at_once(tmp_path):
+    """No reference cycle keeps a read pack (and its map) alive until the next GC."""
+    import gc
+    import weakref
+
+    path = pack(patients(20), tmp_path / "f.pack", progress=False, block_size=64).path
+    gc.disable()
+    try:
+        ds = PackedDataset(path)
+        ds[3], ds.get_batch([1, 2])
+        ds.verify()
+        ref = weakref.ref(ds)
+        del ds
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -16,6 +16,7 @@ import os
 import pickle
 import sys
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,7 +39,8 @@ class _Region:
     ``checked[b]`` is 1 once block ``b`` matched its checksum; one extra entry,
     always 1, lets a reader test ``checked[start >> shift]`` for an empty range at
     the very end without a bounds check. ``pending`` counts the blocks not yet
-    checked; ``on_complete`` is called when it reaches zero.
+    checked; ``on_complete`` (a weak reference to a method, so that the dataset
+    and its map are freed as soon as it is dropped) is called when it reaches zero.
     """
 
     __slots__ = (
@@ -66,7 +68,7 @@ class _Region:
             raise PackCorrupted(f"{path}: a region lies outside the file")
         self.checked = bytearray(self.nblocks) + b"\x01"
         self.path = path
-        self.on_complete: Callable[[], None] | None = None
+        self.on_complete: Callable[[], Callable[[], None] | None] | None = None
 
     def check(self, start: int, stop: int) -> None:
         """Verify the blocks covering bytes [start, stop) of the region."""
@@ -81,8 +83,9 @@ class _Region:
                 # recounted: two threads verifying one block both decrement
                 if self.pending <= 0 and self.on_complete is not None:
                     self.pending = self.checked.count(0)
-                    if not self.pending:
-                        self.on_complete()
+                    complete = self.on_complete()  # a weak reference to the reader's method
+                    if not self.pending and complete is not None:
+                        complete()
 
     def table(self, rows: int, cols: int = 1) -> np.ndarray:
         """The whole region, verified now, as an int64 table of ``rows`` x ``cols``."""
@@ -267,6 +270,15 @@ def _compile(fields: list[_Field], n: int, unpickle: Any) -> Callable[[int], dic
     return sample
 
 
+def _unpickle(path: str, allow: bool, data: memoryview, name: str) -> Any:
+    if not allow:
+        raise UnsupportedValue(
+            f"{path}: field {name!r} holds pickles; open the pack with allow_pickle=True "
+            "to load them"
+        )
+    return pickle.loads(data)
+
+
 class PackedDataset(Sequence[dict[str, Any]]):
     """A pack file opened for random access: ``len(ds)``, ``ds[i]`` (a dict of
     fields), ``ds.get_batch(indices)``.
@@ -375,23 +387,16 @@ class PackedDataset(Sequence[dict[str, Any]]):
         for field in self._fields:
             for region in field.regions.values():
                 if region.pending:
-                    region.on_complete = self._recompile
+                    region.on_complete = weakref.WeakMethod(self._recompile)
         return self._sample
 
     def _compile(self, fields: list[_Field] | None = None) -> Callable[[int], dict[str, Any]]:
-        return _compile(self._fields if fields is None else fields, self._n, self._unpickle)
+        unpickle = functools.partial(_unpickle, self.path, self.allow_pickle)  # no self: no cycle
+        return _compile(self._fields if fields is None else fields, self._n, unpickle)
 
     def _recompile(self) -> None:
         self._sample = self._compile()
         self._batch_readers.clear()
-
-    def _unpickle(self, data: memoryview, name: str) -> Any:
-        if not self.allow_pickle:
-            raise UnsupportedValue(
-                f"{self.path}: field {name!r} holds pickles; open the pack "
-                "with allow_pickle=True to load them"
-            )
-        return pickle.loads(data)
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
         """Samples ``indices`` as one dict: column fields stacked into arrays of shape
