@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlcache import CacheWarning
 from mlcache.data import CachedDataset, PackedDataset
 from mlcache.data.synthetic import VITALS, read_patient, write_patients
 
@@ -173,7 +174,10 @@ def test_a_damaged_pack_is_logged_and_rebuilt(source, tmp_path, caplog):
     ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     path = Path(ds.pack_path)
     path.write_bytes(path.read_bytes()[:100])
-    with caplog.at_level(logging.WARNING, logger="mlcache"):
+    with (
+        caplog.at_level(logging.WARNING, logger="mlcache"),
+        pytest.warns(CacheWarning, match="rebuilding it"),
+    ):
         again = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     assert "rebuilding" in caplog.text and len(BUILDS) == 2 and len(again) == 40
 
@@ -189,7 +193,10 @@ def test_damage_met_while_reading_is_logged_and_rebuilt(source, tmp_path, caplog
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
-    with caplog.at_level(logging.WARNING, logger="mlcache"):
+    with (
+        caplog.at_level(logging.WARNING, logger="mlcache"),
+        pytest.warns(CacheWarning, match="checksum mismatch"),
+    ):
         got = ds[9]
     assert "checksum mismatch" in caplog.text and "rebuilding" in caplog.text
     np.testing.assert_array_equal(got["vitals"], want["vitals"])
@@ -375,5 +382,7 @@ def test_a_fresh_worker_meeting_a_damaged_header_rebuilds(source, tmp_path):
     data = bytearray(path.read_bytes())
     data[20] ^= 0xFF  # the header
     path.write_bytes(bytes(data))
-    assert worker[3]["id"] == read_patient(sorted(source.glob("*.csv"))[3])["id"]
+    with pytest.warns(CacheWarning, match="rebuilding it"):
+        sample = worker[3]
+    assert sample["id"] == read_patient(sorted(source.glob("*.csv"))[3])["id"]
     assert len(BUILDS) == 2

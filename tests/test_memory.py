@@ -1012,3 +1012,25 @@ def test_a_logged_miss_says_why(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="mlcache"):
         mem.cache(scaled)(x)
     assert any(r.getMessage().endswith("its code changed") for r in caplog.records)
+
+
+def test_a_cache_warning_is_also_a_log_record(tmp_path, caplog):
+    """Everything mlcache says goes through the "mlcache" logger; problems it works
+    around are CacheWarnings too."""
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(double)
+    f(np.arange(10.0))
+    entry = next(e for e in entries(mem.store))
+    path = mem.store.local_path(entry.name)
+    with open(path, "r+b") as fh:
+        fh.seek(-1, os.SEEK_END)
+        last = fh.read(1)
+        fh.seek(-1, os.SEEK_END)
+        fh.write(bytes([last[0] ^ 1]))
+    with (
+        caplog.at_level(logging.WARNING, logger="mlcache"),
+        pytest.warns(CacheWarning, match="damaged cache entry"),
+    ):
+        f(np.arange(10.0))
+    [record] = [r for r in caplog.records if r.name == "mlcache"]
+    assert record.levelno == logging.WARNING and "damaged cache entry" in record.getMessage()

@@ -6,6 +6,8 @@ README for the full tour.
 
 from __future__ import annotations
 
+import logging as _logging
+
 from ._default import cache, default_location
 from .codecs import register_codec
 from .errors import (
@@ -30,6 +32,10 @@ from .memory import (
 from .store import register_store_backend
 
 __version__ = "0.1.0"
+
+# a library's logger stays quiet until the application configures logging; the
+# problems mlcache works around also arrive as CacheWarnings (see errors.warn)
+_logging.getLogger("mlcache").addHandler(_logging.NullHandler())
 
 __all__ = [
     "CacheError",

@@ -21,6 +21,9 @@ Builtin bases are kept so that code written against joblib (which raises
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 __all__ = [
     "CacheError",
     "CacheWarning",
@@ -67,3 +70,11 @@ class StoreError(CacheError, OSError):
 class CacheWarning(UserWarning):
     """A cache problem that did not break the call: a damaged entry recomputed, a result
     that could not be stored. The message names the cause."""
+
+
+def warn(message: str, stacklevel: int = 2) -> None:
+    """Say that a cache problem was worked around: a WARNING record on the
+    ``mlcache`` logger (for logs) and a :class:`CacheWarning` (shown once per
+    place when logging is not configured; filterable; an error in strict tests)."""
+    logging.getLogger("mlcache").warning(message)
+    warnings.warn(message, CacheWarning, stacklevel=stacklevel + 1)

@@ -16,14 +16,13 @@ import sys
 import threading
 import time
 import types
-import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .callkey import CallKeyer
 from .codecs import select_codec
 from .entry import write_entry
-from .errors import CacheWarning, ConfigError, EntryNotFound, UnsupportedValue
+from .errors import ConfigError, EntryNotFound, UnsupportedValue, warn
 from .fingerprint import call_state, code_version, func_identity, slug, target_function
 from .hashing import hash_value
 from .names import STATS
@@ -203,11 +202,10 @@ class MemorizedFunc(Generic[P, R]):
             except Exception as exc:  # whatever hashing the state raises: uncached
                 if not self._unkeyable_warned:
                     self._unkeyable_warned = True
-                    warnings.warn(
+                    warn(
                         f"mlcache: {self.func_id} is called uncached: what it captures (its "
                         f"closure, bound object or partial arguments) cannot be hashed ({exc}); "
                         "name what should not count in ignore=",
-                        CacheWarning,
                         stacklevel=4,
                     )
                 return None
@@ -229,17 +227,15 @@ class MemorizedFunc(Generic[P, R]):
         except UnsupportedValue:
             return _MISS  # written with pickle, which is refused now: never unpickle it
         except OSError as exc:  # permissions, I/O errors: leave the entry in place
-            warnings.warn(
+            warn(
                 f"mlcache: cannot read the cache entry of {self.func_id} ({exc}); recomputing",
-                CacheWarning,
                 stacklevel=5,
             )
             return _MISS
         except Exception as exc:  # damaged, or a codec that cannot read it
-            warnings.warn(
+            warn(
                 f"mlcache: discarding damaged cache entry of {self.func_id} "
                 f"({type(exc).__name__}: {exc}); recomputing",
-                CacheWarning,
                 stacklevel=5,
             )
             with contextlib.suppress(OSError, ValueError):
@@ -328,17 +324,11 @@ class MemorizedFunc(Generic[P, R]):
             try:
                 guard.after_write(name, written)
             except Exception as exc:  # the entry is stored; only eviction failed
-                warnings.warn(
-                    f"mlcache: could not enforce bytes_limit ({exc})", CacheWarning, stacklevel=4
-                )
+                warn(f"mlcache: could not enforce bytes_limit ({exc})", stacklevel=4)
         return info
 
     def _warn_unstored(self, why: str) -> None:
-        warnings.warn(
-            f"mlcache: the result of {self.func_id} {why}; it is returned uncached",
-            CacheWarning,
-            stacklevel=5,
-        )
+        warn(f"mlcache: the result of {self.func_id} {why}; it is returned uncached", stacklevel=5)
 
     def _log_call(self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._verbose > 0 and logger.isEnabledFor(logging.INFO):

@@ -18,12 +18,11 @@ import inspect
 import logging
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
-from .errors import CacheWarning, EntryCorrupted, EntryNotFound
+from .errors import EntryCorrupted, EntryNotFound, warn
 from .limits import SizeGuard, UsageLog, enforce_limits
 from .memorized import AsyncMemorizedFunc, MemorizedFunc
 from .names import cached_objects, entry_folder
@@ -118,11 +117,7 @@ class Memory:
         )
         self.compress = compress
         if self._config.compress is not None and mmap_mode is not None:
-            warnings.warn(
-                "compressed results cannot be memory-mapped; they will be read into memory",
-                CacheWarning,
-                stacklevel=2,
-            )
+            warn("compressed results cannot be memory-mapped; they will be read into memory")
         self.store: Store | None = None
         if self._config.location is not None:
             factory = stores[backend]

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import xxhash
 
 from .._default import default_location
+from ..errors import warn
 from ..fingerprint import code_version, slug
 from ..hashing import hash_value
 from .format import PackCorrupted
@@ -254,7 +255,7 @@ class CachedDataset(Sequence[Any]):
         except FileNotFoundError:
             return None
         except PackCorrupted as exc:
-            logger.warning("mlcache: %s; rebuilding it", exc)
+            warn(f"mlcache: {exc}; rebuilding it", stacklevel=4)
             return None
 
     # -- reading ----------------------------------------------------------------------
@@ -288,7 +289,7 @@ class CachedDataset(Sequence[Any]):
     def _rebuilt(self, exc: PackCorrupted) -> PackedDataset:
         """Damage found while reading: log it, rebuild the pack (or open the one
         another process rebuilt meanwhile) and read from that."""
-        logger.warning("mlcache: %s; rebuilding it", exc)
+        warn(f"mlcache: {exc}; rebuilding it", stacklevel=4)
         damaged = self._pack.file_id if self._pack is not None else None
         self._pack = self._open_or_build(False, False, damaged=damaged)
         return self._pack

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from .._atomic import atomic_file, is_temporary
-from ..errors import EntryNotFound, StoreError
+from ..errors import EntryNotFound, StoreError, warn
 from . import EntryStat, check_name
 
 __all__ = ["LocalStore"]
@@ -143,7 +143,7 @@ class LocalStore:
             except (FileNotFoundError, NotADirectoryError):
                 continue
             except PermissionError as exc:
-                logger.warning("mlcache: cannot list %s (%s); skipped", folder, exc.strerror)
+                warn(f"mlcache: cannot list {folder} ({exc.strerror}); skipped", stacklevel=3)
                 continue
             with it:
                 for e in it:
