@@ -43,7 +43,8 @@ def test_demo_quick_prints_timings_writes_a_chart_and_a_report(tmp_path):
     assert "preprocess(x) again: a hit (nothing computed)" in text
     assert "argument 'scale' changed since the last entry" in text
     assert "changed code of preprocess(), same call: a miss, its code changed" in text
-    assert "the dataset was rebuilt, once" in text and "opened again: the rebuilt pack" in text
+    assert "the dataset was rebuilt" in text and "(300 files parsed, once each)" in text
+    assert "opened again: the rebuilt pack" in text
     assert "after clear(), the last call is cached? False" in text
     # the chart is a real image of some size
     import matplotlib.image
@@ -192,3 +193,32 @@ def test_bench_quick_runs_the_benchmarks_and_prints_ratios():
     assert "## Summary (quick run: targets not enforced)" in res.stdout
     for script in ("bench_hash.py", "bench_hit.py", "bench_miss.py", "bench_data.py"):
         assert f"| {script} |" in res.stdout
+
+
+def test_demo_with_a_location_keeps_its_caches_there_and_reruns_clean(tmp_path):
+    loc = tmp_path / "cache"
+    for _ in range(2):
+        res = run("demo", "--quick", "--location", str(loc), "--out", str(tmp_path / "r"))
+        assert res.returncode == 0, res.stderr
+    out = json.loads(run("--location", str(loc), "ls", "--json").stdout)
+    # the demo ends with clear(): no results left; this run's packs only
+    assert all(f["entries"] == 0 for f in out["functions"])
+    assert 1 <= len(out["datasets"]) <= 2
+    assert all(d["name"].startswith("datasets/mlcache.demo.Patients") for d in out["datasets"])
+
+
+def test_demo_says_when_it_cannot_write_its_report(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    res = run("demo", "--quick", "--out", str(blocker / "sub"))
+    assert res.returncode == 2 and "cannot write the report" in res.stderr
+
+
+def test_location_after_the_command_and_plain_seconds(tmp_path):
+    populated(tmp_path)
+    res = run("ls", "--json", "--location", str(tmp_path))
+    assert res.returncode == 0 and json.loads(res.stdout)["datasets"]
+    res = run("prune", "--older-than", "3600", "--dry-run", "--location", str(tmp_path))
+    assert res.returncode == 0 and "would remove 0 items" in res.stdout
+    res = run("prune", "--max-size", "lots", "--location", str(tmp_path))
+    assert res.returncode == 2

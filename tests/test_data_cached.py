@@ -300,10 +300,51 @@ def test_parallel_build_keeps_the_order(source, tmp_path):
         PatientFiles(source, cache_dir=tmp_path / "x", num_workers=-1)
 
 
-def test_a_parallel_build_shows_progress_with_a_total(source, tmp_path, capsys):
-    PatientFiles(source, cache_dir=tmp_path / "bar", progress=True, num_workers=2)
-    err = capsys.readouterr().err
+BUILD_IN_A_TERMINAL = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from test_data_cached import PatientFiles
+PatientFiles(sys.argv[2], cache_dir=sys.argv[3], progress=True, num_workers=2)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a pseudo-terminal")
+def test_a_parallel_build_shows_progress_with_a_total(source, tmp_path):
+    """On a terminal (a real pseudo-terminal here) the build shows n/total and a
+    rate; off a terminal (CI logs) the bar stays quiet."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    main, follower = pty.openpty()
+    # a fresh pseudo-terminal is 0 columns wide, where tqdm draws nothing
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    args = [str(Path(__file__).parent), str(source), str(tmp_path / "bar")]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUILD_IN_A_TERMINAL, *args], stdout=follower, stderr=follower
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(120) == 0
+    os.close(main)
+    err = b"".join(chunks).decode(errors="replace")
     assert "40/40" in err and "samples/s" in err
+    quiet = subprocess.run(
+        [sys.executable, "-c", BUILD_IN_A_TERMINAL, *args[:2], str(tmp_path / "quiet")],
+        capture_output=True,
+        text=True,
+    )
+    assert quiet.returncode == 0 and "40/40" not in quiet.stderr
 
 
 def test_a_class_without_a_source_says_so(tmp_path):

@@ -138,3 +138,14 @@ def test_clear_starts_the_counts_again(tmp_path):
     assert (st.hits, st.misses, st.entries) == (0, 1, 1)
     mem.clear(warn=False)
     assert mem.stats() == {}
+
+
+def test_pending_hits_are_forgotten_by_clear(tmp_path):
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(slow_square)
+    f(1)
+    f(1)
+    f(1)  # two hits, not yet written
+    f.clear(warn=False)
+    st = f.stats()
+    assert (st.hits, st.misses, st.entries) == (0, 0, 0)

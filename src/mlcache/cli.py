@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -66,8 +67,8 @@ def _table(title: str, headers: list[str], rows: list[list[str]]) -> None:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
         return
     table = Table(title=title, title_justify="left")
-    for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i == 0 else "right")
+    for i, h in enumerate(headers):  # names are never cut: they are typed back in
+        table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
     for r in rows:
         table.add_row(*r)
     Console(width=max(100, shutil.get_terminal_size().columns)).print(table)
@@ -177,24 +178,27 @@ def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
     from . import inventory
 
     if args.name is None:
-        n_funcs, found = len(inventory.functions(mem)), inventory.packs(location, detail=False)
+        funcs, found = inventory.functions(mem), inventory.packs(location, detail=False)
         mem.clear(warn=False)
         for p in found:
             remove_pack(p.path)
-        print(f"cleared {n_funcs} functions and {len(found)} dataset packs in {location}")
-        return OK
-    st = inventory.find_function(mem, args.name)
-    if st is not None:
-        assert mem.store is not None
+        cleared = [f.func for f in funcs] + [p.name for p in found]
+        text = f"cleared {len(funcs)} functions and {len(found)} dataset packs in {location}"
+    elif (st := inventory.find_function(mem, args.name)) is not None:
+        assert mem.store is not None and mem._usage is not None
         mem.store.delete(st.folder)
-        print(f"cleared {st.func} ({st.entries} entries, {_size(st.size)})")
-        return OK
-    pack = inventory.find_pack(location, args.name)
-    if pack is None:
+        mem._usage.forget(st.folder)
+        cleared, text = [st.func], f"cleared {st.func} ({st.entries} entries, {_size(st.size)})"
+    elif (pack := inventory.find_pack(location, args.name)) is not None:
+        remove_pack(pack.path)
+        cleared, text = [pack.name], f"removed {pack.name} ({_size(pack.size)})"
+    else:
         print(f"no function or pack named {args.name!r} in {location}", file=sys.stderr)
         return USAGE
-    remove_pack(pack.path)
-    print(f"removed {pack.name} ({_size(pack.size)})")
+    if args.json:
+        _dump({"location": location, "cleared": cleared})
+    else:
+        print(text)
     return OK
 
 
@@ -239,29 +243,22 @@ def _verify(mem: Memory, location: str, args: argparse.Namespace) -> int:
         try:
             PackedDataset(p.path).verify()
         except PackCorrupted as exc:
-            bad_packs.append({"name": p.name, "error": str(exc)})
             if args.fix:
                 remove_pack(p.path)
+            bad_packs.append({"name": p.name, "error": str(exc), "removed": args.fix})
         except OSError as exc:  # unreadable is not damaged: reported, never removed
-            bad_packs.append({"name": p.name, "error": f"cannot read: {exc}"})
+            bad_packs.append({"name": p.name, "error": f"cannot read: {exc}", "removed": False})
     if args.json:
-        _dump(
-            {
-                "location": location,
-                "damaged": damaged,
-                "damaged_packs": bad_packs,
-                "fixed": args.fix,
-            }
-        )
+        report = {"location": location, "damaged": damaged, "damaged_packs": bad_packs}
+        _dump(report | {"fixed": args.fix})
     else:
         for name in damaged:
             print(f"damaged entry: {name}" + (" (removed)" if args.fix else ""))
         for bad in bad_packs:
-            print(
-                f"damaged pack: {bad['name']}: {bad['error']}" + (" (removed)" if args.fix else "")
-            )
+            print(f"damaged pack: {bad['error']}" + (" (removed)" if bad["removed"] else ""))
         print(f"{len(damaged)} damaged entries, {len(bad_packs)} damaged packs in {location}")
-    return PROBLEM if (damaged or bad_packs) and not args.fix else OK
+    left = (damaged and not args.fix) or any(not bad["removed"] for bad in bad_packs)
+    return PROBLEM if left else OK
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -287,16 +284,17 @@ def _parser() -> argparse.ArgumentParser:
         prog="mlcache", description="Inspect and manage an mlcache cache; run the demo."
     )
     parser.add_argument("--version", action="version", version=f"mlcache {__version__}")
-    parser.add_argument(
-        "--location",
-        default=None,
-        help="cache folder (default: $MLCACHE_DIR or the user cache folder)",
-    )
+    where = "cache folder (default: $MLCACHE_DIR or the user cache folder)"
+    parser.add_argument("--location", default=None, help=where)
+    # also accepted after the command: `mlcache ls --location DIR`
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--location", default=argparse.SUPPRESS, help=where)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
-        p.add_argument("--json", action="store_true", help="machine-readable output")
+    def command(name: str, help: str, json: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, parents=[shared])
+        if json:
+            p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
     command("ls", "functions and datasets in the cache: entries, size, last use, hits, time saved")
@@ -310,7 +308,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     p = command("verify", "check every entry's and pack's checksums")
     p.add_argument("--fix", action="store_true", help="remove damaged entries and packs")
-    demo = sub.add_parser("demo", help="show what mlcache saves, timed on generated data")
+    demo = command("demo", "show what mlcache saves, timed on generated data", json=False)
     demo.add_argument("--size", type=int, default=None, help="array side (default 4000)")
     demo.add_argument(
         "--patients", type=int, default=None, help="patient files to generate (default 5000)"
@@ -319,7 +317,7 @@ def _parser() -> argparse.ArgumentParser:
         "--out", default="mlcache-demo", help="folder of the chart and report (./mlcache-demo)"
     )
     demo.add_argument("--quick", action="store_true", help="a small, fast run (for CI)")
-    bench = sub.add_parser("bench", help="run benchmarks/ (a source checkout) and print ratios")
+    bench = command("bench", "run benchmarks/ (a source checkout) and print ratios", json=False)
     bench.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
     return parser
 
@@ -330,10 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
-        size = args.size or (300 if args.quick else 4000)
-        patients = args.patients or (300 if args.quick else 5000)
+        size = args.size if args.size is not None else (300 if args.quick else 4000)
+        patients = args.patients if args.patients is not None else (300 if args.quick else 5000)
         if size <= 0 or patients <= 0:
             parser.error("--size and --patients must be positive")
+        try:
+            os.makedirs(args.out, exist_ok=True)  # before the run: fail in a second, not after
+            with tempfile.TemporaryFile(dir=args.out):
+                pass
+        except OSError as exc:
+            print(f"mlcache demo: cannot write the report to {args.out}: {exc}", file=sys.stderr)
+            return USAGE
         run_demo(size=size, patients=patients, location=args.location, out_dir=args.out)
         return OK
     if args.command == "bench":
@@ -346,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"ls": _ls, "info": _info, "clear": _clear, "prune": _prune, "verify": _verify}
     try:
         return handlers[args.command](mem, location, args)
-    except ValueError as exc:  # an ambiguous name
+    except (ValueError, OSError) as exc:  # an ambiguous name; a folder it cannot read
         print(f"mlcache {args.command}: {exc}", file=sys.stderr)
-        return USAGE
+        return USAGE if isinstance(exc, ValueError) else PROBLEM
 
 
 if __name__ == "__main__":  # pragma: no cover

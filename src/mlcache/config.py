@@ -44,9 +44,11 @@ def parse_duration(value: _dt.timedelta | str | float | None) -> float | None:
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
-    elif isinstance(value, str) and re.match(r"^\s*\d+(\.\d+)?\s*[smhdw]\s*$", value):
+    elif isinstance(value, str) and re.match(r"^\s*\d+(\.\d+)?\s*[smhdw]?\s*$", value):
         v = value.strip()
-        seconds = float(v[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[v[-1]]
+        unit = v[-1] if v[-1].isalpha() else "s"
+        number = v[:-1] if v[-1].isalpha() else v
+        seconds = float(number) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
     else:
         raise ConfigError(f"a duration must be a timedelta, seconds or like '7d', got {value!r}")
     if not seconds >= 0:  # also nan

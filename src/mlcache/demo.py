@@ -18,6 +18,7 @@ lives in a temporary folder unless ``location`` is given.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import pickle
@@ -34,6 +35,7 @@ import numpy as np
 from . import _demo_report as report
 from .data import CachedDataset
 from .data.synthetic import read_patient, write_patients
+from .fingerprint import slug
 from .memory import Memory
 
 __all__ = ["DemoResult", "preprocess", "run_demo"]
@@ -56,8 +58,12 @@ class Patients(CachedDataset):
         names = sorted(n for n in os.listdir(self.root) if n.endswith(".csv"))
         return [os.path.join(self.root, n) for n in names]
 
+    #: source files parsed by builds in this process (the demo checks its rebuilds)
+    parsed = 0
+
     def load_source(self) -> Iterator[dict[str, Any]]:
         for path in self.source_files():
+            Patients.parsed += 1
             yield read_patient(path)
 
 
@@ -148,7 +154,11 @@ def _epoch(dataset: Any, workers: int, desc: str) -> float:
     return time.perf_counter() - t0
 
 
-def _datasets(root: str, n: int, out: Callable[[str], None]) -> tuple[list[Row], Patients]:
+def _datasets(
+    root: str, cache: str, n: int, out: Callable[[str], None]
+) -> tuple[list[Row], Patients]:
+    """Generated files, the pickle and the epochs' data live in ``root``; the packs
+    in ``cache``."""
     files = os.path.join(root, "patients")
     t0 = time.perf_counter()
     write_patients(files, n, seed=0, progress=True)
@@ -171,7 +181,6 @@ def _datasets(root: str, n: int, out: Callable[[str], None]) -> tuple[list[Row],
             loaded: list[dict[str, Any]] = pickle.load(f)
         return loaded
 
-    cache = os.path.join(root, "mlcache-datasets")
     read_all()  # warm-up: every contender then reads from the page cache
     read = _timed(read_all)
     rows = [Row(group, "read the files (every run)", read, read)]
@@ -196,12 +205,15 @@ def _datasets(root: str, n: int, out: Callable[[str], None]) -> tuple[list[Row],
 
 
 # -- 2. function results ----------------------------------------------------------------
-def _functions(root: str, size: int, out: Callable[[str], None]) -> tuple[list[Row], Any]:
+def _functions(
+    root: str, cache: str, size: int, out: Callable[[str], None]
+) -> tuple[list[Row], Any]:
+    """joblib's cache lives in ``root``, mlcache's in ``cache``."""
     x = np.random.default_rng(0).standard_normal((size, size))
     group = f"preprocess() of a {size}x{size} float64 array ({x.nbytes / 1e6:,.0f} MB)"
     out(f"timing {group}")
-    mem = Memory(os.path.join(root, "mlcache"), verbose=1)
-    mapped = Memory(os.path.join(root, "mlcache"), mmap_mode="r", verbose=0)
+    mem = Memory(cache, verbose=1)
+    mapped = Memory(cache, mmap_mode="r", verbose=0)
     cached, cached_mm = mem.cache(preprocess), mapped.cache(preprocess)
     preprocess(x)  # warm-up: fresh memory is slow to touch the first time on some VMs
     base = _timed(lambda: preprocess(x), repeat=2)
@@ -273,11 +285,14 @@ def _changes(cached: Any, x: np.ndarray, ds: Patients, pickled: str) -> list[str
     before = read_patient(victim)["age"]
     text = Path(victim).read_text().replace(f"# age: {before}", f"# age: {before + 1}", 1)
     Path(victim).write_text(text)
-    t0 = time.perf_counter()
+    t0, parsed = time.perf_counter(), Patients.parsed
     again = Patients(ds.root, cache_dir=os.path.dirname(os.path.dirname(ds.pack_path)))
-    took = time.perf_counter() - t0
+    took, parsed = time.perf_counter() - t0, Patients.parsed - parsed
     if again.pack_path != ds.pack_path:
-        what = f"was rebuilt, once, in {took:.2f} s: patient 0's age is now {again[0]['age']}"
+        what = (
+            f"was rebuilt in {took:.2f} s ({parsed:,} files parsed, once each): patient 0's "
+            f"age is now {again[0]['age']}"
+        )
     else:
         what = "was NOT rebuilt"
     name = os.path.basename(victim)
@@ -307,21 +322,26 @@ def run_demo(
     log = logging.getLogger("mlcache")
     level = log.level
     log.setLevel(logging.INFO)  # the miss reasons; nothing is printed unless handled
-    tmp = None if location is not None else tempfile.mkdtemp(prefix="mlcache-demo-")
-    root = location if location is not None else tmp
-    assert root is not None
+    # generated data, the pickle and joblib's cache: always a temporary folder;
+    # mlcache's caches: there too, or in ``location`` (then `mlcache ls` shows them)
+    tmp = tempfile.mkdtemp(prefix="mlcache-demo-")
+    functions = location if location is not None else os.path.join(tmp, "mlcache")
+    datasets = os.path.join(functions, "datasets")
+    if location is not None:  # a rerun starts from scratch: the demo's own entries only
+        Memory(location, verbose=0).cache(preprocess).clear(warn=False)
+        for old in glob.glob(os.path.join(datasets, f"{slug(f'{__name__}.Patients')}*")):
+            shutil.rmtree(old, ignore_errors=True)
     result = DemoResult()
     try:
-        out(f"mlcache demo: caches and generated data in {root}")
-        rows, ds = _datasets(root, patients, out)
+        out(f"mlcache demo: generated data in {tmp}, mlcache's caches in {functions}")
+        rows, ds = _datasets(tmp, datasets, patients, out)
         result.rows += rows
-        rows, (cached, x) = _functions(root, size, out)
+        rows, (cached, x) = _functions(tmp, functions, size, out)
         result.rows += rows
-        result.changes = _changes(cached, x, ds, os.path.join(root, "patients.pkl"))
+        result.changes = _changes(cached, x, ds, os.path.join(tmp, "patients.pkl"))
     finally:
         log.setLevel(level)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     report.show(result.rows, result.changes, out)
     os.makedirs(out_dir, exist_ok=True)
     result.chart = report.chart(result.rows, os.path.join(out_dir, "mlcache-demo.png"), out)

@@ -79,6 +79,16 @@ class UsageLog:
         if time.monotonic() - self._last > FLUSH_SECONDS:
             self.flush()
 
+    def forget(self, folder: str | None = None) -> None:
+        """Drop the pending notes and totals of ``folder`` (all when None): its
+        results were cleared, so its statistics start again."""
+        with self._lock:
+            if folder is None:
+                self._hits = {}
+            else:
+                self._hits = {n: v for n, v in self._hits.items() if entry_folder(n) != folder}
+        self.stats.forget(folder)
+
     def flush(self) -> None:
         with self._lock:
             hits, self._hits = self._hits, {}

@@ -448,7 +448,7 @@ class MemorizedFunc(Generic[P, R]):
         if warn and self._verbose:
             logger.info("[Memory] clearing the cache of %s", self.func_id)
         self._store.delete(self._folder)
-        self.memory._usage.stats.forget(self._folder)  # type: ignore[union-attr]
+        self.memory._usage.forget(self._folder)  # type: ignore[union-attr]
 
 
 class AsyncMemorizedFunc(MemorizedFunc[P, R]):

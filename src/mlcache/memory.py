@@ -275,7 +275,7 @@ class Memory:
         for folder in {entry_folder(e.name) for e in cached_objects(self.store)}:
             self.store.delete(folder)
         assert self._usage is not None
-        self._usage.stats.forget()
+        self._usage.forget()
 
     def reduce_size(
         self,

@@ -5,8 +5,8 @@ log turns those notes into totals when it flushes (every couple of seconds of
 activity, and at exit), and :class:`StatsLog` writes each function's running
 totals for this process as one small entry, ``<function folder>/stats/<process>``
 (see :mod:`mlcache.names`). Those entries are ordinary checksummed entries of
-plain numbers: ``verify`` checks them, eviction may drop them, and losing one
-loses statistics only, never a result. :func:`collect` sums them with what the
+plain numbers: ``verify`` checks them; eviction and size limits count results
+only; losing one loses statistics only, never a result. :func:`collect` sums them with what the
 store lists (entries, bytes, last use).
 """
 
@@ -121,7 +121,7 @@ def collect(store: Store, folder: str = "") -> dict[str, FunctionStats]:
     entries, size and last use (one listing), plus the counts of every process's
     statistics entry."""
     found: dict[str, FunctionStats] = {}
-    some_entry: dict[str, str] = {}
+    some_entry: dict[str, list[str]] = {}
     for e in cached_objects(store, folder):
         folder = entry_folder(e.name)
         st = found.get(folder)
@@ -141,12 +141,14 @@ def collect(store: Store, folder: str = "") -> dict[str, FunctionStats]:
             st.entries += 1
             st.size += e.size
             st.last_used = max(st.last_used, e.last_used)
-            some_entry.setdefault(folder, e.name)
+            some_entry.setdefault(folder, []).append(e.name)
     for folder, st in found.items():
-        if not st.func and folder in some_entry:
-            try:
-                st.func = str(read_entry_info(store, some_entry[folder]).get("func", ""))
+        for name in some_entry.get(folder, [])[:8] if not st.func else []:
+            try:  # the first entry that reads names the function
+                st.func = str(read_entry_info(store, name).get("func", ""))
             except Exception:
-                pass
+                continue
+            if st.func:
+                break
         st.func = st.func or folder
     return found

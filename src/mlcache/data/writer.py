@@ -218,7 +218,7 @@ def _progress(iterable: Iterable[Any], enabled: bool, desc: str) -> Iterable[Any
     except ImportError:
         return iterable
     total = len(iterable) if isinstance(iterable, Sized) else None
-    return tqdm(iterable, desc=desc, total=total, unit=" samples", mininterval=0.5)
+    return tqdm(iterable, desc=desc, total=total, unit=" samples", mininterval=0.5, disable=None)
 
 
 def pack(
