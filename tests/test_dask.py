@@ -25,7 +25,7 @@ def client():
         threads_per_worker=1,
         processes=True,
         host="127.0.0.1",
-        dashboard_address=None,
+        dashboard_address="127.0.0.1:0",  # a free port: runs in parallel never clash
         silence_logs=40,
     )
     with cluster, distributed.Client(cluster) as c:

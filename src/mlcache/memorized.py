@@ -17,6 +17,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .callkey import CallKeyer
@@ -402,7 +403,22 @@ class MemorizedFunc(Generic[P, R]):
             return value
         if keyed is None:
             return self.func(*args, **kwargs)
-        return self._run(keyed, args, kwargs)[0]
+        with self._key_lock(keyed[0]) as locked:
+            if locked:  # another process or thread may have computed it while we waited
+                value = self._load(keyed[0], self.mmap_mode)
+                if value is not _MISS:
+                    return value
+            return self._run(keyed, args, kwargs)[0]
+
+    def _key_lock(self, name: str) -> AbstractContextManager[bool]:
+        """One computation per key at a time, across processes and threads (stores
+        that can lock; the others compute concurrently, as joblib does)."""
+        lock = getattr(self._store, "lock", None)
+        if lock is None:
+            return contextlib.nullcontext(False)
+        timeout = self.memory.lock_timeout
+        held: AbstractContextManager[bool] = lock(name, timeout)
+        return _WarnIfNotHeld(held, self.func_id, timeout)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
         """Always compute and store; return ``(output, metadata)`` as joblib does."""
@@ -486,6 +502,26 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
         if self._in_cache(keyed[0]):
             return self._shelved(keyed[0], None, {})
         return self._shelved(keyed[0], *(await self._arun(keyed, args, kwargs)))
+
+
+class _WarnIfNotHeld:
+    """A key lock that says so when it could not be had in time."""
+
+    def __init__(self, lock: AbstractContextManager[bool], func_id: str, timeout: float) -> None:
+        self._lock, self._func_id, self._timeout = lock, func_id, timeout
+
+    def __enter__(self) -> bool:
+        held = self._lock.__enter__()
+        if not held:
+            warn(
+                f"mlcache: {self._func_id}: another process has computed this call for more "
+                f"than {self._timeout:g} s (lock_timeout); computing it here too",
+                stacklevel=3,
+            )
+        return held
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._lock.__exit__(*exc)
 
 
 def _rebuild_func(

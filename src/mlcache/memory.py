@@ -93,6 +93,10 @@ class Memory:
     True
     """
 
+    #: seconds a call waits for another process (or thread) computing the same key
+    #: before computing it too, with a warning; set it on an instance to change it
+    lock_timeout: float = 600.0
+
     def __init__(
         self,
         location: str | os.PathLike[str] | None = None,

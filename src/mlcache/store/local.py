@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
@@ -107,6 +108,28 @@ class LocalStore:
     def exists(self, name: str) -> bool:
         return os.path.exists(os.path.join(self.location, check_name(name)))
 
+    @contextlib.contextmanager
+    def lock(self, name: str, timeout: float) -> Iterator[bool]:
+        """Hold the lock of entry ``name`` for the block: one process (or thread)
+        computes a key while the others wait. Yields False when the lock could not
+        be had within ``timeout`` seconds (the caller then goes on unlocked).
+
+        The lock is an ``flock`` on a hidden file beside the entry, so the kernel
+        releases it when its holder dies, even by SIGKILL: a dead holder never
+        blocks anyone. The holder removes the file when it is done; a waiter that
+        locked a file removed meanwhile notices (another inode) and tries again.
+        """
+        folder, base = os.path.split(os.path.join(self.location, check_name(name)))
+        path = os.path.join(folder, f".{base}.lock")
+        fd = _lock_file(path, folder, self.mode, timeout)
+        try:
+            yield fd is not None
+        finally:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # while still holding it: see above
+                os.close(fd)
+
     def delete(self, name: str) -> bool:
         path = os.path.join(self.location, check_name(name))
         try:
@@ -178,6 +201,34 @@ class LocalStore:
             check_name(name)
             with contextlib.suppress(OSError):
                 os.utime(os.path.join(self.location, name), (now, now))
+
+
+def _lock_file(path: str, folder: str, mode: int, timeout: float) -> int | None:
+    """An open, ``flock``-ed descriptor of ``path``, or None after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:  # the entry's folder does not exist yet
+            os.makedirs(folder, mode=mode, exist_ok=True)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+            continue
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            return fd
+        os.close(fd)  # its holder removed it after we opened it: lock the new one
 
 
 def _rebuild(location: str, durable: bool, mode: int) -> LocalStore:

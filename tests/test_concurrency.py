@@ -1,0 +1,126 @@
+"""One computation per key: processes and threads asking for the same new call at
+once, a holder killed by SIGKILL, a holder slower than the lock timeout."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mlcache import CacheWarning, Memory
+
+
+def counted(x, log):
+    """Appends one line per real computation to ``log`` (O_APPEND: atomic)."""
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(0.5)
+    return np.arange(x) * 2.0
+
+
+def _call_after(barrier_at, location, log):
+    while time.time() < barrier_at:  # start together
+        time.sleep(0.001)
+    out = Memory(location, verbose=0).cache(counted)(1000, log)
+    return float(out.sum())
+
+
+def test_eight_processes_compute_a_new_call_once(tmp_path):
+    log = str(tmp_path / "runs.log")
+    start = time.time() + 2.0
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(8) as pool:
+        results = pool.starmap(_call_after, [(start, str(tmp_path / "c"), log)] * 8)
+    assert len(set(results)) == 1 and results[0] == float((np.arange(1000) * 2.0).sum())
+    with open(log) as f:
+        assert len(f.read().splitlines()) == 1  # the body ran exactly once
+
+
+def test_threads_compute_a_new_call_once(tmp_path):
+    log = str(tmp_path / "runs.log")
+    f = Memory(tmp_path / "c", verbose=0).cache(counted)
+    barrier = threading.Barrier(8)
+    results = []
+
+    def worker():
+        barrier.wait()
+        results.append(f(500, log))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and all(np.array_equal(r, results[0]) for r in results)
+    with open(log) as fh:
+        assert len(fh.read().splitlines()) == 1
+
+
+def slow(x, log, pause=30.0):
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(pause)
+    return x
+
+
+def _hold_the_lock(location, log):
+    Memory(location, verbose=0).cache(slow, ignore=["pause"])(7, log)
+
+
+def _holding(tmp_path, log):
+    """A process inside slow(7): it holds the key's lock."""
+    holder = multiprocessing.get_context("fork").Process(
+        target=_hold_the_lock, args=(str(tmp_path / "c"), log)
+    )
+    holder.start()
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if os.path.exists(log):
+            with open(log) as f:
+                if f.read():
+                    break
+        time.sleep(0.01)
+    return holder
+
+
+def _lock_files(root):
+    return [n for _, _, files in os.walk(root) for n in files if n.endswith(".lock")]
+
+
+def test_a_stale_lock_after_sigkill_is_taken_at_once(tmp_path):
+    """The killed holder's lock file stays behind; the next caller of the same key
+    locks it immediately (the kernel released the flock) and computes."""
+    log = str(tmp_path / "runs.log")
+    holder = _holding(tmp_path, log)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join()
+    assert len(_lock_files(tmp_path / "c")) == 1  # the dead holder's lock file
+    mem = Memory(tmp_path / "c", verbose=0)
+    mem.lock_timeout = 5.0
+    f = mem.cache(slow, ignore=["pause"])
+    t0 = time.time()
+    assert f(7, log, pause=0.0) == 7  # the same key, computed at once
+    assert time.time() - t0 < 2.0  # no wait for a timeout
+    assert _lock_files(tmp_path / "c") == []  # the new holder removed it
+    assert f(7, log, pause=0.0) == 7
+    with open(log) as fh:
+        assert len(fh.read().splitlines()) == 2  # the killed run and ours; then a hit
+
+
+def test_a_holder_slower_than_the_timeout_is_not_waited_for(tmp_path):
+    log = str(tmp_path / "runs.log")
+    holder = _holding(tmp_path, log)
+    try:
+        mem = Memory(tmp_path / "c", verbose=0)
+        mem.lock_timeout = 0.3
+        f = mem.cache(slow, ignore=["pause"])
+        with pytest.warns(CacheWarning, match="lock_timeout"):
+            assert f(7, log, pause=0.0) == 7
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join()
