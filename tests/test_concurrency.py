@@ -124,3 +124,44 @@ def test_a_holder_slower_than_the_timeout_is_not_waited_for(tmp_path):
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.join()
+
+
+def big(n):
+    return np.arange(n, dtype=np.float64) * 3.0
+
+
+def _read_mapped_while_cleared(location, ready, go, out):
+    f = Memory(location, mmap_mode="r", verbose=0).cache(big)
+    arr = f(200_000)
+    assert isinstance(arr, np.memmap)
+    ready.set()
+    go.wait(30)  # the parent clears the cache and evicts meanwhile
+    out.put(float(arr.sum()))
+
+
+@pytest.mark.parametrize("how", ["clear", "reduce_size", "eviction"])
+def test_readers_holding_maps_keep_correct_data(tmp_path, how):
+    """Another process clears the cache, evicts, or reduces its size while a
+    reader holds a memory-mapped result: the reader keeps working, with the right
+    values (the file is unlinked, never rewritten in place)."""
+    location = str(tmp_path / "c")
+    Memory(location, verbose=0).cache(big)(200_000)
+    ctx = multiprocessing.get_context("fork")
+    ready, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    reader = ctx.Process(target=_read_mapped_while_cleared, args=(location, ready, go, out))
+    reader.start()
+    assert ready.wait(30)
+    mem = Memory(location, verbose=0)
+    if how == "clear":
+        mem.clear(warn=False)
+    elif how == "reduce_size":
+        mem.reduce_size(bytes_limit=1)
+    else:  # a bytes_limit Memory writing new entries evicts the old one
+        small = Memory(location, verbose=0, bytes_limit=2_000_000).cache(big)
+        for n in (200_001, 200_002, 200_003):
+            small(n)
+    assert not Memory(location, verbose=0).cache(big).check_call_in_cache(200_000)
+    go.set()
+    assert out.get(timeout=30) == float((np.arange(200_000) * 3.0).sum())
+    reader.join(30)
+    assert reader.exitcode == 0

@@ -66,3 +66,49 @@ def test_hostile_dataset_class_names_stay_inside(tmp_path, hostile):
     root = os.path.realpath(cache)
     assert os.path.realpath(ds.pack_path).startswith(root + os.sep)
     assert all(p.startswith(root + os.sep) for p in _files_under(tmp_path))
+
+
+class _Planted:
+    """Unpickling this creates a folder: a stand-in for any code a pickle can run."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def innocent(x):
+    return {"x": x}
+
+
+def _plant(path, marker):
+    """Overwrite the entry at ``path`` with a well-formed entry whose pickle creates
+    ``marker`` when loaded: what an attacker with write access could do."""
+    from mlcache.codecs import codecs
+    from mlcache.entry import write_entry
+
+    codec = codecs["pickle"]
+    with open(path, "wb") as fh:
+        write_entry(fh, codec.name, codec.encode(_Planted(str(marker))), {"func": "x"})
+
+
+def test_a_planted_malicious_pickle_is_never_loaded_without_pickle(tmp_path):
+    """An attacker who can write in the cache folder replaces a result with a
+    pickle that would create a file when loaded. With allow_pickle=False it is
+    never unpickled: the call recomputes, and the file is never created."""
+    marker = tmp_path / "pwned"
+    cache = tmp_path / "cache"
+    safe = Memory(cache, verbose=0, allow_pickle=False).cache(innocent)
+    assert safe(1) == {"x": 1}  # stored without pickle
+    [entry] = [e for e in Memory(cache).store.list() if "/stats/" not in e.name]
+    path = Memory(cache).store.local_path(entry.name)
+    _plant(path, marker)
+    assert safe(1) == {"x": 1}  # a miss: recomputed, the planted entry replaced
+    assert not marker.exists()
+    # the test has teeth: the same planted entry, loaded where pickle is allowed,
+    # runs the attacker's code (which is why signed entries are issue 5's next step)
+    _plant(path, marker)
+    unsafe = Memory(cache, verbose=0, allow_pickle=True).cache(innocent)
+    unsafe(1)
+    assert marker.exists()
