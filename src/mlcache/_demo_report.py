@@ -14,6 +14,8 @@ import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._tables import print_table
+
 __all__ = ["cells", "chart", "markdown", "show"]
 
 HEADERS = ["step", "time", "vs the first row"]
@@ -50,26 +52,9 @@ def _groups(rows: Sequence[Any]) -> dict[str, list[Any]]:
 
 def show(rows: Sequence[Any], changes: Sequence[str], out: Callable[[str], None]) -> None:
     """Print one table per group, then the changes."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-
-        rich = out is print  # a caller's own output function gets plain text
-    except ImportError:
-        rich = False
     for group, members in _groups(rows).items():
         out("")
-        if not rich:
-            out(f"## {group}")
-            for c in map(cells, members):
-                out(f"  {c[0]:<44}{c[1]:>12}  {c[2]}")
-            continue
-        table = Table(title=group, title_justify="left")
-        for i, h in enumerate(HEADERS):
-            table.add_column(h, justify="left" if i == 0 else "right")
-        for c in map(cells, members):
-            table.add_row(*c)
-        Console(width=100).print(table)
+        print_table(group, HEADERS, [cells(m) for m in members], out)
     out("")
     out("## what a change does")
     for line in changes:

@@ -11,7 +11,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 from . import __version__
 from ._default import default_location
+from ._tables import print_table
 from .config import parse_bytes, parse_duration
 from .data.cached import remove_pack
 from .memory import Memory
@@ -49,29 +49,6 @@ def _secs(s: float | None) -> str:
     if s is None:
         return "-"
     return f"{s:.3f} s" if s < 60 else str(_dt.timedelta(seconds=round(s)))
-
-
-def _table(title: str, headers: list[str], rows: list[list[str]]) -> None:
-    """A table on stdout: rich when installed, aligned plain text otherwise."""
-    if not rows:
-        print(f"{title}: none")
-        return
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-        print(title)
-        print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-        for r in rows:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-        return
-    table = Table(title=title, title_justify="left")
-    for i, h in enumerate(headers):  # names are never cut: they are typed back in
-        table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
-    for r in rows:
-        table.add_row(*r)
-    Console(width=max(100, shutil.get_terminal_size().columns)).print(table)
 
 
 def _dump(obj: Any) -> None:
@@ -105,7 +82,7 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
         for f in funcs
     ]
     headers = ["function", "entries", "size", "last use", "hits", "misses", "time saved"]
-    _table(f"Functions in {location}", headers, rows)
+    print_table(f"Functions in {location}", headers, rows)
     print()
     rows = [
         [
@@ -117,7 +94,7 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
         ]
         for p in found
     ]
-    _table(f"Datasets in {location}", ["pack", "samples", "size", "built", "fields"], rows)
+    print_table(f"Datasets in {location}", ["pack", "samples", "size", "built", "fields"], rows)
     return OK
 
 
@@ -145,7 +122,7 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
             ]
             for e in entries
         ]
-        _table("Entries", ["key", "arguments", "size", "created", "last use", "compute"], rows)
+        print_table("Entries", ["key", "arguments", "size", "created", "last use", "compute"], rows)
         return OK
     pack = inventory.find_pack(location, args.name)
     if pack is None:
@@ -170,7 +147,7 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
         ]
         for f in pack.fields
     ]
-    _table("Fields", ["field", "kind", "dtype", "shape (column) or ndim (ragged)"], rows)
+    print_table("Fields", ["field", "kind", "dtype", "shape (column) or ndim (ragged)"], rows)
     return OK
 
 

@@ -110,40 +110,43 @@ def _pack_paths(location: str) -> Iterator[str]:
 
 def packs(location: str, *, detail: bool = True) -> list[PackInfo]:
     """The dataset packs under ``location`` (opening each is O(1))."""
-    out = []
-    for path in sorted(_pack_paths(location)):
+    found = (_describe(path, location, detail) for path in sorted(_pack_paths(location)))
+    return [p for p in found if p is not None]
+
+
+def _describe(path: str, location: str, detail: bool) -> PackInfo | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    info = PackInfo(
+        path=path,
+        name=os.path.relpath(path, location),
+        size=st.st_size,
+        built=st.st_mtime,
+        last_used=max(st.st_atime, st.st_mtime),
+    )
+    if detail:
         try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        info = PackInfo(
-            path=path,
-            name=os.path.relpath(path, location),
-            size=st.st_size,
-            built=st.st_mtime,
-            last_used=max(st.st_atime, st.st_mtime),
-        )
-        if detail:
-            try:
-                ds = PackedDataset(path)
-                info.samples = len(ds)
-                info.version = int(ds.layout.get("version", 0))
-                info.fields = [
-                    {k: v for k, v in f.items() if k in ("name", "kind", "dtype", "shape", "ndim")}
-                    | {"nullable": "valid" in f}
-                    for f in ds.layout["fields"]
-                ]
-            except (PackCorrupted, OSError) as exc:
-                info.error = str(exc)
-        out.append(info)
-    return out
+            ds = PackedDataset(path)
+            info.samples = len(ds)
+            info.version = int(ds.layout.get("version", 0))
+            info.fields = [
+                {k: v for k, v in f.items() if k in ("name", "kind", "dtype", "shape", "ndim")}
+                | {"nullable": "valid" in f}
+                for f in ds.layout["fields"]
+            ]
+        except (PackCorrupted, OSError) as exc:
+            info.error = str(exc)
+    return info
 
 
 def find_pack(location: str, name: str) -> PackInfo | None:
-    """The pack whose relative path, file name or path is ``name``."""
-    for p in packs(location):
+    """The pack whose relative path, file name or path is ``name`` (only that one
+    is opened)."""
+    for p in packs(location, detail=False):
         if name in (p.name, os.path.basename(p.path), p.path, os.path.abspath(name)):
-            return p
+            return _describe(p.path, location, True)
     return None
 
 

@@ -106,6 +106,7 @@ class MemorizedFunc(Generic[P, R]):
         assert memory.store is not None
         self._store: Store = memory.store
         self._local = isinstance(self._store, LocalPaths)
+        self._store_lock = getattr(self._store, "lock", None)  # a store that can lock keys
         target = target_function(func)
         # a plain Python function can have its code or defaults replaced at run time
         # (%autoreload does): such a change re-fingerprints it
@@ -413,11 +414,10 @@ class MemorizedFunc(Generic[P, R]):
     def _key_lock(self, name: str) -> AbstractContextManager[bool]:
         """One computation per key at a time, across processes and threads (stores
         that can lock; the others compute concurrently, as joblib does)."""
-        lock = getattr(self._store, "lock", None)
-        if lock is None:
+        if self._store_lock is None:
             return contextlib.nullcontext(False)
         timeout = self.memory.lock_timeout
-        held: AbstractContextManager[bool] = lock(name, timeout)
+        held: AbstractContextManager[bool] = self._store_lock(name, timeout)
         return _WarnIfNotHeld(held, self.func_id, timeout)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
