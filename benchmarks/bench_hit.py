@@ -4,7 +4,11 @@
 (b) the same with ``mmap_mode="r"`` on both Memory objects;
 (c) a small call (two ints in, a small dict out), hit over and over, with
     ``diskcache.Cache.memoize`` and a bare ``open()`` + ``pickle.loads`` of a
-    tiny file as the floor.
+    tiny file as the floor, and mlcache with signing off beside it.
+
+(b) also times a full check of the mapped entry (``verify_file``): what checking
+the payload at load would add to a mapped hit, which is why mapped payloads
+over 16 MiB are checked by ``verify`` instead.
 
 Targets: (a) joblib / mlcache >= 6; (b) >= 25; (c) joblib / mlcache >= 7 and
 diskcache / mlcache >= 1.2.
@@ -37,6 +41,7 @@ from _bench import (
     report,
     scratch_dir,
 )
+from mlcache.entry import verify_file
 
 
 def double(x: np.ndarray) -> np.ndarray:
@@ -61,6 +66,8 @@ def bench_big(
     ml_map = mlcache.Memory(ml_loc, verbose=0, mmap_mode="r").cache(double)
     jl_map = joblib.Memory(jl_loc, verbose=0, mmap_mode="r").cache(double)
     ml_map_shelf = ml_map.call_and_shelve(x)
+    assert ml_map.memory.store is not None
+    entry_path = ml_map.memory.store.local_path(ml_map_shelf.name)  # type: ignore[attr-defined]
     assert np.array_equal(ml(x), x * 2) and np.array_equal(ml_map(x), x * 2)
 
     sections, outcomes = {}, []
@@ -101,6 +108,12 @@ def bench_big(
                 "mlcache: key only (hash_value)", lambda: mlcache.hash_value(x), fast, info=True
             ),
             Contender("mlcache: map only (MemorizedResult.get)", ml_map_shelf.get, fast, info=True),
+            Contender(
+                "mlcache: checking the whole entry (what a check at load would add)",
+                lambda: verify_file(entry_path),
+                fast,
+                info=True,
+            ),
         ]
     )
     sections["b"] = res
@@ -124,6 +137,9 @@ def bench_small(
     root: str, reps: int, trials: int
 ) -> tuple[dict[str, dict[str, Result]], list[Outcome]]:
     ml = mlcache.Memory(os.path.join(root, "mlcache-small"), verbose=0).cache(small)
+    unsigned = mlcache.Memory(
+        os.path.join(root, "mlcache-small-unsigned"), verbose=0, secret=False
+    ).cache(small)
     jl = joblib.Memory(os.path.join(root, "joblib-small"), verbose=0).cache(small)
     with diskcache.Cache(os.path.join(root, "diskcache-small")) as dc:
         dcf = dc.memoize()(small)
@@ -135,17 +151,28 @@ def bench_small(
             with open(floor_path, "rb") as fh:
                 return pickle.loads(fh.read())
 
-        for f in (ml, jl, dcf):
+        for f in (ml, unsigned, jl, dcf):
             assert f(3, 4) == small(3, 4)
         res = measure(
             [
                 Contender("mlcache.Memory hit", lambda: ml(3, 4), trials, reps),
+                Contender(
+                    "mlcache.Memory hit, signing off (secret=False)",
+                    lambda: unsigned(3, 4),
+                    trials,
+                    reps,
+                    info=True,
+                ),
                 Contender("joblib.Memory hit", lambda: jl(3, 4), trials, reps),
                 Contender("diskcache.Cache.memoize hit", lambda: dcf(3, 4), trials, reps),
                 Contender("floor: open() + pickle.loads", floor, trials, reps),
             ]
         )
     floor_r = res["mlcache.Memory hit"].median / res["floor: open() + pickle.loads"].median
+    sign_us = (
+        res["mlcache.Memory hit"].median
+        - res["mlcache.Memory hit, signing off (secret=False)"].median
+    ) * 1e6
     outcomes = report(
         f"(c) small call, two ints in, a small dict out, hit {reps} times per trial",
         res,
@@ -159,7 +186,10 @@ def bench_small(
                 1.2,
             ),
         ],
-        note=f"mlcache's hit costs {floor_r:.1f}x the floor (medians).",
+        note=(
+            f"mlcache's hit costs {floor_r:.1f}x the floor (medians); checking the "
+            f"signature (on by default) adds {sign_us:.1f} µs to it (difference of medians)."
+        ),
     )
     return {"c": res}, outcomes
 

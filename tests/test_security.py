@@ -4,11 +4,12 @@ outside the cache folder."""
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
 
-from mlcache import Memory
+from mlcache import CacheWarning, Memory
 from mlcache.data import CachedDataset
 
 HOSTILE = [
@@ -82,33 +83,69 @@ def innocent(x):
     return {"x": x}
 
 
-def _plant(path, marker):
+def _plant(path, marker, signer=None):
     """Overwrite the entry at ``path`` with a well-formed entry whose pickle creates
-    ``marker`` when loaded: what an attacker with write access could do."""
+    ``marker`` when loaded: what an attacker with write access could do (signed
+    with ``signer``: an attacker holding some key, not ours)."""
     from mlcache.codecs import codecs
     from mlcache.entry import write_entry
 
     codec = codecs["pickle"]
     with open(path, "wb") as fh:
-        write_entry(fh, codec.name, codec.encode(_Planted(str(marker))), {"func": "x"})
+        write_entry(
+            fh, codec.name, codec.encode(_Planted(str(marker))), {"func": "x"}, None, signer
+        )
+
+
+def _entry_path(cache):
+    store = Memory(cache, secret=False).store
+    [entry] = [e for e in store.list() if "/stats/" not in e.name]
+    return store.local_path(entry.name)
 
 
 def test_a_planted_malicious_pickle_is_never_loaded_without_pickle(tmp_path):
     """An attacker who can write in the cache folder replaces a result with a
     pickle that would create a file when loaded. With allow_pickle=False it is
-    never unpickled: the call recomputes, and the file is never created."""
+    never unpickled (even with signing off): the call recomputes, and the file
+    is never created."""
     marker = tmp_path / "pwned"
     cache = tmp_path / "cache"
-    safe = Memory(cache, verbose=0, allow_pickle=False).cache(innocent)
+    safe = Memory(cache, verbose=0, allow_pickle=False, secret=False).cache(innocent)
     assert safe(1) == {"x": 1}  # stored without pickle
-    [entry] = [e for e in Memory(cache).store.list() if "/stats/" not in e.name]
-    path = Memory(cache).store.local_path(entry.name)
+    path = _entry_path(cache)
     _plant(path, marker)
     assert safe(1) == {"x": 1}  # a miss: recomputed, the planted entry replaced
     assert not marker.exists()
-    # the test has teeth: the same planted entry, loaded where pickle is allowed,
-    # runs the attacker's code (which is why signed entries are issue 5's next step)
+    # the test has teeth: the same planted entry, loaded where pickle is allowed
+    # and nothing is signed, runs the attacker's code
     _plant(path, marker)
-    unsafe = Memory(cache, verbose=0, allow_pickle=True).cache(innocent)
+    unsafe = Memory(cache, verbose=0, allow_pickle=True, secret=False).cache(innocent)
     unsafe(1)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("attacker_key", [None, b"another key"], ids=["unsigned", "other-key"])
+def test_a_planted_malicious_pickle_is_never_loaded_when_signed(tmp_path, caplog, attacker_key):
+    """Signing on (the default) and pickle allowed: a planted entry, unsigned or
+    signed with a key that is not ours, is refused before it is decoded, logged as
+    possible tampering, and recomputed; the attacker's code never runs."""
+    from mlcache.signing import Signer
+
+    marker = tmp_path / "pwned"
+    cache = tmp_path / "cache"
+    f = Memory(cache, verbose=0).cache(innocent)  # default: the per-user key
+    assert f(1) == {"x": 1}
+    path = _entry_path(cache)
+    _plant(path, marker, None if attacker_key is None else Signer(attacker_key))
+    with pytest.warns(CacheWarning, match="possible tampering"):
+        assert f(1) == {"x": 1}
+    assert not marker.exists()
+    assert any("possible tampering" in r.getMessage() for r in caplog.records)
+    assert f.check_call_in_cache(1)  # overwritten by a signed entry
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert f(1) == {"x": 1}  # which is a plain hit
+    # the same planted entry with the same key but signing off runs the code
+    _plant(path, marker, None if attacker_key is None else Signer(attacker_key))
+    Memory(cache, verbose=0, secret=False).cache(innocent)(1)
     assert marker.exists()

@@ -8,7 +8,7 @@ offset    size    field
 ========  ======  ===========================================================
 0         8       magic ``b"\\x93MLCACHE"``
 8         2       format version (u16), currently 1
-10        2       flags (u16), 0
+10        2       flags (u16): 1 signed, 2 the signature covers the payload
 12        4       layout length L (u32): JSON, how to decode the payload
 16        4       info length I (u32): JSON, metadata (time, duration, args)
 20        4       segment count (u32)
@@ -20,6 +20,8 @@ offset    size    field
 64        L       layout JSON: ``{"codec", "c": codec layout, "seg": [[off, len], ...],
                   "z": compression or null, "raw": [uncompressed len, ...]}``
 64+L      I       info JSON
+64+L+I    32      signed entries only: HMAC-SHA256 of bytes [0, 48) + layout + info
+                  (+ SHA-256 of the payload when flag 2 is set)
 ...               zero padding up to P
 P         N       segments, each at a 64-byte aligned offset (relative to P),
                   zero padding between them
@@ -32,11 +34,21 @@ When the payload is checked
     memory-mapped payloads only the file size is checked at load, so a hit stays
     O(1) in the array size, and :func:`verify_file` (``Memory.verify()``) checks
     the bytes.
+
+Signed entries (:mod:`mlcache.signing`)
+    A reader given a signer refuses, before decoding anything, an entry that is
+    unsigned or whose signature does not verify (:class:`EntrySignatureError`).
+    The signature covers the header (with the payload's checksum), the layout
+    and the info, and the whole payload of entries whose codec runs code when
+    decoding (pickle): those are hashed in full before they are unpickled.
+    Payloads of safe codecs (raw arrays) are bound to the signature through
+    their signed xxh3 checksum, checked as above: a mapped hit stays O(1).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import mmap
 import os
@@ -47,17 +59,30 @@ from typing import Any, BinaryIO, Literal, NamedTuple
 import numpy as np
 import xxhash
 
-from .codecs import Encoded
+from .codecs import Encoded, codecs
 from .compression import Compression
-from .errors import ConfigError, EntryCorrupted
+from .errors import ConfigError, EntryCorrupted, EntrySignatureError
+from .signing import MAC_SIZE, Signer
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "EntryReader", "read_info", "verify_file", "write_entry"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "PAYLOAD_SIGNED",
+    "SIGNED",
+    "EntryReader",
+    "read_info",
+    "verify_file",
+    "write_entry",
+]
 
 MAGIC = b"\x93MLCACHE"
 FORMAT_VERSION = 1
 ALIGN = 64
 HEADER = struct.Struct("<8sHHIII QQQQQ")  # 64 bytes
 assert HEADER.size == 64
+#: header flags
+SIGNED, PAYLOAD_SIGNED = 1, 2
+_KNOWN_FLAGS = SIGNED | PAYLOAD_SIGNED
 #: memory-mapped payloads up to this size are checksummed at load
 VERIFY_MAPPED_MAX = 16 << 20
 _FIRST_READ = 1 << 16
@@ -117,8 +142,12 @@ def write_entry(
     encoded: Encoded,
     info: dict[str, Any],
     compression: Compression | None = None,
+    signer: Signer | None = None,
 ) -> int:
-    """Write one entry to the seekable binary file ``f``; return its size in bytes."""
+    """Write one entry to the seekable binary file ``f``; return its size in bytes.
+
+    With ``signer`` the entry is signed, and its payload is covered by the
+    signature too when ``codec`` may run code when decoding (not a safe codec)."""
     raws = [_as_bytes(s) for s in encoded.segments]
     datas = [memoryview(compression.compress(r)) for r in raws] if compression is not None else raws
     seg_table = []
@@ -136,29 +165,41 @@ def write_entry(
     }
     layout_b = json.dumps(layout, separators=(",", ":")).encode()
     info_b = json.dumps(info, separators=(",", ":"), default=str).encode()
+    flags = 0
+    if signer is not None:
+        flags = SIGNED if codec in codecs and codecs[codec].safe else SIGNED | PAYLOAD_SIGNED
     meta_end = HEADER.size + len(layout_b) + len(info_b)
-    payload_off = meta_end + _pad(meta_end)
+    mac_end = meta_end + (MAC_SIZE if flags else 0)
+    payload_off = mac_end + _pad(mac_end)
 
     if payload_len >= _PREALLOCATE_MIN:
         _preallocate(f, payload_off + payload_len)
     f.write(bytes(HEADER.size))
     f.write(layout_b + info_b + bytes(payload_off - meta_end))
     h = xxhash.xxh3_64()
+    sha = hashlib.sha256() if flags & PAYLOAD_SIGNED else None
     zeros = bytes(ALIGN)
     for d in datas:
         for start in range(0, d.nbytes, _CHUNK):
             chunk = d[start : start + _CHUNK]
             h.update(chunk)  # hash then write while the chunk is in the CPU cache
+            if sha is not None:
+                sha.update(chunk)
             _write_all(f, chunk)
         pad = zeros[: _pad(d.nbytes)]
         h.update(pad)
+        if sha is not None:
+            sha.update(pad)
         f.write(pad)
-    fields = [MAGIC, FORMAT_VERSION, 0, len(layout_b), len(info_b), len(datas)]
+    fields = [MAGIC, FORMAT_VERSION, flags, len(layout_b), len(info_b), len(datas)]
     fields += [payload_off, payload_len, h.intdigest()]
     head = HEADER.pack(*fields, 0, 0)
     header_sum = _header_sum(head[:48], layout_b + info_b)
     f.seek(0)
     f.write(HEADER.pack(*fields, header_sum, 0))
+    if signer is not None:
+        f.seek(meta_end)
+        f.write(signer.sign(head[:48], layout_b, info_b, sha.digest() if sha else b""))
     return payload_off + payload_len
 
 
@@ -218,12 +259,22 @@ _parse_small_layout = functools.lru_cache(maxsize=1024)(_parse_layout_uncached)
 
 
 class _Header:
-    __slots__ = ("info_b", "layout", "n_seg", "payload_len", "payload_off", "payload_sum")
+    __slots__ = (
+        "flags",
+        "head",
+        "info_b",
+        "layout",
+        "meta_end",
+        "n_seg",
+        "payload_len",
+        "payload_off",
+        "payload_sum",
+    )
 
     def __init__(self, head: bytes, where: str) -> None:
         if len(head) < HEADER.size:
             raise EntryCorrupted(f"{where}: truncated header ({len(head)} bytes)")
-        magic, version, _flags, lay_n, info_n, n_seg, p_off, p_len, p_sum, h_sum, _r = (
+        magic, version, flags, lay_n, info_n, n_seg, p_off, p_len, p_sum, h_sum, _r = (
             HEADER.unpack_from(head)
         )
         if magic != MAGIC:
@@ -232,8 +283,10 @@ class _Header:
             raise EntryCorrupted(f"{where}: unsupported entry format version {version}")
         if _r != 0:
             raise EntryCorrupted(f"{where}: reserved header bytes are not zero")
+        if flags & ~_KNOWN_FLAGS or flags == PAYLOAD_SIGNED:
+            raise EntryCorrupted(f"{where}: unknown header flags {flags:#x}")
         end = HEADER.size + lay_n + info_n
-        if end > len(head) or end > p_off:
+        if end + (MAC_SIZE if flags else 0) > min(len(head), p_off):
             raise EntryCorrupted(f"{where}: header longer than the data read")
         mv = memoryview(head)
         if _header_sum(mv[:48], mv[HEADER.size : end]) != h_sum:
@@ -245,6 +298,7 @@ class _Header:
         if len(self.layout.seg) != n_seg or self.layout.end > p_len:
             raise EntryCorrupted(f"{where}: segment table does not match the header")
         self.info_b = head[HEADER.size + lay_n : end]
+        self.head, self.meta_end, self.flags = head, end, flags
         self.n_seg = n_seg
         self.payload_off = p_off
         self.payload_len = p_len
@@ -255,8 +309,8 @@ def _complete_head(head: bytes, size: int, fd: int, f: BinaryIO | None) -> bytes
     """``head`` plus the rest of the layout and info when they are longer than the
     first read."""
     if len(head) >= HEADER.size:
-        lay_n, info_n = struct.unpack_from("<II", head, 12)
-        need = HEADER.size + lay_n + info_n
+        flags, lay_n, info_n = struct.unpack_from("<HII", head, 10)
+        need = HEADER.size + lay_n + info_n + (MAC_SIZE if flags & SIGNED else 0)
         if len(head) < need <= size:
             if f is None:
                 return head + os.pread(fd, need - len(head), len(head))
@@ -285,9 +339,15 @@ class EntryReader:
     mmap_mode:
         ``None`` reads the payload into memory; ``"r"``, ``"r+"`` or ``"c"`` map
         arrays from the file (as :class:`numpy.memmap`).
+    signer:
+        Require a valid signature made with this key
+        (:class:`~mlcache.errors.EntrySignatureError` otherwise).
     """
 
-    def __init__(self, source: str | BinaryIO, mmap_mode: str | None = None) -> None:
+    def __init__(
+        self, source: str | BinaryIO, mmap_mode: str | None = None, signer: Signer | None = None
+    ) -> None:
+        self._signer = signer
         if isinstance(source, str):
             # a raw descriptor: a small hit is one open, one read and one close
             self.path = source
@@ -321,6 +381,8 @@ class EntryReader:
         if size != end:
             raise EntryCorrupted(f"{path}: size {size} bytes, header says {end}")
         lay = h.layout
+        if self._signer is not None:
+            self._check_signable(lay.codec)
         self.codec: str = lay.codec
         self.codec_layout: dict[str, Any] = lay.codec_layout
         self._seg = lay.seg
@@ -339,11 +401,13 @@ class EntryReader:
             # the user's intent, not damage, so it is not checked at load
             if h.payload_len <= VERIFY_MAPPED_MAX and self._mode != "r+":
                 self._check(self._payload)
+            self._check_signature(self._payload)
         elif end <= len(head):
             # small: already read. A private writable copy when not mapping, so
             # that arrays come back writable as they would from a fresh compute.
             view = memoryview(head)[h.payload_off : end]
             self._check(view)
+            self._check_signature(view)
             self._payload = bytearray(view)
         else:
             self._payload = self._read_payload(fd, f)
@@ -355,6 +419,7 @@ class EntryReader:
         buf = np.empty(h.payload_len, dtype=np.uint8)  # no zero-fill pass
         mv = memoryview(buf)  # type: ignore[arg-type]
         digest = xxhash.xxh3_64()
+        sha = hashlib.sha256() if self._signer is not None and h.flags & PAYLOAD_SIGNED else None
         got = 0
         while got < h.payload_len:
             chunk = mv[got : got + _CHUNK]
@@ -366,14 +431,46 @@ class EntryReader:
             if not n:
                 raise EntryCorrupted(f"{self.path}: truncated payload")
             digest.update(chunk[:n])
+            if sha is not None:
+                sha.update(chunk[:n])
             got += n
         if digest.intdigest() != h.payload_sum:
             raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
+        self._check_signature(sha)
         return buf
 
     def _check(self, payload: Any) -> None:
         if xxhash.xxh3_64_intdigest(payload) != self._h.payload_sum:
             raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
+
+    def _check_signable(self, codec: str) -> None:
+        """Refuse, before reading the payload, an entry that cannot carry a valid
+        signature: unsigned, or a code-running codec whose payload is not signed."""
+        flags = self._h.flags
+        if not flags & SIGNED:
+            raise EntrySignatureError(
+                f"{self.path}: the entry is not signed (written without signing, or altered)"
+            )
+        if not flags & PAYLOAD_SIGNED and not (codec in codecs and codecs[codec].safe):
+            raise EntrySignatureError(
+                f"{self.path}: the {codec!r} payload is not covered by the signature"
+            )
+
+    def _check_signature(self, payload: Any) -> None:
+        """Verify the signature (``payload``: the payload bytes, or a SHA-256 of them
+        already taken); a no-op without a signer."""
+        signer, h = self._signer, self._h
+        if signer is None:
+            return
+        digest = b""
+        if h.flags & PAYLOAD_SIGNED:
+            digest = (payload if hasattr(payload, "digest") else hashlib.sha256(payload)).digest()
+        head = h.head
+        mac = memoryview(head)[h.meta_end : h.meta_end + MAC_SIZE]
+        if not signer.verify(mac, head[:48], memoryview(head)[HEADER.size : h.meta_end], digest):
+            raise EntrySignatureError(
+                f"{self.path}: signature does not verify (altered, or written with another key)"
+            )
 
     @property
     def info_bytes(self) -> bytes:
@@ -467,6 +564,7 @@ def read_info(path: str) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
-def verify_file(path: str) -> None:
-    """Check every byte of the entry at ``path``; raise :class:`EntryCorrupted` if damaged."""
-    EntryReader(path, mmap_mode=None)
+def verify_file(path: str, signer: Signer | None = None) -> None:
+    """Check every byte of the entry at ``path`` (and its signature, with
+    ``signer``); raise :class:`EntryCorrupted` if damaged."""
+    EntryReader(path, mmap_mode=None, signer=signer)

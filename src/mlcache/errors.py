@@ -7,6 +7,8 @@
      ├── RegistryError(CacheError, LookupError)   unknown or invalid registry name / implementation
      ├── EntryNotFound(CacheError, KeyError)      no entry under a key (a miss)
      ├── EntryCorrupted(CacheError, ValueError)   an entry failed its checksum or its format check
+     │    ├── EntrySignatureError                 an entry is unsigned or its signature does
+     │    │                                       not verify (possible tampering)
      │    └── PackCorrupted                       a dataset pack is truncated or damaged
      │                                            (mlcache.data.PackCorrupted)
      ├── UnsupportedValue(CacheError, TypeError)  a value no allowed codec can store
@@ -30,6 +32,7 @@ __all__ = [
     "ConfigError",
     "EntryCorrupted",
     "EntryNotFound",
+    "EntrySignatureError",
     "RegistryError",
     "StoreError",
     "UnsupportedValue",
@@ -57,6 +60,11 @@ class EntryNotFound(CacheError, KeyError):
 
 class EntryCorrupted(CacheError, ValueError):
     """An entry exists but failed verification: bad magic, checksum, size or layout."""
+
+
+class EntrySignatureError(EntryCorrupted):
+    """With signing on, an entry has no signature or one that does not verify: it
+    was written without the key, with another key, or altered. Never decoded."""
 
 
 class UnsupportedValue(CacheError, TypeError):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from .callkey import CallKeyer
 from .codecs import select_codec
 from .entry import write_entry
-from .errors import ConfigError, EntryNotFound, UnsupportedValue, warn
+from .errors import ConfigError, EntryNotFound, EntrySignatureError, UnsupportedValue, warn
 from .fingerprint import call_state, code_version, func_identity, slug, target_function
 from .hashing import hash_value
 from .names import STATS
@@ -234,6 +234,15 @@ class MemorizedFunc(Generic[P, R]):
                 stacklevel=5,
             )
             return _MISS
+        except EntrySignatureError as exc:
+            warn(
+                f"mlcache: refusing the cache entry of {self.func_id}, possible tampering "
+                f"({exc}); recomputing",
+                stacklevel=5,
+            )
+            with contextlib.suppress(OSError, ValueError):
+                self._store.delete(name)
+            return _MISS
         except Exception as exc:  # damaged, or a codec that cannot read it
             warn(
                 f"mlcache: discarding damaged cache entry of {self.func_id} "
@@ -269,10 +278,10 @@ class MemorizedFunc(Generic[P, R]):
         path = self._path(name)
         if validate and not self._valid(name, path):
             return _MISS
-        allow = self.memory.allow_pickle
+        allow, signer = self.memory.allow_pickle, self.memory._signer
 
         def read() -> tuple[Any, bytes]:
-            reader = open_entry(self._store, name, mmap_mode, path=path)
+            reader = open_entry(self._store, name, mmap_mode, path=path, signer=signer)
             return decode(reader, allow_pickle=allow), reader.info_bytes
 
         got = self._read(name, read)
@@ -317,7 +326,14 @@ class MemorizedFunc(Generic[P, R]):
             return None
         try:
             with self._store.write(name) as f:
-                written = write_entry(f, codec.name, encoded, info, self.memory._config.compress)
+                written = write_entry(
+                    f,
+                    codec.name,
+                    encoded,
+                    info,
+                    self.memory._config.compress,
+                    self.memory._signer,
+                )
         except Exception as exc:  # disk full, permissions, a folder in the way...
             self._warn_unstored(f"could not be stored in {self.memory.location} ({exc})")
             return None

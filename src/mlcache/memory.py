@@ -25,7 +25,7 @@ from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
 from .errors import EntryCorrupted, EntryNotFound, warn
 from .limits import SizeGuard, UsageLog, enforce_limits
 from .memorized import AsyncMemorizedFunc, MemorizedFunc
-from .names import cached_objects, entry_folder
+from .names import cached_objects, entry_folder, is_stats
 from .results import (
     AsyncNotMemorizedFunc,
     MemorizedResult,
@@ -34,8 +34,9 @@ from .results import (
     expires_after,
     open_entry,
 )
+from .signing import Signer, resolve_signer
 from .stats import FunctionStats, collect
-from .store import Store, stores
+from .store import LocalPaths, Store, stores
 
 __all__ = [
     "MemorizedFunc",
@@ -79,6 +80,13 @@ class Memory:
         Keyword arguments for the store backend (e.g. ``{"durable": False}``).
     allow_pickle:
         ``False`` stores only arrays and plain data and never unpickles anything.
+    secret:
+        The key that signs entries (HMAC-SHA256) so that an entry planted or
+        altered by someone without it is never decoded. ``None`` (the default)
+        uses ``$MLCACHE_SECRET``, else a per-user key file created on first use
+        (see :mod:`mlcache.signing`); a ``str`` or ``bytes`` is the secret itself
+        (give every process sharing the cache the same one); ``False`` turns
+        signing off.
 
     Examples
     --------
@@ -108,6 +116,7 @@ class Memory:
         backend_options: dict[str, Any] | None = None,
         *,
         allow_pickle: bool = True,
+        secret: str | bytes | bool | None = None,
     ) -> None:
         self._config = MemoryConfig.make(
             location,
@@ -129,6 +138,11 @@ class Memory:
                 self.store = factory(self._config.location, **self._config.backend_options)
             except TypeError as exc:
                 raise TypeError(f"backend {backend!r} rejected backend_options: {exc}") from None
+        self._secret = secret
+        self._signer: Signer | None = None
+        if self.store is not None:
+            local = str(self.store.location) if isinstance(self.store, LocalPaths) else None
+            self._signer = resolve_signer(secret, local)
         self._usage = UsageLog(self.store) if self.store is not None else None
         self.timestamp = time.time()  # joblib's attribute
         self._guard = (
@@ -187,7 +201,9 @@ class Memory:
             c.bytes_limit,
             c.backend_options,
         )
-        return (_rebuild_memory, (args, c.allow_pickle))
+        # the signing secret travels only when it was given (not the key file's)
+        secret = self._secret if self._secret is not None and self._secret is not True else None
+        return (_rebuild_memory, (args, c.allow_pickle, secret))
 
     @overload
     def cache(
@@ -328,15 +344,17 @@ class Memory:
         return {st.func: st for st in collect(self.store).values()}
 
     def verify(self, *, fix: bool = False) -> list[str]:
-        """Check every entry's checksums; return the names of damaged ones
-        (removing them when ``fix`` is true)."""
+        """Check every entry's checksums (and signature, when signing is on); return
+        the names of damaged ones (removing them when ``fix`` is true)."""
         if self.store is None:
             return []
         damaged = []
         store = self.store
         for e in cached_objects(store):
+            # statistics are numbers, never unpickled, and not signed
+            signer = None if is_stats(e.name) else self._signer
             try:
-                open_entry(store, e.name)  # reads and checks every byte
+                open_entry(store, e.name, signer=signer)  # reads and checks every byte
             except EntryCorrupted:
                 damaged.append(e.name)
                 if fix:
@@ -346,5 +364,7 @@ class Memory:
         return damaged
 
 
-def _rebuild_memory(args: tuple[Any, ...], allow_pickle: bool) -> Memory:
-    return Memory(*args, allow_pickle=allow_pickle)
+def _rebuild_memory(
+    args: tuple[Any, ...], allow_pickle: bool, secret: str | bytes | bool | None = None
+) -> Memory:
+    return Memory(*args, allow_pickle=allow_pickle, secret=secret)

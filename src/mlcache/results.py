@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from .codecs import codecs
 from .entry import EntryReader, read_info
 from .errors import EntryNotFound, UnsupportedValue
+from .signing import Signer
 from .store import LocalPaths, Store
 
 if TYPE_CHECKING:
@@ -34,20 +35,27 @@ R = TypeVar("R")
 
 
 def open_entry(
-    store: Store, name: str, mmap_mode: str | None = None, *, path: str | None = None
+    store: Store,
+    name: str,
+    mmap_mode: str | None = None,
+    *,
+    path: str | None = None,
+    signer: Signer | None = None,
 ) -> EntryReader:
-    """Open entry ``name`` of ``store`` (through its local file when it has one).
+    """Open entry ``name`` of ``store`` (through its local file when it has one),
+    requiring a valid signature when ``signer`` is given.
 
     Raises ``EntryNotFound`` (also for a name that is a folder), ``EntryCorrupted``
-    for damage, ``OSError`` when it cannot be read.
+    for damage (``EntrySignatureError`` for a missing or wrong signature),
+    ``OSError`` when it cannot be read.
     """
     try:
         if path is None and isinstance(store, LocalPaths):
             path = store.local_path(name)
         if path is not None:
-            return EntryReader(path, mmap_mode)
+            return EntryReader(path, mmap_mode, signer)
         with store.open(name) as f:
-            return EntryReader(f, mmap_mode)
+            return EntryReader(f, mmap_mode, signer)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         raise EntryNotFound(name) from None
 
@@ -104,7 +112,9 @@ class MemorizedResult:
         ``ValueError``) if it is damaged."""
         assert self.memory.store is not None
         try:
-            reader = open_entry(self.memory.store, self.name, self.mmap_mode)
+            reader = open_entry(
+                self.memory.store, self.name, self.mmap_mode, signer=self.memory._signer
+            )
         except EntryNotFound:
             raise EntryNotFound(
                 f"no cached result {self.name!r} (it may have been cleared)"
