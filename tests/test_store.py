@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import io
 import os
 import pickle
@@ -29,8 +30,9 @@ from mlcache import (
     expires_after,
     register_store_backend,
 )
+from mlcache._atomic import DEAD_MIN_AGE
 from mlcache.store import EntryStat, LocalPaths, Store, check_name, stores
-from mlcache.store.local import STALE_TMP_SECONDS, LocalStore
+from mlcache.store.local import LocalStore
 
 INVALID_NAMES = ["../x", "/abs", "", "a/../b", "a//b", "./a", "a/", ".hidden", "a\\b", "a/.."]
 
@@ -306,20 +308,28 @@ class TestLocalStore(StoreConformance):
         ro.chmod(0o700)
         assert res.returncode == 0, res.stderr
 
-    def test_stale_temporaries_are_removed_by_list(self, store):
+    def test_dead_writers_temporaries_are_removed_by_list(self, store):
+        """A temporary is removed when no writer holds its lock (the kernel drops
+        it when the writer dies) and it is older than DEAD_MIN_AGE; one still
+        locked is kept at any age, and a fresh one may be about to be locked."""
         put(store, "f/v/k", b"x")
         folder = Path(store.location) / "f" / "v"
-        stale = folder / ".dead.tmp-0123456789ab"
-        fresh = folder / ".live.tmp-ba9876543210"
-        top_stale = Path(store.location) / ".x.tmp-aaaaaaaaaaaa"
-        for p in (stale, fresh, top_stale):
+        dead = folder / ".dead.tmp-0123456789ab"
+        fresh = folder / ".new.tmp-ba9876543210"
+        live = folder / ".live.tmp-cccccccccccc"
+        top_dead = Path(store.location) / ".x.tmp-aaaaaaaaaaaa"
+        for p in (dead, fresh, live, top_dead):
             p.write_bytes(b"partial")
-        old = time.time() - STALE_TMP_SECONDS - 60
-        for p in (stale, top_stale):
+        old = time.time() - DEAD_MIN_AGE - 60
+        for p in (dead, top_dead, live):
             os.utime(p, (old, old))
-        assert names(store) == {"f/v/k"}  # temporaries are never listed
-        assert not stale.exists() and not top_stale.exists()
-        assert fresh.exists()  # a writer may still be busy with it
+        with open(live, "rb") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a writer still busy with it
+            assert names(store) == {"f/v/k"}  # temporaries are never listed
+            assert not dead.exists() and not top_dead.exists()
+            assert fresh.exists() and live.exists()
+        assert names(store) == {"f/v/k"}
+        assert not live.exists()  # its writer is gone now
 
     def test_delete_does_not_follow_symlinks(self, store, tmp_path):
         target = tmp_path / "elsewhere"

@@ -13,8 +13,6 @@ import contextlib
 import json
 import os
 import pickle
-import shutil
-import tempfile
 from array import array
 from collections.abc import Iterable, Mapping, Sized
 from typing import Any, BinaryIO
@@ -22,7 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import xxhash
 
-from .._atomic import atomic_file
+from .._atomic import atomic_file, sweep_dead, temporary_folder
 from ..errors import UnsupportedValue
 from .format import BLOCK, HEADER, block_sums, pack_header, pad
 
@@ -255,52 +253,47 @@ def pack(
     target = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)
-    spill_dir = tempfile.mkdtemp(prefix=".mlcache-pack-", dir=folder)
+    sweep_dead(folder, os.path.basename(target))  # what a killed build of it left
     fields: dict[str, _Field] = {}
     names: list[str] = []
     n = 0
-    try:
-        with contextlib.ExitStack() as stack:
-            for n, sample in enumerate(_progress(samples, progress, os.path.basename(target))):
-                if not isinstance(sample, Mapping):
-                    raise TypeError(
-                        f"sample {n} is a {type(sample).__name__}, not a dict of fields"
-                    )
-                if n == 0:
-                    names = list(sample)
-                    if not names:
-                        raise ValueError("sample 0 has no fields")
-                    for i, name in enumerate(names):
-                        if not isinstance(name, str):
-                            raise TypeError(f"sample 0: field names must be str, got {name!r}")
-                        spill = stack.enter_context(open(os.path.join(spill_dir, str(i)), "w+b"))
-                        fields[name] = _Field(name, spill, allow_pickle)
-                elif sample.keys() != fields.keys():
-                    missing = sorted(set(fields) - set(sample))
-                    extra = sorted(set(sample) - set(fields))
-                    raise ValueError(
-                        f"sample {n}: fields differ from sample 0 "
-                        f"(missing {missing}, extra {extra})"
-                    )
-                for name in names:
-                    fields[name].add(sample[name], n)
-            else:
-                if not fields:
-                    raise ValueError(f"no samples to pack into {target}: the source is empty")
-            count = n + 1
-            with atomic_file(target) as out:
-                out.write(bytes(HEADER.size))
-                index = {
-                    "version": 1,
-                    "n": count,
-                    "block": block_size,
-                    "fields": [fields[name].index_entry(out, block_size) for name in names],
-                }
-                index_off = _align(out)
-                index_b = json.dumps(index, separators=(",", ":")).encode()
-                out.write(index_b)
-                out.seek(0)
-                out.write(pack_header(count, index_off, index_b))
-    finally:
-        shutil.rmtree(spill_dir, ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        spill_dir = stack.enter_context(temporary_folder(folder, os.path.basename(target)))
+        for n, sample in enumerate(_progress(samples, progress, os.path.basename(target))):
+            if not isinstance(sample, Mapping):
+                raise TypeError(f"sample {n} is a {type(sample).__name__}, not a dict of fields")
+            if n == 0:
+                names = list(sample)
+                if not names:
+                    raise ValueError("sample 0 has no fields")
+                for i, name in enumerate(names):
+                    if not isinstance(name, str):
+                        raise TypeError(f"sample 0: field names must be str, got {name!r}")
+                    spill = stack.enter_context(open(os.path.join(spill_dir, str(i)), "w+b"))
+                    fields[name] = _Field(name, spill, allow_pickle)
+            elif sample.keys() != fields.keys():
+                missing = sorted(set(fields) - set(sample))
+                extra = sorted(set(sample) - set(fields))
+                raise ValueError(
+                    f"sample {n}: fields differ from sample 0 (missing {missing}, extra {extra})"
+                )
+            for name in names:
+                fields[name].add(sample[name], n)
+        else:
+            if not fields:
+                raise ValueError(f"no samples to pack into {target}: the source is empty")
+        count = n + 1
+        with atomic_file(target) as out:
+            out.write(bytes(HEADER.size))
+            index = {
+                "version": 1,
+                "n": count,
+                "block": block_size,
+                "fields": [fields[name].index_entry(out, block_size) for name in names],
+            }
+            index_off = _align(out)
+            index_b = json.dumps(index, separators=(",", ":")).encode()
+            out.write(index_b)
+            out.seek(0)
+            out.write(pack_header(count, index_off, index_b))
     return PackedDataset(target, allow_pickle=allow_pickle)

@@ -12,17 +12,16 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
-from .._atomic import atomic_file, is_temporary
+from .._atomic import atomic_file, is_temporary, remove_if_dead
 from ..errors import EntryNotFound, StoreError, warn
 from . import EntryStat, check_name
 
 __all__ = ["LocalStore"]
 
 _GITIGNORE = "# created by mlcache: this folder is a cache, never commit it\n*\n"
-#: temporaries older than this are leftovers of a crashed writer
-STALE_TMP_SECONDS = 3600.0
 #: marks a folder being removed (renamed first, then deleted)
 TOMB_MARK = ".removing-"
+_LOCK_SUFFIX = ".lock"
 logger = logging.getLogger("mlcache")
 
 
@@ -120,7 +119,7 @@ class LocalStore:
         locked a file removed meanwhile notices (another inode) and tries again.
         """
         folder, base = os.path.split(os.path.join(self.location, check_name(name)))
-        path = os.path.join(folder, f".{base}.lock")
+        path = os.path.join(folder, f".{base}{_LOCK_SUFFIX}")
         fd = _lock_file(path, folder, self.mode, timeout)
         try:
             yield fd is not None
@@ -157,7 +156,6 @@ class LocalStore:
         temporaries, removed folders, a Finder's ``.DS_Store``), names that are not
         valid entry names, and folders this user cannot read (logged)."""
         start = os.path.join(self.location, check_name(prefix)) if prefix else self.location
-        now = time.time()
         stack = [start]
         while stack:
             folder = stack.pop()
@@ -171,7 +169,7 @@ class LocalStore:
             with it:
                 for e in it:
                     if e.name.startswith("."):
-                        self._sweep(e, now)
+                        self._sweep(e)
                         continue
                     try:
                         if e.is_dir(follow_symlinks=False):
@@ -185,14 +183,14 @@ class LocalStore:
                         yield EntryStat(rel, st.st_size, st.st_mtime)
 
     @staticmethod
-    def _sweep(e: os.DirEntry[str], now: float) -> None:
+    def _sweep(e: os.DirEntry[str]) -> None:
         """Remove what a crashed writer or an interrupted removal left behind."""
         if TOMB_MARK in e.name:
             shutil.rmtree(e.path, ignore_errors=True)
-        elif is_temporary(e.name):
-            with contextlib.suppress(OSError):
-                if now - e.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS:
-                    os.unlink(e.path)
+        elif is_temporary(e.name) or e.name.endswith(_LOCK_SUFFIX):
+            # a key lock left by a killed holder goes too: a waiter that opened it
+            # meanwhile sees another inode and locks a new one (see _lock_file)
+            remove_if_dead(e.path)
 
     def touch(self, names: Iterable[str]) -> None:
         # last use is the file's mtime: atime is unreliable (noatime, relatime)
