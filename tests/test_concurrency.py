@@ -165,3 +165,55 @@ def test_readers_holding_maps_keep_correct_data(tmp_path, how):
     assert out.get(timeout=30) == float((np.arange(200_000) * 3.0).sum())
     reader.join(30)
     assert reader.exitcode == 0
+
+
+# -- a storm of writes under bytes_limit ------------------------------------------------
+STORM_LIMIT = 2_000_000
+STORM_ENTRY = 25_000 * 8  # bytes of each result
+
+
+def block(i):
+    return np.full(25_000, i, dtype=np.float64)
+
+
+def _storm(location, worker, n):
+    mem = Memory(location, verbose=0, bytes_limit=STORM_LIMIT)
+    f = mem.cache(block)
+    for i in range(n):
+        f(worker * 10_000 + i)
+
+
+def _entries_size(store):
+    from mlcache.names import entries
+
+    return sum(e.size for e in entries(store))
+
+
+def storm(location, workers, writes):
+    """``workers`` processes write ``writes`` new entries each; a monitor measures
+    the cache under the size counter's lock (where no eviction is half done);
+    returns the largest size it saw and the number of samples."""
+    store = Memory(location, verbose=0).store
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_storm, args=(location, w, writes)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    peak, samples = 0, 0
+    while any(p.is_alive() for p in procs):
+        with store.shared_counter("size"):
+            peak = max(peak, _entries_size(store))
+        samples += 1
+        time.sleep(0.002)
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    return max(peak, _entries_size(store)), samples
+
+
+def test_a_storm_of_writes_from_several_processes_stays_within_the_limit(tmp_path):
+    """4 processes each write 30 entries of 200 KB (6x the 2 MB limit in all): the
+    cache never holds more than the limit plus one entry."""
+    peak, samples = storm(str(tmp_path), 4, 30)
+    assert samples > 10
+    assert peak <= STORM_LIMIT + STORM_ENTRY + 4096, peak
+    assert peak > STORM_LIMIT // 2  # the storm did fill it

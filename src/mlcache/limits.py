@@ -20,7 +20,7 @@ from typing import Any
 
 from .names import entries as result_entries
 from .names import entry_folder
-from .store import EntryStat, Store
+from .store import EntryStat, SharedCounter, Store
 
 __all__ = ["FLUSH_SECONDS", "SizeGuard", "UsageLog", "enforce_limits", "plan_eviction"]
 
@@ -127,47 +127,55 @@ def _func_and_duration(info: bytes) -> tuple[str, float]:
 class SizeGuard:
     """Keeps a store under ``bytes_limit`` as entries are written.
 
+    Room is made *before* an entry is written (:meth:`reserve`), so the cache
+    never holds more than the limit while entries are being added, whatever the
+    number of writers.
+
     Scanning the store costs O(entries) (about 12 ms per thousand here), so it is
-    not done at every write: the guard adds each write's size to the total of the
-    last scan, and scans and evicts (least recently used first, down to
-    ``LOW_WATER`` of the limit) only when that estimate passes the limit or the
-    last scan is older than ``RESCAN_SECONDS``. Writes by other processes are
-    therefore seen at the latest ``RESCAN_SECONDS`` later.
+    not done at every write: each write adds its size to the total of the last
+    scan, and the store is scanned and least-recently-used entries evicted (down
+    to ``LOW_WATER`` of the limit) only when that total would pass the limit or
+    the last scan is older than ``RESCAN_SECONDS``. Where the store shares a
+    counter between processes (``shared_counter``: the local store), the total is
+    that counter, changed by one writer at a time, so that concurrent writers
+    from many processes keep within the limit together; elsewhere each process
+    keeps its own total and sees the others' writes at its next scan.
     """
 
     def __init__(self, store: Store, bytes_limit: int, usage: UsageLog) -> None:
         self._store = store
         self.bytes_limit = bytes_limit
         self._usage = usage
+        self._shared = getattr(store, "shared_counter", None)
         self._lock = threading.Lock()
-        self._estimate: int | None = None  # bytes, as of the last scan plus our writes
-        self._scanned = 0.0
+        self._own = SharedCounter(0, 0.0)  # the total of a store that cannot share one
         _FORK_SENSITIVE.add(self)
 
-    def after_write(self, name: str, size: int) -> list[EntryStat]:
-        """Account for ``size`` new bytes under ``name``; evict if needed."""
-        # the lock guards the counters only, never a scan: a process forked during
-        # a scan must not inherit a held lock
+    def reserve(self, name: str, size: int) -> list[EntryStat]:
+        """Make room for ``size`` bytes about to be written under ``name`` (which may
+        replace an entry); return the entries evicted for it."""
+        if self._shared is not None:
+            with self._shared("size") as counter:
+                return self._reserve(name, size, counter)
         with self._lock:
-            fresh = self._estimate is not None and time.monotonic() - self._scanned < RESCAN_SECONDS
-            if fresh:
-                self._estimate = (self._estimate or 0) + size
-                if self._estimate <= self.bytes_limit:
-                    return []
+            return self._reserve(name, size, self._own)
+
+    def _reserve(self, name: str, size: int, counter: SharedCounter) -> list[EntryStat]:
+        now = time.time()
+        fresh = 0 <= now - counter.stamp < RESCAN_SECONDS and counter.value >= 0
+        if fresh and counter.value + size <= self.bytes_limit:
+            counter.value += size
+            return []
         self._usage.flush()
-        entries = list(result_entries(self._store))
+        # the entry being replaced, if any, goes with the write: not counted, not evicted
+        entries = [e for e in result_entries(self._store) if e.name != name]
         total = sum(e.size for e in entries)
         removed: list[EntryStat] = []
-        if total > self.bytes_limit:
-            removed = enforce_limits(
-                self._store,
-                bytes_limit=int(self.bytes_limit * LOW_WATER),
-                protect=(name,),
-                entries=entries,
-            )
+        if total + size > self.bytes_limit:
+            target = min(int(self.bytes_limit * LOW_WATER), self.bytes_limit - size)
+            removed = enforce_limits(self._store, bytes_limit=max(target, 0), entries=entries)
             total -= sum(e.size for e in removed)
-        with self._lock:
-            self._estimate, self._scanned = total, time.monotonic()
+        counter.value, counter.stamp = total + size, now
         return removed
 
     def _after_fork(self) -> None:

@@ -46,6 +46,9 @@ logger = logging.getLogger("mlcache")
 P = ParamSpec("P")
 R = TypeVar("R")
 _MISS = object()
+#: bytes an entry takes beyond its segments (header, layout, info, alignment), at most
+#: for all but very large layouts: what a write reserves under bytes_limit on top
+_ENTRY_OVERHEAD = 4096
 #: a call's entry name and its kept arguments' digests (see CallKeyer.key)
 Keyed = tuple[str, list[bytes]]
 
@@ -324,9 +327,16 @@ class MemorizedFunc(Generic[P, R]):
         if limit is not None and size > limit:
             self._warn_unstored(f"({size} bytes) is larger than bytes_limit ({limit})")
             return None
+        guard = self.memory._guard
+        if guard is not None:
+            try:
+                # room first: with many writers the cache never passes the limit
+                guard.reserve(name, size + _ENTRY_OVERHEAD)
+            except Exception as exc:  # eviction failed: store anyway, say so
+                warn(f"mlcache: could not enforce bytes_limit ({exc})", stacklevel=4)
         try:
             with self._store.write(name) as f:
-                written = write_entry(
+                write_entry(
                     f,
                     codec.name,
                     encoded,
@@ -337,12 +347,6 @@ class MemorizedFunc(Generic[P, R]):
         except Exception as exc:  # disk full, permissions, a folder in the way...
             self._warn_unstored(f"could not be stored in {self.memory.location} ({exc})")
             return None
-        guard = self.memory._guard
-        if guard is not None:
-            try:
-                guard.after_write(name, written)
-            except Exception as exc:  # the entry is stored; only eviction failed
-                warn(f"mlcache: could not enforce bytes_limit ({exc})", stacklevel=4)
         return info
 
     def _warn_unstored(self, why: str) -> None:

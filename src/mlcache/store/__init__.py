@@ -2,8 +2,11 @@
 
 A store speaks in *names*: ``/``-separated relative paths such as
 ``"pkg.mod.f-1a2b3c4d/9f86d081884c7d65/0123...cdef"``. It never interprets
-them. Optional powers are their own protocols: :class:`LocalPaths` (the store
-can hand out a local file path, which memory-mapping needs).
+them. Optional powers are their own protocols or methods: :class:`LocalPaths`
+(the store can hand out a local file path, which memory-mapping needs),
+``lock(name, timeout)`` (one computation per key across processes) and
+``shared_counter(name)`` (a number read and changed by one process at a time,
+which keeps ``bytes_limit`` across processes).
 
 Register a backend with :func:`mlcache.register_store_backend`; it then works
 as ``Memory(location, backend="name")``.
@@ -22,6 +25,7 @@ from .._registry import Registry
 __all__ = [
     "EntryStat",
     "LocalPaths",
+    "SharedCounter",
     "Store",
     "check_name",
     "register_store_backend",
@@ -37,6 +41,15 @@ def check_name(name: str) -> str:
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
         raise ValueError(f"invalid entry name {name!r}")
     return name
+
+
+@dataclass
+class SharedCounter:
+    """A number shared by every process using a store (see ``shared_counter``):
+    ``value`` and the ``stamp`` (epoch seconds) of when it was last set."""
+
+    value: int
+    stamp: float
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,15 @@ import logging
 import os
 import secrets
 import shutil
+import struct
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from .._atomic import atomic_file, is_temporary, remove_if_dead
 from ..errors import EntryNotFound, StoreError, warn
-from . import EntryStat, check_name
+from . import EntryStat, SharedCounter, check_name
 
 __all__ = ["LocalStore"]
 
@@ -22,7 +24,25 @@ _GITIGNORE = "# created by mlcache: this folder is a cache, never commit it\n*\n
 #: marks a folder being removed (renamed first, then deleted)
 TOMB_MARK = ".removing-"
 _LOCK_SUFFIX = ".lock"
+_COUNTER = struct.Struct("<qd")  # value, time it was set
 logger = logging.getLogger("mlcache")
+#: one thread at a time per counter file in this process (the file lock is per process)
+_COUNTER_LOCKS: dict[str, threading.Lock] = {}
+_COUNTER_LOCKS_GUARD = threading.Lock()
+
+
+def _counter_lock(path: str) -> threading.Lock:
+    with _COUNTER_LOCKS_GUARD:
+        return _COUNTER_LOCKS.setdefault(path, threading.Lock())
+
+
+def _forget_counter_locks() -> None:  # a forked child must not inherit a held lock
+    global _COUNTER_LOCKS_GUARD
+    _COUNTER_LOCKS.clear()
+    _COUNTER_LOCKS_GUARD = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_counter_locks)
 
 
 def _valid_name(name: str) -> bool:
@@ -181,6 +201,26 @@ class LocalStore:
                     rel = os.path.relpath(e.path, self.location).replace(os.sep, "/")
                     if _valid_name(rel):
                         yield EntryStat(rel, st.st_size, st.st_mtime)
+
+    @contextlib.contextmanager
+    def shared_counter(self, name: str) -> Iterator[SharedCounter]:
+        """A number that every process and thread using this store reads and changes
+        one at a time, for the block (a 16-byte hidden file under a POSIX record
+        lock: released by the kernel when its holder dies, and not inherited by a
+        child forked meanwhile, unlike ``flock``)."""
+        path = os.path.join(self.location, f".{check_name(name)}.counter")
+        with _counter_lock(path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                raw = os.pread(fd, _COUNTER.size, 0)
+                value, stamp = _COUNTER.unpack(raw) if len(raw) == _COUNTER.size else (0, 0.0)
+                counter = SharedCounter(value, stamp)
+                yield counter
+                if (counter.value, counter.stamp) != (value, stamp):
+                    os.pwrite(fd, _COUNTER.pack(counter.value, counter.stamp), 0)
+            finally:
+                os.close(fd)  # releases the record lock
 
     @staticmethod
     def _sweep(e: os.DirEntry[str]) -> None:
