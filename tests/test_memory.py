@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -469,17 +470,64 @@ def test_store_failure_returns_the_value_with_one_warning(mem):
     assert os.path.isdir(code_dir)
 
 
-def test_disk_full_returns_the_value(mem, monkeypatch):
+class _FailingFile:
+    """A file whose writes fail with ``err`` once ``budget`` bytes are written."""
+
+    def __init__(self, f, err, budget):
+        self._f, self._err, self._budget = f, err, budget
+
+    def write(self, data):
+        n = len(memoryview(data).cast("B"))
+        if n > self._budget:
+            raise OSError(self._err, os.strerror(self._err))
+        self._budget -= n
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+@pytest.mark.parametrize(
+    "err, where",
+    [
+        ("ENOSPC", "mid-write"),  # the disk fills up while the entry is written
+        ("EDQUOT", "mid-write"),
+        ("EIO", "mid-write"),
+        ("EACCES", "open"),  # the folder became read-only for us
+        ("EROFS", "open"),  # the file system was remounted read-only
+    ],
+)
+def test_a_failing_store_returns_the_value_and_leaves_nothing(mem, monkeypatch, err, where):
+    """The function's result is returned with one warning naming the cause; no
+    partial entry or temporary is left; once the store works again, so does the
+    cache."""
+    import contextlib
     import errno
 
+    code = getattr(errno, err)
+    real_write = mem.store.write
+
+    @contextlib.contextmanager
+    def failing_write(name):
+        if where == "open":
+            raise OSError(code, os.strerror(code), name)
+        with real_write(name) as f:
+            yield _FailingFile(f, code, 100_000)
+
     f = mem.cache(double)
-
-    def full(*a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(mem.store, "write", full)
-    with pytest.warns(CacheWarning, match="No space left"):
-        assert f(3) == 6.0
+    x = np.arange(100_000, dtype=np.float64)  # 800 KB: fails part-way through
+    monkeypatch.setattr(mem.store, "write", failing_write)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = f(x)
+    np.testing.assert_array_equal(out, x * 2)
+    ours = [w for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1 and os.strerror(code) in str(ours[0].message)
+    left = [n for _, ds, fs in os.walk(mem.location) for n in ds + fs if ".tmp-" in n]
+    assert left == [] and not f.check_call_in_cache(x)
+    monkeypatch.setattr(mem.store, "write", real_write)  # the disk has room again
+    np.testing.assert_array_equal(f(x), x * 2)
+    assert f.check_call_in_cache(x)
 
 
 def test_damaged_entry_is_a_miss_with_a_warning_then_overwritten(mem):
@@ -546,7 +594,12 @@ def test_clear_errors_for_bad_input(tmp_path):
     f = mem.cache(double)
     import threading
 
-    with pytest.raises(TypeError, match="argument 'x' of type _thread.lock"):
+    # an argument that cannot be hashed: the function runs uncached (and here fails
+    # on its own, as it would without the cache)
+    with (
+        pytest.warns(CacheWarning, match="argument 'x' of type _thread.lock"),
+        pytest.raises(TypeError, match="unsupported operand"),
+    ):
         f(threading.Lock())
     with pytest.raises(TypeError):
         f()  # missing argument, as the plain call would say
@@ -745,6 +798,44 @@ def test_unhashable_captured_state_calls_uncached_with_one_warning(mem):
         assert f(2) == 4
     assert f(3) == 6  # warned once
     assert not f.check_call_in_cache(2)
+
+
+LOCKED_CALLS: list[int] = []
+
+
+def with_lock(x, lock):
+    LOCKED_CALLS.append(x)
+    return x * 2
+
+
+def test_unhashable_arguments_call_uncached_with_one_warning(mem):
+    import threading
+
+    LOCKED_CALLS.clear()
+    f = mem.cache(with_lock)
+    with pytest.warns(CacheWarning, match="called uncached: cannot hash argument 'lock'"):
+        assert f(2, threading.Lock()) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per function
+        assert f(2, threading.Lock()) == 4
+    assert LOCKED_CALLS == [2, 2]
+    assert not list(mem.store.list(f._folder))  # nothing stored
+    g = mem.cache(with_lock, ignore=["lock"])  # what ignore= is for
+    g(5, threading.Lock())
+    assert g(5, threading.Lock()) == 10 and LOCKED_CALLS[2:] == [5]
+
+
+def test_generator_functions_are_refused_when_decorated(mem):
+    def gen(n):
+        yield from range(n)
+
+    async def agen(n):
+        yield n
+
+    for func in (gen, agen):
+        for m in (mem, Memory(None)):
+            with pytest.raises(TypeError, match="generator function .* return a list instead"):
+                m.cache(func)
 
 
 def test_callback_errors_propagate_and_the_entry_is_kept(mem):

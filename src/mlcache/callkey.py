@@ -20,7 +20,12 @@ import xxhash
 from .errors import ConfigError
 from .hashing import HASH_SCHEME, Hasher
 
-__all__ = ["CallKeyer"]
+__all__ = ["CallKeyer", "UnhashableArgument"]
+
+
+class UnhashableArgument(TypeError):
+    """An argument of a call cannot be hashed (a lock, an open file, a generator)."""
+
 
 _MISSING = object()
 _repr = reprlib.Repr()
@@ -138,7 +143,7 @@ class CallKeyer:
                 digests.append(h.digest_of(values[i]))
             except (TypeError, RecursionError) as exc:
                 v = values[i]
-                raise TypeError(
+                raise UnhashableArgument(
                     f"cannot hash argument {self.names[i]!r} of type "
                     f"{type(v).__module__}.{type(v).__qualname__}: {exc}"
                 ) from None

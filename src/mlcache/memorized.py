@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from .callkey import CallKeyer
+from .callkey import CallKeyer, UnhashableArgument
 from .codecs import select_codec
 from .entry import write_entry
 from .errors import ConfigError, EntryNotFound, EntrySignatureError, UnsupportedValue, warn
@@ -195,8 +195,8 @@ class MemorizedFunc(Generic[P, R]):
 
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Keyed | None:
         """The entry name of this call and its arguments' digests, or None when it
-        cannot be cached (its function holds state that cannot be hashed: warned
-        once, then called uncached)."""
+        cannot be cached (an argument, or state its function holds, cannot be
+        hashed: warned once per function, then called uncached)."""
         keyer = self._keyer
         if keyer is None or (self._target is not None and not self._same_code()):
             keyer = self._prepare()
@@ -205,17 +205,26 @@ class MemorizedFunc(Generic[P, R]):
             try:
                 extra = hash_value(call_state(self.func, self._state_ignore)).encode()
             except Exception as exc:  # whatever hashing the state raises: uncached
-                if not self._unkeyable_warned:
-                    self._unkeyable_warned = True
-                    warn(
-                        f"mlcache: {self.func_id} is called uncached: what it captures (its "
-                        f"closure, bound object or partial arguments) cannot be hashed ({exc}); "
-                        "name what should not count in ignore=",
-                        stacklevel=4,
-                    )
+                self._warn_unkeyable(
+                    f"what it captures (its closure, bound object or partial arguments) "
+                    f"cannot be hashed ({exc})"
+                )
                 return None
-        key, digests = keyer.key(args, kwargs, extra)
+        try:
+            key, digests = keyer.key(args, kwargs, extra)
+        except UnhashableArgument as exc:
+            self._warn_unkeyable(str(exc))
+            return None
         return f"{self._code_dir}/{key}", digests
+
+    def _warn_unkeyable(self, why: str) -> None:
+        if not self._unkeyable_warned:  # once per function: it may be called in a loop
+            self._unkeyable_warned = True
+            warn(
+                f"mlcache: {self.func_id} is called uncached: {why}; name what should not "
+                "count in ignore=",
+                stacklevel=5,
+            )
 
     def _name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         keyed = self._key(args, kwargs)

@@ -272,6 +272,12 @@ class Memory:
             func = func.func
         if not callable(func):
             raise TypeError(f"Memory.cache expects a callable, got {type(func).__name__}: {func!r}")
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"cannot memoize the generator function {getattr(func, '__qualname__', func)}: "
+                "a generator is consumed once and cannot be stored; return a list instead "
+                "(e.g. a helper that returns list(generator(...)))"
+            )
         is_async = inspect.iscoroutinefunction(func)
         if self.store is None:
             return (AsyncNotMemorizedFunc if is_async else NotMemorizedFunc)(func)
