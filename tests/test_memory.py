@@ -248,6 +248,28 @@ def test_async_functions(mem):
     assert ref.get() == 30
 
 
+def test_async_calls_of_one_new_key_compute_once_without_blocking_the_loop(mem):
+    calls, ticks = [], []
+
+    @mem.cache(ignore=["calls"])
+    async def slow(x):
+        calls.append(x)
+        await asyncio.sleep(0.3)
+        return x * 10
+
+    async def ticker():
+        for _ in range(10):
+            ticks.append(1)
+            await asyncio.sleep(0.02)
+
+    async def main():
+        return await asyncio.gather(*[slow(7) for _ in range(8)], ticker())
+
+    results = asyncio.run(main())
+    assert results[:8] == [70] * 8 and calls == [7]
+    assert len(ticks) == 10  # the loop ran other tasks while calls waited
+
+
 # -- keys: code, closures, methods, lambdas ----------------------------------------
 def test_changed_source_is_never_a_hit(tmp_path, monkeypatch):
     mod = tmp_path / "userpkg_changing.py"

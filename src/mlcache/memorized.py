@@ -8,6 +8,7 @@ call never fails because of the cache.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -505,7 +506,27 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
             return value
         if keyed is None:
             return await self.func(*args, **kwargs)  # type: ignore[misc]
-        return (await self._arun(keyed, args, kwargs))[0]
+        if self._store_lock is None:
+            return (await self._arun(keyed, args, kwargs))[0]
+        # one computation per key, as for plain functions, without blocking the
+        # event loop: try the lock, and sleep between tries (other tasks run)
+        deadline = time.monotonic() + self.memory.lock_timeout
+        delay = 0.002
+        while True:
+            with self._store_lock(keyed[0], 0) as held:
+                if held:
+                    value = self._load(keyed[0], self.mmap_mode)
+                    if value is not _MISS:
+                        return value
+                    return (await self._arun(keyed, args, kwargs))[0]
+            if time.monotonic() >= deadline:
+                _WarnIfNotHeld.say(self.func_id, self.memory.lock_timeout)
+                return (await self._arun(keyed, args, kwargs))[0]
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+            value = self._load(keyed[0], self.mmap_mode)
+            if value is not _MISS:
+                return value
 
     async def _arun(
         self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -542,12 +563,16 @@ class _WarnIfNotHeld:
     def __enter__(self) -> bool:
         held = self._lock.__enter__()
         if not held:
-            warn(
-                f"mlcache: {self._func_id}: another process has computed this call for more "
-                f"than {self._timeout:g} s (lock_timeout); computing it here too",
-                stacklevel=3,
-            )
+            self.say(self._func_id, self._timeout, stacklevel=4)
         return held
+
+    @staticmethod
+    def say(func_id: str, timeout: float, stacklevel: int = 3) -> None:
+        warn(
+            f"mlcache: {func_id}: another process has computed this call for more "
+            f"than {timeout:g} s (lock_timeout); computing it here too",
+            stacklevel=stacklevel,
+        )
 
     def __exit__(self, *exc: Any) -> Any:
         return self._lock.__exit__(*exc)
