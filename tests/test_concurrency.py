@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -18,15 +19,15 @@ from mlcache import CacheWarning, Memory
 def counted(x, log):
     """Appends one line per real computation to ``log`` (O_APPEND: atomic)."""
     with open(log, "a") as f:
-        f.write(f"{os.getpid()}\n")
+        f.write(f"{os.getpid()} {x}\n")
     time.sleep(0.5)
     return np.arange(x) * 2.0
 
 
-def _call_after(barrier_at, location, log):
+def _call_after(barrier_at, location, log, x=1000):
     while time.time() < barrier_at:  # start together
         time.sleep(0.001)
-    out = Memory(location, verbose=0).cache(counted)(1000, log)
+    out = Memory(location, verbose=0).cache(counted)(x, log)
     return float(out.sum())
 
 
@@ -39,6 +40,27 @@ def test_eight_processes_compute_a_new_call_once(tmp_path):
     assert len(set(results)) == 1 and results[0] == float((np.arange(1000) * 2.0).sum())
     with open(log) as f:
         assert len(f.read().splitlines()) == 1  # the body ran exactly once
+
+
+@pytest.mark.slow
+def test_contested_keys_are_computed_once_many_rounds(tmp_path):
+    """25 rounds of 8 processes asking for one new key at the same moment."""
+    log = str(tmp_path / "runs.log")
+    rounds = 25
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(8) as pool:
+        for r in range(rounds):
+            start = time.time() + 0.5
+            args = [(start, str(tmp_path / "c"), log, 2000 + r)] * 8
+            results = pool.starmap(_call_after, args)
+            assert len(set(results)) == 1
+    with open(log) as f:
+        runs = Counter(line.split()[1] for line in f.read().splitlines())
+    print(
+        f"\ncontested keys: {rounds} rounds x 8 processes, computations per key: "
+        f"{sorted(set(runs.values()))}"
+    )
+    assert len(runs) == rounds and set(runs.values()) == {1}
 
 
 def test_threads_compute_a_new_call_once(tmp_path):
@@ -214,6 +236,17 @@ def test_a_storm_of_writes_from_several_processes_stays_within_the_limit(tmp_pat
     """4 processes each write 30 entries of 200 KB (6x the 2 MB limit in all): the
     cache never holds more than the limit plus one entry."""
     peak, samples = storm(str(tmp_path), 4, 30)
+    print(f"\nstorm: 4 processes x 30 writes, peak {peak} bytes, limit {STORM_LIMIT}")
     assert samples > 10
     assert peak <= STORM_LIMIT + STORM_ENTRY + 4096, peak
     assert peak > STORM_LIMIT // 2  # the storm did fill it
+
+
+@pytest.mark.slow
+def test_a_long_storm_of_writes_stays_within_the_limit(tmp_path):
+    peak, samples = storm(str(tmp_path), 8, 150)
+    print(
+        f"\nstorm: 8 processes x 150 writes, {samples} samples, peak {peak} bytes, "
+        f"limit {STORM_LIMIT}, one entry {STORM_ENTRY}"
+    )
+    assert peak <= STORM_LIMIT + STORM_ENTRY + 4096, peak
