@@ -250,3 +250,56 @@ def test_a_long_storm_of_writes_stays_within_the_limit(tmp_path):
         f"limit {STORM_LIMIT}, one entry {STORM_ENTRY}"
     )
     assert peak <= STORM_LIMIT + STORM_ENTRY + 4096, peak
+
+
+def test_a_key_lock_that_cannot_be_made_never_fails_the_call(tmp_path, monkeypatch):
+    """A read-only cache folder: no lock file can be created. Sync and async calls
+    go on unlocked (no exception, no misleading timeout warning)."""
+    import asyncio
+    import errno
+    import warnings
+
+    mem = Memory(tmp_path, verbose=0)
+
+    def no_lock(name, timeout):
+        raise OSError(errno.EROFS, "Read-only file system", name)
+
+    monkeypatch.setattr(mem.store, "lock", no_lock)
+    f = mem.cache(block)
+
+    async def ablock(i):
+        return block(i)
+
+    g = mem.cache(ablock)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert f(3)[0] == 3 and f(3)[0] == 3
+        assert asyncio.run(g(4))[0] == 4
+    assert f.check_call_in_cache(3) and g.check_call_in_cache(4)
+
+
+def _hold_the_size_total(location, seconds):
+    store = Memory(location, verbose=0).store
+    with store.shared_counter("size"):
+        time.sleep(seconds)
+
+
+def test_a_stuck_size_total_does_not_block_writers(tmp_path, monkeypatch):
+    """A process that holds the shared size total and stops (here: sleeps) makes
+    writers wait at most counter_timeout, then keep the limit on their own."""
+    from mlcache.limits import SizeGuard
+
+    monkeypatch.setattr(SizeGuard, "counter_timeout", 0.2)
+    holder = multiprocessing.get_context("fork").Process(
+        target=_hold_the_size_total, args=(str(tmp_path), 30)
+    )
+    holder.start()
+    try:
+        time.sleep(0.5)
+        f = Memory(tmp_path, verbose=0, bytes_limit=STORM_LIMIT).cache(block)
+        with pytest.warns(CacheWarning, match="locked for too long"):
+            assert f(1)[0] == 1
+        assert f(2)[0] == 2 and f.check_call_in_cache(2)  # warned once
+    finally:
+        holder.kill()
+        holder.join()

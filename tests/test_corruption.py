@@ -65,7 +65,7 @@ def _meaningful(data: bytes) -> list[range]:
     """The byte ranges of an entry that a reader checks (all but the zero padding)."""
     f = HEADER.unpack_from(data)
     flags, lay_n, info_n, p_off = f[2], f[3], f[4], f[6]
-    meta_end = 64 + lay_n + info_n + (32 if flags & 1 else 0)
+    meta_end = 64 + lay_n + info_n + (40 if flags & 1 else 0)
     return [range(0, meta_end), range(p_off, len(data))]
 
 

@@ -453,6 +453,25 @@ def test_bytes_limit_is_enforced_on_write_lru(tmp_path):
     assert not f.check_call_in_cache(np.full(10_000, 1, dtype=np.float64))
 
 
+def floats(i):
+    return [float(i) + k / 7 for k in range(3000)]  # kept in the layout, not in segments
+
+
+def test_bytes_limit_counts_the_whole_entry_file(tmp_path):
+    """A list of floats is stored in the entry's layout (JSON), not in segments:
+    the limit must count the file's real size."""
+    from mlcache.names import entries
+
+    mem = Memory(tmp_path, verbose=0, bytes_limit="300K")
+    f = mem.cache(floats)
+    sizes = []
+    for i in range(30):
+        f(i)
+        sizes.append(sum(e.size for e in entries(mem.store)))
+    assert max(sizes) <= 300 * 1024, max(sizes)
+    assert f.check_call_in_cache(29) and f(29) == floats(29)
+
+
 def test_result_larger_than_the_limit_is_returned_not_stored(tmp_path):
     mem = Memory(tmp_path, verbose=0, bytes_limit=1000)
     f = mem.cache(double)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,28 +125,51 @@ def test_a_planted_malicious_pickle_is_never_loaded_without_pickle(tmp_path):
     assert marker.exists()
 
 
-@pytest.mark.parametrize("attacker_key", [None, b"another key"], ids=["unsigned", "other-key"])
-def test_a_planted_malicious_pickle_is_never_loaded_when_signed(tmp_path, caplog, attacker_key):
-    """Signing on (the default) and pickle allowed: a planted entry, unsigned or
-    signed with a key that is not ours, is refused before it is decoded, logged as
-    possible tampering, and recomputed; the attacker's code never runs."""
+def _forge_key_id(path, key_id):
+    """Put our (public) key id on an entry signed with another key."""
+    from mlcache.entry import HEADER
+
+    data = bytearray(Path(path).read_bytes())
+    f = HEADER.unpack_from(data)
+    at = 64 + f[3] + f[4]
+    data[at : at + len(key_id)] = key_id
+    Path(path).write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "attack, message",
+    [
+        ("unsigned", "not signed"),
+        ("other key", "signed with another key"),
+        ("forged key id", "possible tampering"),
+    ],
+)
+def test_a_planted_malicious_pickle_is_never_loaded_when_signed(tmp_path, caplog, attack, message):
+    """Signing on (the default) and pickle allowed: a planted entry, unsigned,
+    signed with a key that is not ours, or carrying our key's (public) id with a
+    MAC it cannot make, is refused before it is decoded, logged, and recomputed;
+    the attacker's code never runs."""
     from mlcache.signing import Signer
 
     marker = tmp_path / "pwned"
     cache = tmp_path / "cache"
-    f = Memory(cache, verbose=0).cache(innocent)  # default: the per-user key
+    mem = Memory(cache, verbose=0)  # default: the per-user key
+    f = mem.cache(innocent)
     assert f(1) == {"x": 1}
     path = _entry_path(cache)
-    _plant(path, marker, None if attacker_key is None else Signer(attacker_key))
-    with pytest.warns(CacheWarning, match="possible tampering"):
+    attacker = None if attack == "unsigned" else Signer(b"another key")
+    _plant(path, marker, attacker)
+    if attack == "forged key id":
+        _forge_key_id(path, mem._signer.key_id)
+    with pytest.warns(CacheWarning, match=message):
         assert f(1) == {"x": 1}
     assert not marker.exists()
-    assert any("possible tampering" in r.getMessage() for r in caplog.records)
+    assert any(message in r.getMessage() for r in caplog.records)
     assert f.check_call_in_cache(1)  # overwritten by a signed entry
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert f(1) == {"x": 1}  # which is a plain hit
-    # the same planted entry with the same key but signing off runs the code
-    _plant(path, marker, None if attacker_key is None else Signer(attacker_key))
+    # the same planted entry, read with signing off, runs the code
+    _plant(path, marker, attacker)
     Memory(cache, verbose=0, secret=False).cache(innocent)(1)
     assert marker.exists()

@@ -15,7 +15,7 @@ import pytest
 
 from mlcache import CacheWarning, ConfigError, EntryCorrupted, EntrySignatureError, Memory
 from mlcache.codecs import codecs
-from mlcache.entry import PAYLOAD_SIGNED, SIGNED, EntryReader, write_entry
+from mlcache.entry import CODE_SIGNED, SIGNED, EntryReader, write_entry
 from mlcache.signing import _LABEL, Signer, _key_from_file, default_key_file, resolve_signer
 
 
@@ -29,10 +29,10 @@ def key_file(tmp_path, monkeypatch):
     _key_from_file.cache_clear()
 
 
-def _write(path, value, signer, codec_name=None):
+def _write(path, value, signer, codec_name=None, name="f/0/k"):
     codec = codecs[codec_name or ("npy" if codecs["npy"].can_encode(value) else "pickle")]
     with open(path, "wb") as fh:
-        write_entry(fh, codec.name, codec.encode(value), {"func": "f"}, None, signer)
+        write_entry(fh, codec.name, codec.encode(value), {"func": "f"}, None, signer, name)
 
 
 def test_signer_is_hmac_sha256_of_a_derived_key():
@@ -126,16 +126,6 @@ def test_the_environment_secret_is_shared_by_memories(tmp_path, monkeypatch, key
     assert not key_file.exists()  # the environment's secret: no key file made
 
 
-def test_another_key_misses_once_with_a_warning(tmp_path):
-    CALLS.clear()
-    Memory(tmp_path, verbose=0, secret="a").cache(double)(5)
-    g = Memory(tmp_path, verbose=0, secret="b").cache(double)
-    with pytest.warns(CacheWarning, match="possible tampering"):
-        g(5)
-    g(5)
-    assert CALLS == [5, 5]
-
-
 def test_signing_off_reads_signed_entries_and_signed_refuses_unsigned(tmp_path):
     CALLS.clear()
     Memory(tmp_path, verbose=0, secret="k").cache(double)(1)
@@ -180,9 +170,9 @@ def test_flags_say_what_the_signature_covers(tmp_path):
     _write(tmp_path / "p", {1, 2}, signer)
     _write(tmp_path / "u", np.arange(10), None)
     flags = {n: int.from_bytes((tmp_path / n).read_bytes()[10:12], "little") for n in "apu"}
-    assert flags == {"a": SIGNED, "p": SIGNED | PAYLOAD_SIGNED, "u": 0}
+    assert flags == {"a": SIGNED, "p": SIGNED | CODE_SIGNED, "u": 0}
     for n in "ap":
-        EntryReader(str(tmp_path / n), None, signer)
+        EntryReader(str(tmp_path / n), None, signer, "f/0/k")
     with pytest.raises(EntrySignatureError, match="not signed"):
         EntryReader(str(tmp_path / "u"), None, signer)
     EntryReader(str(tmp_path / "u"))  # readable without a signer
@@ -205,12 +195,12 @@ def test_every_flipped_byte_of_a_signed_entry_is_refused(tmp_path, value):
     _write(path, value, signer)
     good = path.read_bytes()
     fields = HEADER.unpack_from(good)
-    mac_end, p_off = 64 + fields[3] + fields[4] + 32, fields[6]
+    mac_end, p_off = 64 + fields[3] + fields[4] + 40, fields[6]
     for pos in [*range(mac_end), *range(p_off, len(good))]:
         path.write_bytes(good)
         _flip(path, pos)
         with pytest.raises(EntryCorrupted):
-            EntryReader(str(path), None, signer)
+            EntryReader(str(path), None, signer, "f/0/k")
 
 
 def test_a_pickle_payload_altered_with_its_checksum_fixed_is_refused(tmp_path):
@@ -237,4 +227,85 @@ def test_a_pickle_payload_altered_with_its_checksum_fixed_is_refused(tmp_path):
     reader = EntryReader(str(path))  # checksums all agree: without a signer it reads
     assert codecs["pickle"].decode(reader.codec_layout, reader) == {"c": "b"}
     with pytest.raises(EntrySignatureError, match="does not verify"):
-        EntryReader(str(path), None, signer)
+        EntryReader(str(path), None, signer, "f/0/k")
+
+
+def test_an_entry_moved_to_another_name_is_refused(tmp_path):
+    """Copying a valid signed entry over another key's (is_admin("root") over
+    is_admin("mallory")) does not make it the other call's result."""
+    signer = Signer(b"k")
+    _write(tmp_path / "e", True, signer, name="auth.is_admin/0123/aaaa")
+    EntryReader(str(tmp_path / "e"), None, signer, "auth.is_admin/0123/aaaa")
+    with pytest.raises(EntrySignatureError, match="moved") as info:
+        EntryReader(str(tmp_path / "e"), None, signer, "auth.is_admin/0123/bbbb")
+    assert info.value.reason == "mismatch"
+
+
+def is_admin(user):
+    return user == "root"
+
+
+def test_copying_an_entry_over_another_call_is_caught_by_memory(tmp_path):
+    import shutil
+
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(is_admin)
+    assert f("root") is True and f("mallory") is False
+    root, mallory = (mem.store.local_path(f._name((u,), {})) for u in ("root", "mallory"))
+    shutil.copyfile(root, mallory)
+    with pytest.warns(CacheWarning, match="possible tampering"):
+        assert f("mallory") is False
+
+
+@pytest.mark.parametrize("mode", ["r", "c"])
+def test_the_pickle_decoded_is_the_copy_that_was_checked(tmp_path, mode):
+    """The file changes after the signature check (the same inode, rewritten in
+    place): what is unpickled is still the checked copy, never the new bytes."""
+    signer = Signer(b"k")
+    path = tmp_path / "e"
+    _write(path, {"who": "good"}, signer, "pickle")
+    reader = EntryReader(str(path), mode, signer, "f/0/k")
+    data = path.read_bytes()
+    i = data.index(b"good")
+    with open(path, "r+b") as fh:  # an attacker racing the reader
+        fh.seek(i)
+        fh.write(b"evil")
+    assert codecs["pickle"].decode(reader.codec_layout, reader) == {"who": "good"}
+
+
+class Holder:
+    def __init__(self, w):
+        self.w = w
+
+
+def holder(n):
+    CALLS.append(n)
+    return Holder(np.zeros(n))
+
+
+def test_r_plus_edits_to_pickled_arrays_persist_with_signing(tmp_path):
+    """mmap_mode="r+" writes through, as in joblib: edits to the arrays inside a
+    pickled result are kept, not taken for tampering (only the pickle stream is
+    signed in full)."""
+    CALLS.clear()
+    f = Memory(tmp_path, verbose=0, mmap_mode="r+").cache(holder)
+    f(1000)
+    got = f(1000)
+    got.w[:] = 42.0  # a shared map: the file sees it
+    del got
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = f(1000)
+    assert float(again.w[0]) == 42.0 and CALLS == [1000]
+
+
+def test_entries_of_another_key_are_recomputed_with_one_warning_per_function(tmp_path):
+    CALLS.clear()
+    Memory(tmp_path, verbose=0, secret="a").cache(double)(1)
+    Memory(tmp_path, verbose=0, secret="a").cache(double)(2)
+    g = Memory(tmp_path, verbose=0, secret="b").cache(double)
+    with pytest.warns(CacheWarning, match="signed with another key") as record:
+        g(1)
+        g(2)
+    assert len([w for w in record if "another key" in str(w.message)]) == 1
+    assert CALLS == [1, 2, 1, 2]

@@ -63,7 +63,9 @@ def remove_if_dead(path: str, min_age: float = DEAD_MIN_AGE) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False  # its writer is alive
-        # temporary names are random: never another file's
+        now = os.stat(path, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return False  # the name was replaced meanwhile (a lock file made anew)
         if stat.S_ISDIR(st.st_mode):
             shutil.rmtree(path)
         else:

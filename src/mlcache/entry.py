@@ -8,7 +8,7 @@ offset    size    field
 ========  ======  ===========================================================
 0         8       magic ``b"\\x93MLCACHE"``
 8         2       format version (u16), currently 1
-10        2       flags (u16): 1 signed, 2 the signature covers the payload
+10        2       flags (u16): 1 signed, 2 the signature covers segment 0 too
 12        4       layout length L (u32): JSON, how to decode the payload
 16        4       info length I (u32): JSON, metadata (time, duration, args)
 20        4       segment count (u32)
@@ -20,8 +20,9 @@ offset    size    field
 64        L       layout JSON: ``{"codec", "c": codec layout, "seg": [[off, len], ...],
                   "z": compression or null, "raw": [uncompressed len, ...]}``
 64+L      I       info JSON
-64+L+I    32      signed entries only: HMAC-SHA256 of bytes [0, 48) + layout + info
-                  (+ SHA-256 of the payload when flag 2 is set)
+64+L+I    40      signed entries only: key id (8) and HMAC-SHA256 (32) of bytes
+                  [0, 48) + layout + info + the entry's name (+ SHA-256 of
+                  segment 0 when flag 2 is set)
 ...               zero padding up to P
 P         N       segments, each at a 64-byte aligned offset (relative to P),
                   zero padding between them
@@ -38,11 +39,13 @@ When the payload is checked
 Signed entries (:mod:`mlcache.signing`)
     A reader given a signer refuses, before decoding anything, an entry that is
     unsigned or whose signature does not verify (:class:`EntrySignatureError`).
-    The signature covers the header (with the payload's checksum), the layout
-    and the info, and the whole payload of entries whose codec runs code when
-    decoding (pickle): those are hashed in full before they are unpickled.
-    Payloads of safe codecs (raw arrays) are bound to the signature through
-    their signed xxh3 checksum, checked as above: a mapped hit stays O(1).
+    The signature covers the header (with the payload's checksum), the layout,
+    the info and the entry's name, and the whole of segment 0 of entries whose
+    codec runs code when decoding (the pickle stream): it is read into private
+    memory, checked there and decoded from there. Other segments (raw arrays,
+    a pickle's out-of-band buffers) are bound to the signature only through
+    their signed xxh3 checksum, checked as above: a mapped hit stays O(1), and
+    altered array bytes can give wrong numbers but never run code.
 """
 
 from __future__ import annotations
@@ -62,13 +65,14 @@ import xxhash
 from .codecs import Encoded, codecs
 from .compression import Compression
 from .errors import ConfigError, EntryCorrupted, EntrySignatureError
-from .signing import MAC_SIZE, Signer
+from .signing import KEY_ID_SIZE, MAC_SIZE, Signer
 
 __all__ = [
+    "CODE_SIGNED",
     "FORMAT_VERSION",
     "MAGIC",
-    "PAYLOAD_SIGNED",
     "SIGNED",
+    "EntryPlan",
     "EntryReader",
     "read_info",
     "verify_file",
@@ -80,9 +84,11 @@ FORMAT_VERSION = 1
 ALIGN = 64
 HEADER = struct.Struct("<8sHHIII QQQQQ")  # 64 bytes
 assert HEADER.size == 64
-#: header flags
-SIGNED, PAYLOAD_SIGNED = 1, 2
-_KNOWN_FLAGS = SIGNED | PAYLOAD_SIGNED
+#: header flags: the entry is signed; its segment 0 (code) is covered too
+SIGNED, CODE_SIGNED = 1, 2
+_KNOWN_FLAGS = SIGNED | CODE_SIGNED
+#: the signature that follows the info: the signing key's id, then the MAC
+SIGNATURE_SIZE = KEY_ID_SIZE + MAC_SIZE
 #: memory-mapped payloads up to this size are checksummed at load
 VERIFY_MAPPED_MAX = 16 << 20
 _FIRST_READ = 1 << 16
@@ -136,6 +142,85 @@ def _write_all(f: BinaryIO, data: memoryview) -> None:
         data = data[n:]
 
 
+class EntryPlan:
+    """One entry laid out and ready to write: :attr:`size` is its exact size in
+    bytes (a size limit can make room for it first), :meth:`write` writes it.
+
+    With ``signer`` the entry is signed for the store name ``name`` (an entry
+    moved to another name no longer verifies); when ``codec`` may run code when
+    decoding (not a safe codec), its segment 0, where such a codec keeps
+    everything that runs code, is covered by the signature too."""
+
+    def __init__(
+        self,
+        codec: str,
+        encoded: Encoded,
+        info: dict[str, Any],
+        compression: Compression | None = None,
+        signer: Signer | None = None,
+        name: str = "",
+    ) -> None:
+        raws = [_as_bytes(s) for s in encoded.segments]
+        datas = (
+            [memoryview(compression.compress(r)) for r in raws] if compression is not None else raws
+        )
+        seg_table = []
+        pos = 0
+        for d in datas:
+            seg_table.append([pos, d.nbytes])
+            pos += d.nbytes + _pad(d.nbytes)
+        layout = {
+            "codec": codec,
+            "c": encoded.layout,
+            "seg": seg_table,
+            "z": None if compression is None else [compression.name, compression.level],
+            "raw": [r.nbytes for r in raws],
+        }
+        self._layout_b = json.dumps(layout, separators=(",", ":")).encode()
+        self._info_b = json.dumps(info, separators=(",", ":"), default=str).encode()
+        self._datas = datas
+        self._signer, self._name = signer, name
+        self._flags = 0
+        if signer is not None:
+            safe = codec in codecs and codecs[codec].safe
+            self._flags = SIGNED if safe or not datas else SIGNED | CODE_SIGNED
+        self._meta_end = HEADER.size + len(self._layout_b) + len(self._info_b)
+        sig_end = self._meta_end + (SIGNATURE_SIZE if self._flags else 0)
+        self._payload_off = sig_end + _pad(sig_end)
+        self._payload_len = pos
+        #: the entry's size in bytes
+        self.size = self._payload_off + self._payload_len
+
+    def write(self, f: BinaryIO) -> int:
+        """Write the entry to the seekable binary file ``f``; return its size."""
+        datas, layout_b, info_b = self._datas, self._layout_b, self._info_b
+        if self._payload_len >= _PREALLOCATE_MIN:
+            _preallocate(f, self.size)
+        f.write(bytes(HEADER.size))
+        f.write(layout_b + info_b + bytes(self._payload_off - self._meta_end))
+        h = xxhash.xxh3_64()
+        zeros = bytes(ALIGN)
+        for d in datas:
+            for start in range(0, d.nbytes, _CHUNK):
+                chunk = d[start : start + _CHUNK]
+                h.update(chunk)  # hash then write while the chunk is in the CPU cache
+                _write_all(f, chunk)
+            pad = zeros[: _pad(d.nbytes)]
+            h.update(pad)
+            f.write(pad)
+        fields = [MAGIC, FORMAT_VERSION, self._flags, len(layout_b), len(info_b), len(datas)]
+        fields += [self._payload_off, self._payload_len, h.intdigest()]
+        head = HEADER.pack(*fields, 0, 0)
+        f.seek(0)
+        f.write(HEADER.pack(*fields, _header_sum(head[:48], layout_b + info_b), 0))
+        if self._signer is not None:
+            code = hashlib.sha256(datas[0]).digest() if self._flags & CODE_SIGNED else b""
+            mac = self._signer.sign(*_signed_parts(head[:48], layout_b + info_b, self._name, code))
+            f.seek(self._meta_end)
+            f.write(self._signer.key_id + mac)
+        return self.size
+
+
 def write_entry(
     f: BinaryIO,
     codec: str,
@@ -143,64 +228,17 @@ def write_entry(
     info: dict[str, Any],
     compression: Compression | None = None,
     signer: Signer | None = None,
+    name: str = "",
 ) -> int:
-    """Write one entry to the seekable binary file ``f``; return its size in bytes.
+    """Write one entry to the seekable binary file ``f``; return its size in bytes
+    (see :class:`EntryPlan`)."""
+    return EntryPlan(codec, encoded, info, compression, signer, name).write(f)
 
-    With ``signer`` the entry is signed, and its payload is covered by the
-    signature too when ``codec`` may run code when decoding (not a safe codec)."""
-    raws = [_as_bytes(s) for s in encoded.segments]
-    datas = [memoryview(compression.compress(r)) for r in raws] if compression is not None else raws
-    seg_table = []
-    pos = 0
-    for d in datas:
-        seg_table.append([pos, d.nbytes])
-        pos += d.nbytes + _pad(d.nbytes)
-    payload_len = pos
-    layout = {
-        "codec": codec,
-        "c": encoded.layout,
-        "seg": seg_table,
-        "z": None if compression is None else [compression.name, compression.level],
-        "raw": [r.nbytes for r in raws],
-    }
-    layout_b = json.dumps(layout, separators=(",", ":")).encode()
-    info_b = json.dumps(info, separators=(",", ":"), default=str).encode()
-    flags = 0
-    if signer is not None:
-        flags = SIGNED if codec in codecs and codecs[codec].safe else SIGNED | PAYLOAD_SIGNED
-    meta_end = HEADER.size + len(layout_b) + len(info_b)
-    mac_end = meta_end + (MAC_SIZE if flags else 0)
-    payload_off = mac_end + _pad(mac_end)
 
-    if payload_len >= _PREALLOCATE_MIN:
-        _preallocate(f, payload_off + payload_len)
-    f.write(bytes(HEADER.size))
-    f.write(layout_b + info_b + bytes(payload_off - meta_end))
-    h = xxhash.xxh3_64()
-    sha = hashlib.sha256() if flags & PAYLOAD_SIGNED else None
-    zeros = bytes(ALIGN)
-    for d in datas:
-        for start in range(0, d.nbytes, _CHUNK):
-            chunk = d[start : start + _CHUNK]
-            h.update(chunk)  # hash then write while the chunk is in the CPU cache
-            if sha is not None:
-                sha.update(chunk)
-            _write_all(f, chunk)
-        pad = zeros[: _pad(d.nbytes)]
-        h.update(pad)
-        if sha is not None:
-            sha.update(pad)
-        f.write(pad)
-    fields = [MAGIC, FORMAT_VERSION, flags, len(layout_b), len(info_b), len(datas)]
-    fields += [payload_off, payload_len, h.intdigest()]
-    head = HEADER.pack(*fields, 0, 0)
-    header_sum = _header_sum(head[:48], layout_b + info_b)
-    f.seek(0)
-    f.write(HEADER.pack(*fields, header_sum, 0))
-    if signer is not None:
-        f.seek(meta_end)
-        f.write(signer.sign(head[:48], layout_b, info_b, sha.digest() if sha else b""))
-    return payload_off + payload_len
+def _signed_parts(head48: Any, meta: Any, name: str, code: bytes) -> tuple[Any, ...]:
+    """What the MAC covers, in order (``docs/format.md``)."""
+    name_b = name.encode()
+    return (head48, meta, struct.pack("<I", len(name_b)), name_b, code)
 
 
 def _header_sum(fixed: Any, body: Any) -> int:
@@ -283,10 +321,10 @@ class _Header:
             raise EntryCorrupted(f"{where}: unsupported entry format version {version}")
         if _r != 0:
             raise EntryCorrupted(f"{where}: reserved header bytes are not zero")
-        if flags & ~_KNOWN_FLAGS or flags == PAYLOAD_SIGNED:
+        if flags & ~_KNOWN_FLAGS or flags == CODE_SIGNED:
             raise EntryCorrupted(f"{where}: unknown header flags {flags:#x}")
         end = HEADER.size + lay_n + info_n
-        if end + (MAC_SIZE if flags else 0) > min(len(head), p_off):
+        if end + (SIGNATURE_SIZE if flags else 0) > min(len(head), p_off):
             raise EntryCorrupted(f"{where}: header longer than the data read")
         mv = memoryview(head)
         if _header_sum(mv[:48], mv[HEADER.size : end]) != h_sum:
@@ -310,7 +348,7 @@ def _complete_head(head: bytes, size: int, fd: int, f: BinaryIO | None) -> bytes
     first read."""
     if len(head) >= HEADER.size:
         flags, lay_n, info_n = struct.unpack_from("<HII", head, 10)
-        need = HEADER.size + lay_n + info_n + (MAC_SIZE if flags & SIGNED else 0)
+        need = HEADER.size + lay_n + info_n + (SIGNATURE_SIZE if flags & SIGNED else 0)
         if len(head) < need <= size:
             if f is None:
                 return head + os.pread(fd, need - len(head), len(head))
@@ -340,14 +378,24 @@ class EntryReader:
         ``None`` reads the payload into memory; ``"r"``, ``"r+"`` or ``"c"`` map
         arrays from the file (as :class:`numpy.memmap`).
     signer:
-        Require a valid signature made with this key
-        (:class:`~mlcache.errors.EntrySignatureError` otherwise).
+        Require a valid signature made with this key for the store name ``name``
+        (:class:`~mlcache.errors.EntrySignatureError` otherwise). The code
+        segment of a signed entry is then read into private memory, checked
+        there and decoded from there, so that the file cannot be changed between
+        the check and the decoding.
+    name:
+        The entry's name in its store (signed entries are bound to it).
     """
 
     def __init__(
-        self, source: str | BinaryIO, mmap_mode: str | None = None, signer: Signer | None = None
+        self,
+        source: str | BinaryIO,
+        mmap_mode: str | None = None,
+        signer: Signer | None = None,
+        name: str = "",
     ) -> None:
-        self._signer = signer
+        self._signer, self._name = signer, name
+        self._code: bytes | None = None
         if isinstance(source, str):
             # a raw descriptor: a small hit is one open, one read and one close
             self.path = source
@@ -401,16 +449,16 @@ class EntryReader:
             # the user's intent, not damage, so it is not checked at load
             if h.payload_len <= VERIFY_MAPPED_MAX and self._mode != "r+":
                 self._check(self._payload)
-            self._check_signature(self._payload)
         elif end <= len(head):
             # small: already read. A private writable copy when not mapping, so
             # that arrays come back writable as they would from a fresh compute.
             view = memoryview(head)[h.payload_off : end]
             self._check(view)
-            self._check_signature(view)
             self._payload = bytearray(view)
         else:
             self._payload = self._read_payload(fd, f)
+        if self._signer is not None:
+            self._check_signature()
 
     def _read_payload(self, fd: int, f: BinaryIO | None) -> np.ndarray:
         """Read the payload into fresh memory, checksumming each chunk while it is
@@ -419,7 +467,6 @@ class EntryReader:
         buf = np.empty(h.payload_len, dtype=np.uint8)  # no zero-fill pass
         mv = memoryview(buf)  # type: ignore[arg-type]
         digest = xxhash.xxh3_64()
-        sha = hashlib.sha256() if self._signer is not None and h.flags & PAYLOAD_SIGNED else None
         got = 0
         while got < h.payload_len:
             chunk = mv[got : got + _CHUNK]
@@ -431,12 +478,9 @@ class EntryReader:
             if not n:
                 raise EntryCorrupted(f"{self.path}: truncated payload")
             digest.update(chunk[:n])
-            if sha is not None:
-                sha.update(chunk[:n])
             got += n
         if digest.intdigest() != h.payload_sum:
             raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
-        self._check_signature(sha)
         return buf
 
     def _check(self, payload: Any) -> None:
@@ -445,32 +489,46 @@ class EntryReader:
 
     def _check_signable(self, codec: str) -> None:
         """Refuse, before reading the payload, an entry that cannot carry a valid
-        signature: unsigned, or a code-running codec whose payload is not signed."""
-        flags = self._h.flags
-        if not flags & SIGNED:
+        signature: unsigned, or a code-running codec whose code is not signed."""
+        h, signer = self._h, self._signer
+        assert signer is not None
+        if not h.flags & SIGNED:
+            raise EntrySignatureError(f"{self.path}: the entry is not signed", "unsigned")
+        if (
+            not h.flags & CODE_SIGNED
+            and h.layout.seg
+            and not (codec in codecs and codecs[codec].safe)
+        ):
             raise EntrySignatureError(
-                f"{self.path}: the entry is not signed (written without signing, or altered)"
-            )
-        if not flags & PAYLOAD_SIGNED and not (codec in codecs and codecs[codec].safe):
-            raise EntrySignatureError(
-                f"{self.path}: the {codec!r} payload is not covered by the signature"
+                f"{self.path}: the {codec!r} code is not covered by the signature", "mismatch"
             )
 
-    def _check_signature(self, payload: Any) -> None:
-        """Verify the signature (``payload``: the payload bytes, or a SHA-256 of them
-        already taken); a no-op without a signer."""
+    def _check_signature(self) -> None:
+        """Verify the signature. The code segment is hashed from a private copy,
+        which is what the codec will decode."""
         signer, h = self._signer, self._h
-        if signer is None:
-            return
-        digest = b""
-        if h.flags & PAYLOAD_SIGNED:
-            digest = (payload if hasattr(payload, "digest") else hashlib.sha256(payload)).digest()
+        assert signer is not None
+        code = b""
+        if h.flags & CODE_SIGNED:
+            off, n = self._seg[0]
+            self._code = bytes(memoryview(self._payload)[off : off + n])
+            code = hashlib.sha256(self._code).digest()
         head = h.head
-        mac = memoryview(head)[h.meta_end : h.meta_end + MAC_SIZE]
-        if not signer.verify(mac, head[:48], memoryview(head)[HEADER.size : h.meta_end], digest):
+        at = h.meta_end + KEY_ID_SIZE
+        meta = memoryview(head)[HEADER.size : h.meta_end]
+        parts = _signed_parts(head[:48], meta, self._name, code)
+        if signer.verify(memoryview(head)[at : at + MAC_SIZE], *parts):
+            if head[h.meta_end : at] == signer.key_id:
+                return
+        elif head[h.meta_end : at] != signer.key_id:
             raise EntrySignatureError(
-                f"{self.path}: signature does not verify (altered, or written with another key)"
+                f"{self.path}: the entry was signed with another key", "other key"
             )
+        # a MAC of ours that does not verify, or that verifies under a damaged key id
+        raise EntrySignatureError(
+            f"{self.path}: the signature does not verify (the entry was altered or moved)",
+            "mismatch",
+        )
 
     @property
     def info_bytes(self) -> bytes:
@@ -492,7 +550,12 @@ class EntryReader:
 
     def buffer(self, index: int) -> memoryview:
         off, n = self._seg[index]
-        data = memoryview(self._payload)[off : off + n]
+        if index == 0 and self._code is not None:
+            data = memoryview(self._code)  # the checked private copy
+        elif self._comp is None and self._mode is not None:
+            return memoryview(self.array(index, np.dtype(np.uint8), (n,), "C"))  # type: ignore[arg-type]
+        else:
+            data = memoryview(self._payload)[off : off + n]
         if self._comp is not None:
             try:
                 out = bytearray(self._comp.decompress(data))
@@ -503,8 +566,6 @@ class EntryReader:
             if len(out) != self._raw_len[index]:
                 raise EntryCorrupted(f"{self.path}: segment {index} has the wrong size")
             return memoryview(out)
-        if self._mode is not None:
-            return memoryview(self.array(index, np.dtype(np.uint8), (n,), "C"))  # type: ignore[arg-type]
         return data
 
     def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:
@@ -564,7 +625,7 @@ def read_info(path: str) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
-def verify_file(path: str, signer: Signer | None = None) -> None:
-    """Check every byte of the entry at ``path`` (and its signature, with
-    ``signer``); raise :class:`EntryCorrupted` if damaged."""
-    EntryReader(path, mmap_mode=None, signer=signer)
+def verify_file(path: str, signer: Signer | None = None, name: str = "") -> None:
+    """Check every byte of the entry at ``path`` (and its signature for the store
+    name ``name``, with ``signer``); raise :class:`EntryCorrupted` if damaged."""
+    EntryReader(path, None, signer, name)

@@ -64,7 +64,14 @@ class EntryCorrupted(CacheError, ValueError):
 
 class EntrySignatureError(EntryCorrupted):
     """With signing on, an entry has no signature or one that does not verify: it
-    was written without the key, with another key, or altered. Never decoded."""
+    was written without the key, with another key, or altered. Never decoded.
+
+    ``reason`` is ``"unsigned"``, ``"other key"`` or ``"mismatch"`` (altered,
+    or moved from another name)."""
+
+    def __init__(self, message: str, reason: str = "mismatch") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class UnsupportedValue(CacheError, TypeError):

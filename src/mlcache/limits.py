@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
+from .errors import warn
 from .names import entries as result_entries
 from .names import entry_folder
 from .store import EntryStat, SharedCounter, Store
@@ -142,6 +143,9 @@ class SizeGuard:
     keeps its own total and sees the others' writes at its next scan.
     """
 
+    #: seconds a write waits for the shared total before keeping the limit alone
+    counter_timeout = 30.0
+
     def __init__(self, store: Store, bytes_limit: int, usage: UsageLog) -> None:
         self._store = store
         self.bytes_limit = bytes_limit
@@ -149,14 +153,22 @@ class SizeGuard:
         self._shared = getattr(store, "shared_counter", None)
         self._lock = threading.Lock()
         self._own = SharedCounter(0, 0.0)  # the total of a store that cannot share one
+        self._stuck_warned = False
         _FORK_SENSITIVE.add(self)
 
     def reserve(self, name: str, size: int) -> list[EntryStat]:
         """Make room for ``size`` bytes about to be written under ``name`` (which may
         replace an entry); return the entries evicted for it."""
         if self._shared is not None:
-            with self._shared("size") as counter:
-                return self._reserve(name, size, counter)
+            with self._shared("size", self.counter_timeout) as counter:
+                if counter is not None:
+                    return self._reserve(name, size, counter)
+            if not self._stuck_warned:
+                self._stuck_warned = True
+                warn(
+                    "mlcache: the cache's shared size total has been locked for too long "
+                    "(a stopped process?); this process keeps bytes_limit on its own meanwhile"
+                )
         with self._lock:
             return self._reserve(name, size, self._own)
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .callkey import CallKeyer, UnhashableArgument
 from .codecs import select_codec
-from .entry import write_entry
+from .entry import EntryPlan
 from .errors import ConfigError, EntryNotFound, EntrySignatureError, UnsupportedValue, warn
 from .fingerprint import call_state, code_version, func_identity, slug, target_function
 from .hashing import hash_value
@@ -47,9 +47,6 @@ logger = logging.getLogger("mlcache")
 P = ParamSpec("P")
 R = TypeVar("R")
 _MISS = object()
-#: bytes an entry takes beyond its segments (header, layout, info, alignment), at most
-#: for all but very large layouts: what a write reserves under bytes_limit on top
-_ENTRY_OVERHEAD = 4096
 #: a call's entry name and its kept arguments' digests (see CallKeyer.key)
 Keyed = tuple[str, list[bytes]]
 
@@ -122,6 +119,7 @@ class MemorizedFunc(Generic[P, R]):
         self._code_dir = ""
         self._code_path = ""  # the code folder's local path (local stores only)
         self._unkeyable_warned = False
+        self._foreign_warned: set[str] = set()  # entries seen unsigned or with another key
         self._code_changed = False  # older code versions were found (and removed)
         functools.update_wrapper(self, func)
 
@@ -248,13 +246,25 @@ class MemorizedFunc(Generic[P, R]):
             )
             return _MISS
         except EntrySignatureError as exc:
-            warn(
-                f"mlcache: refusing the cache entry of {self.func_id}, possible tampering "
-                f"({exc}); recomputing",
-                stacklevel=5,
-            )
-            with contextlib.suppress(OSError, ValueError):
-                self._store.delete(name)
+            if exc.reason == "mismatch":
+                warn(
+                    f"mlcache: refusing the cache entry of {self.func_id}, possible tampering "
+                    f"({exc}); recomputing",
+                    stacklevel=5,
+                )
+                with contextlib.suppress(OSError, ValueError):
+                    self._store.delete(name)
+            elif exc.reason not in self._foreign_warned:
+                # written with signing off, by an older mlcache, or by someone with
+                # another key: recomputed and overwritten; said once per function
+                self._foreign_warned.add(exc.reason)
+                how = "not signed" if exc.reason == "unsigned" else "signed with another key"
+                warn(
+                    f"mlcache: entries of {self.func_id} were {how}; they are recomputed "
+                    "(every process sharing a cache needs the same key: set MLCACHE_SECRET, "
+                    "or pass secret=)",
+                    stacklevel=5,
+                )
             return _MISS
         except Exception as exc:  # damaged, or a codec that cannot read it
             warn(
@@ -329,31 +339,26 @@ class MemorizedFunc(Generic[P, R]):
         }
         try:
             encoded = codec.encode(value)
+            info["size"] = sum(_nbytes(s) for s in encoded.segments)
+            config = self.memory._config
+            plan = EntryPlan(codec.name, encoded, info, config.compress, self.memory._signer, name)
         except Exception as exc:  # e.g. a result holding a lambda or a lock
             self._warn_unstored(f"cannot be stored ({type(exc).__name__}: {exc})")
             return None
-        size = info["size"] = sum(_nbytes(s) for s in encoded.segments)
         limit = self.memory.bytes_limit
-        if limit is not None and size > limit:
-            self._warn_unstored(f"({size} bytes) is larger than bytes_limit ({limit})")
+        if limit is not None and plan.size > limit:
+            self._warn_unstored(f"({plan.size} bytes) is larger than bytes_limit ({limit})")
             return None
         guard = self.memory._guard
         if guard is not None:
             try:
                 # room first: with many writers the cache never passes the limit
-                guard.reserve(name, size + _ENTRY_OVERHEAD)
+                guard.reserve(name, plan.size)
             except Exception as exc:  # eviction failed: store anyway, say so
                 warn(f"mlcache: could not enforce bytes_limit ({exc})", stacklevel=4)
         try:
             with self._store.write(name) as f:
-                write_entry(
-                    f,
-                    codec.name,
-                    encoded,
-                    info,
-                    self.memory._config.compress,
-                    self.memory._signer,
-                )
+                plan.write(f)
         except Exception as exc:  # disk full, permissions, a folder in the way...
             self._warn_unstored(f"could not be stored in {self.memory.location} ({exc})")
             return None
@@ -446,9 +451,7 @@ class MemorizedFunc(Generic[P, R]):
         that can lock; the others compute concurrently, as joblib does)."""
         if self._store_lock is None:
             return contextlib.nullcontext(False)
-        timeout = self.memory.lock_timeout
-        held: AbstractContextManager[bool] = self._store_lock(name, timeout)
-        return _WarnIfNotHeld(held, self.func_id, timeout)
+        return _KeyLock(self._store_lock, name, self.func_id, self.memory.lock_timeout)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
         """Always compute and store; return ``(output, metadata)`` as joblib does."""
@@ -513,14 +516,16 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
         deadline = time.monotonic() + self.memory.lock_timeout
         delay = 0.002
         while True:
-            with self._store_lock(keyed[0], 0) as held:
+            lock = _KeyLock(self._store_lock, keyed[0], self.func_id, 0)
+            with lock as held:
                 if held:
                     value = self._load(keyed[0], self.mmap_mode)
                     if value is not _MISS:
                         return value
+                if held or lock.unavailable:
                     return (await self._arun(keyed, args, kwargs))[0]
             if time.monotonic() >= deadline:
-                _WarnIfNotHeld.say(self.func_id, self.memory.lock_timeout)
+                _KeyLock.say(self.func_id, self.memory.lock_timeout)
                 return (await self._arun(keyed, args, kwargs))[0]
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
@@ -554,17 +559,34 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
         return self._shelved(keyed[0], *(await self._arun(keyed, args, kwargs)))
 
 
-class _WarnIfNotHeld:
-    """A key lock that says so when it could not be had in time."""
+class _KeyLock:
+    """A store's lock on one key that says so when it could not be had in time
+    (with a timeout), and that never fails the call: where no lock file can be
+    made (a read-only cache folder) the call goes on unlocked."""
 
-    def __init__(self, lock: AbstractContextManager[bool], func_id: str, timeout: float) -> None:
-        self._lock, self._func_id, self._timeout = lock, func_id, timeout
+    def __init__(
+        self,
+        factory: Callable[[str, float], AbstractContextManager[bool]],
+        name: str,
+        func_id: str,
+        timeout: float,
+    ) -> None:
+        self._factory, self._name, self._func_id, self._timeout = factory, name, func_id, timeout
+        self._held: AbstractContextManager[bool] | None = None
+        self.unavailable = False  #: no lock can be made here at all
 
     def __enter__(self) -> bool:
-        held = self._lock.__enter__()
-        if not held:
+        try:
+            held = self._factory(self._name, self._timeout)
+            got = held.__enter__()
+        except OSError as exc:
+            self.unavailable = True
+            logger.debug("mlcache: %s: cannot lock (%s); going on unlocked", self._func_id, exc)
+            return False
+        self._held = held
+        if not got and self._timeout > 0:
             self.say(self._func_id, self._timeout, stacklevel=4)
-        return held
+        return got
 
     @staticmethod
     def say(func_id: str, timeout: float, stacklevel: int = 3) -> None:
@@ -575,7 +597,8 @@ class _WarnIfNotHeld:
         )
 
     def __exit__(self, *exc: Any) -> Any:
-        return self._lock.__exit__(*exc)
+        held, self._held = self._held, None
+        return held.__exit__(*exc) if held is not None else None
 
 
 def _rebuild_func(

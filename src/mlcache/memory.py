@@ -81,8 +81,10 @@ class Memory:
     allow_pickle:
         ``False`` stores only arrays and plain data and never unpickles anything.
     secret:
-        The key that signs entries (HMAC-SHA256) so that an entry planted or
-        altered by someone without it is never decoded. ``None`` (the default)
+        The key that signs entries (HMAC-SHA256) so that an entry planted,
+        altered or moved by someone without it is refused before it is decoded
+        (raw array bytes are bound to the signature by their checksum only:
+        see ``docs/format.md``). ``None`` (the default)
         uses ``$MLCACHE_SECRET``, else a per-user key file created on first use
         (see :mod:`mlcache.signing`); a ``str`` or ``bytes`` is the secret itself
         (give every process sharing the cache the same one); ``False`` turns

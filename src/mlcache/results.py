@@ -53,9 +53,9 @@ def open_entry(
         if path is None and isinstance(store, LocalPaths):
             path = store.local_path(name)
         if path is not None:
-            return EntryReader(path, mmap_mode, signer)
+            return EntryReader(path, mmap_mode, signer, name)
         with store.open(name) as f:
-            return EntryReader(f, mmap_mode, signer)
+            return EntryReader(f, mmap_mode, signer, name)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         raise EntryNotFound(name) from None
 

@@ -31,9 +31,10 @@ from typing import Any
 
 from .errors import ConfigError, warn
 
-__all__ = ["MAC_SIZE", "Signer", "default_key_file", "resolve_signer"]
+__all__ = ["KEY_ID_SIZE", "MAC_SIZE", "Signer", "default_key_file", "resolve_signer"]
 
 MAC_SIZE = 32
+KEY_ID_SIZE = 8
 _LABEL = b"mlcache entry signature v1\0"
 
 
@@ -41,12 +42,16 @@ class Signer:
     """HMAC-SHA256 with a fixed key, its pads hashed once (RFC 2104): signing a
     few hundred bytes then costs two hash-state copies and two short updates."""
 
-    __slots__ = ("_inner", "_outer")
+    __slots__ = ("_inner", "_outer", "key_id")
 
     def __init__(self, secret: bytes) -> None:
         if not secret:
             raise ConfigError("the signing secret is empty")
-        key = hashlib.sha256(_LABEL + secret).digest().ljust(64, b"\0")
+        key = hashlib.sha256(_LABEL + secret).digest()
+        #: names the key (not secret): an entry signed with another key is told
+        #: apart from an altered one
+        self.key_id = hashlib.sha256(b"mlcache key id\0" + key).digest()[:KEY_ID_SIZE]
+        key = key.ljust(64, b"\0")
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
 

@@ -46,7 +46,9 @@ class Segments(Protocol):
 
 @runtime_checkable
 class Codec(Protocol):
-    """One family of values. ``safe`` codecs never run code when decoding."""
+    """One family of values. ``safe`` codecs never run code when decoding; a codec
+    that does must keep everything that runs code in segment 0, which is what
+    signed entries cover in full (``docs/format.md``)."""
 
     name: str
     safe: bool

@@ -203,16 +203,19 @@ class LocalStore:
                         yield EntryStat(rel, st.st_size, st.st_mtime)
 
     @contextlib.contextmanager
-    def shared_counter(self, name: str) -> Iterator[SharedCounter]:
+    def shared_counter(self, name: str, timeout: float = 30.0) -> Iterator[SharedCounter | None]:
         """A number that every process and thread using this store reads and changes
         one at a time, for the block (a 16-byte hidden file under a POSIX record
         lock: released by the kernel when its holder dies, and not inherited by a
-        child forked meanwhile, unlike ``flock``)."""
+        child forked meanwhile, unlike ``flock``). Yields None when it could not
+        be had within ``timeout`` seconds (a holder stopped, not dead)."""
         path = os.path.join(self.location, f".{check_name(name)}.counter")
         with _counter_lock(path):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX)
+                if not _lockf(fd, timeout):
+                    yield None
+                    return
                 raw = os.pread(fd, _COUNTER.size, 0)
                 value, stamp = _COUNTER.unpack(raw) if len(raw) == _COUNTER.size else (0, 0.0)
                 counter = SharedCounter(value, stamp)
@@ -239,6 +242,21 @@ class LocalStore:
             check_name(name)
             with contextlib.suppress(OSError):
                 os.utime(os.path.join(self.location, name), (now, now))
+
+
+def _lockf(fd: int, timeout: float) -> bool:
+    """Take a POSIX write lock on ``fd`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
 
 def _lock_file(path: str, folder: str, mode: int, timeout: float) -> int | None:
