@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import mmap
 import os
 import struct
@@ -215,7 +216,7 @@ class EntryPlan:
         f.write(HEADER.pack(*fields, _header_sum(head[:48], layout_b + info_b), 0))
         if self._signer is not None:
             code = hashlib.sha256(datas[0]).digest() if self._flags & CODE_SIGNED else b""
-            mac = self._signer.sign(*_signed_parts(head[:48], layout_b + info_b, self._name, code))
+            mac = self._signer.sign(_signed_message(head[:48], layout_b + info_b, self._name, code))
             f.seek(self._meta_end)
             f.write(self._signer.key_id + mac)
         return self.size
@@ -235,10 +236,10 @@ def write_entry(
     return EntryPlan(codec, encoded, info, compression, signer, name).write(f)
 
 
-def _signed_parts(head48: Any, meta: Any, name: str, code: bytes) -> tuple[Any, ...]:
-    """What the MAC covers, in order (``docs/format.md``)."""
+def _signed_message(head48: bytes, meta: Any, name: str, code: bytes) -> bytes:
+    """What the MAC covers (``docs/format.md``), as one buffer."""
     name_b = name.encode()
-    return (head48, meta, struct.pack("<I", len(name_b)), name_b, code)
+    return b"".join((head48, meta, len(name_b).to_bytes(4, "little"), name_b, code))
 
 
 def _header_sum(fixed: Any, body: Any) -> int:
@@ -515,9 +516,8 @@ class EntryReader:
             code = hashlib.sha256(self._code).digest()
         head = h.head
         at = h.meta_end + KEY_ID_SIZE
-        meta = memoryview(head)[HEADER.size : h.meta_end]
-        parts = _signed_parts(head[:48], meta, self._name, code)
-        if signer.verify(memoryview(head)[at : at + MAC_SIZE], *parts):
+        message = _signed_message(head[:48], head[HEADER.size : h.meta_end], self._name, code)
+        if signer.verify(head[at : at + MAC_SIZE], message):
             if head[h.meta_end : at] == signer.key_id:
                 return
         elif head[h.meta_end : at] != signer.key_id:
@@ -548,8 +548,13 @@ class EntryReader:
     def __len__(self) -> int:
         return len(self._seg)
 
+    def _segment(self, index: Any) -> list[int]:
+        if type(index) is not int or not 0 <= index < len(self._seg):
+            raise EntryCorrupted(f"{self.path}: the layout names a missing segment {index!r}")
+        return self._seg[index]
+
     def buffer(self, index: int) -> memoryview:
-        off, n = self._seg[index]
+        off, n = self._segment(index)
         if index == 0 and self._code is not None:
             data = memoryview(self._code)  # the checked private copy
         elif self._comp is None and self._mode is not None:
@@ -569,8 +574,10 @@ class EntryReader:
         return data
 
     def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:
-        off, _n = self._seg[index]
-        count = int(np.prod(shape, dtype=np.int64))
+        off, _n = self._segment(index)
+        if not all(type(d) is int and d >= 0 for d in shape):
+            raise EntryCorrupted(f"{self.path}: array segment {index} has a bad shape {shape}")
+        count = math.prod(shape)  # exact: a forged shape cannot wrap around to fit
         if count * dtype.itemsize != self._raw_len[index]:
             raise EntryCorrupted(f"{self.path}: array segment {index} has the wrong size")
         order_: Literal["C", "F"] = "F" if order == "F" else "C"

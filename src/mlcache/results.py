@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .codecs import codecs
 from .entry import EntryReader, read_info
-from .errors import EntryNotFound, UnsupportedValue
+from .errors import EntryCorrupted, EntryNotFound, UnsupportedValue
 from .signing import Signer
 from .store import LocalPaths, Store
 
@@ -80,7 +80,16 @@ def decode(reader: EntryReader, *, allow_pickle: bool) -> Any:
         raise UnsupportedValue(
             f"{reader.path}: stored with the {codec.name!r} codec, and pickle is disabled"
         )
-    return codec.decode(reader.codec_layout, reader)
+    try:
+        return codec.decode(reader.codec_layout, reader)
+    except EntryCorrupted:
+        raise
+    except Exception as exc:
+        # a layout that passed its checksum but that the codec cannot follow, or a
+        # pickle that no longer loads (a class renamed or removed): not a value
+        raise EntryCorrupted(
+            f"{reader.path}: cannot decode the {codec.name!r} payload ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 class MemorizedResult:

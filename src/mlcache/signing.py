@@ -55,18 +55,17 @@ class Signer:
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
 
-    def sign(self, *parts: Any) -> bytes:
-        """The MAC of the concatenation of ``parts`` (bytes-like)."""
+    def sign(self, message: Any) -> bytes:
+        """The MAC of ``message`` (bytes-like: one buffer, one hash update)."""
         inner = self._inner.copy()
-        for p in parts:
-            inner.update(p)
+        inner.update(message)
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.digest()
 
-    def verify(self, mac: Any, *parts: Any) -> bool:
-        """``mac`` is the MAC of ``parts`` (compared in constant time)."""
-        return hmac.compare_digest(self.sign(*parts), bytes(mac))
+    def verify(self, mac: Any, message: Any) -> bool:
+        """``mac`` (bytes-like) is the MAC of ``message`` (compared in constant time)."""
+        return hmac.compare_digest(self.sign(message), mac)
 
     def __reduce__(self) -> Any:
         raise TypeError("a Signer holds a secret and is not pickled")

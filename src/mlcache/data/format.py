@@ -54,6 +54,7 @@ is never returned.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any
 
@@ -115,6 +116,8 @@ def read_header(head: bytes, size: int, where: str) -> tuple[int, int, int, int]
         raise PackCorrupted(f"{where}: header checksum mismatch")
     if i_off % ALIGN or i_off < HEADER.size or i_off + i_len != size:
         raise PackCorrupted(f"{where}: size {size} bytes does not match the header (truncated?)")
+    if n >= MAX_COUNT:
+        raise PackCorrupted(f"{where}: impossible sample count {n}")
     return n, i_off, i_len, i_sum
 
 
@@ -126,11 +129,33 @@ def parse_index(data: bytes, expected_sum: int, n: int, size: int, where: str) -
         index = json.loads(data)
         if index["n"] != n or not isinstance(index["fields"], list):
             raise ValueError("sample count or fields")
+        block = index.get("block")
+        if not _count(block) or block < 64 or block & (block - 1):
+            raise ValueError(f"block size {block!r} is not a power of two")
         for field in index["fields"]:
-            for key in ("data", "offsets", "shapes"):
+            for key in ("data", "offsets", "shapes", "valid"):
                 region = field.get(key)
-                if region is not None and region["off"] + region["len"] > size:
+                if region is None:
+                    continue
+                if not (_count(region["off"]) and _count(region["len"])):
+                    raise ValueError(f"region {field['name']}.{key} has a bad offset or length")
+                if region["off"] + region["len"] > size:
                     raise ValueError(f"region {field['name']}.{key} outside the file")
+            ndim, shape = field.get("ndim", 0), field.get("shape", [])
+            if not (_count(ndim) and ndim <= 64 and isinstance(shape, list)):
+                raise ValueError(f"field {field['name']} has a bad ndim or shape")
+            if not all(_count(d) for d in shape) or math.prod(shape) >= MAX_COUNT:
+                raise ValueError(f"field {field['name']} has a bad shape {shape}")
     except (ValueError, KeyError, TypeError) as exc:
         raise PackCorrupted(f"{where}: bad index ({exc})") from None
     return index
+
+
+#: sample counts, lengths, offsets and shape products are below this: their
+#: products with an item size then stay exact in int64
+MAX_COUNT = 1 << 48
+
+
+def _count(x: Any) -> bool:
+    """``x`` is a JSON integer in [0, MAX_COUNT) (not a bool, float, inf or NaN)."""
+    return type(x) is int and 0 <= x < MAX_COUNT

@@ -11,6 +11,7 @@ its namespace, never in its text.
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 import os
 import pickle
@@ -146,8 +147,8 @@ class _Field:
             if valid.len != n:
                 raise PackCorrupted(f"{bad} has a validity table of the wrong size")
         if kind == "column":
-            shape = tuple(self.spec["shape"])
-            self.row = self.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            shape = tuple(self.spec["shape"])  # checked ints (format.parse_index)
+            self.row = self.dtype.itemsize * math.prod(shape)
             if data.len != n * self.row:
                 raise PackCorrupted(f"{bad} has the wrong size")
             if self.spec.get("py") in ("int", "float", "bool"):
@@ -159,8 +160,13 @@ class _Field:
         self.offsets = self.regions["offsets"].mv.cast("q") if _LITTLE else table.tolist()
         if kind == "ragged":
             shapes = self.regions["shapes"].table(n, self.ndim)
+            if self.ndim < 1 or (shapes < 0).any():
+                raise PackCorrupted(f"{bad} has bad shapes")
+            # products that would wrap around in int64 cannot match a real size
+            if (np.prod(shapes, axis=1, dtype=np.float64) >= 2.0**52).any():
+                raise PackCorrupted(f"{bad} has impossible shapes")
             sizes = np.prod(shapes, axis=1, dtype=np.int64) * self.dtype.itemsize
-            if self.ndim < 1 or (shapes < 0).any() or (sizes != np.diff(table)).any():
+            if (sizes != np.diff(table)).any():
                 raise PackCorrupted(f"{bad} has bad shapes")
             self.shapes = (
                 self.regions["shapes"].mv.cast("q") if _LITTLE else shapes.ravel().tolist()
@@ -320,9 +326,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         self._n = n
         self._index_len = i_len
         self.layout = index  # the parsed index (see mlcache.data.format)
-        block = int(index.get("block", 0))
-        if block <= 0 or block & (block - 1):
-            raise PackCorrupted(f"{self.path}: block size {block} is not a power of two")
+        block = index["block"]  # a power of two (format.parse_index)
         self._fields: list[_Field] = []
         try:
             for spec in index["fields"]:
@@ -367,7 +371,15 @@ class PackedDataset(Sequence[dict[str, Any]]):
         sample = self._sample or self._prepare()
         if i.__class__ is not int or not 0 <= i < self._n:
             i = self._index(i)
-        return sample(i)
+        try:  # free unless raised (3.11+)
+            return sample(i)
+        except UnicodeDecodeError as exc:
+            raise self._bad_text(i, exc) from None
+
+    def _bad_text(self, i: int, exc: UnicodeDecodeError) -> PackCorrupted:
+        # the writer stores any str it is given (lone surrogates too): bytes that do
+        # not decode were not written by it
+        return PackCorrupted(f"{self.path}: sample {i} holds text that is not UTF-8 ({exc})")
 
     def _prepare(self) -> Callable[[int], dict[str, Any]]:
         """Verify the tables and generate the sample reader (at the first read).
@@ -403,6 +415,8 @@ class PackedDataset(Sequence[dict[str, Any]]):
         ``[len(indices), ...]`` (one read, no Python loop), other fields (and fields
         that are ``None`` in some samples) as lists."""
         idx = np.asarray(indices)
+        if idx.size == 0:
+            idx = idx.astype(np.intp)  # np.asarray([]) is float
         if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
             raise TypeError("indices must be a 1-d sequence of integers")
         idx = np.where(idx < 0, idx + self._n, idx)
@@ -422,7 +436,10 @@ class PackedDataset(Sequence[dict[str, Any]]):
             read = self._batch_readers.get(key)
             if read is None:
                 read = self._batch_readers[key] = self._compile(others)
-            rows = [read(j) for j in idx.tolist()]
+            try:
+                rows = [read(j) for j in idx.tolist()]
+            except UnicodeDecodeError as exc:
+                raise self._bad_text(-1, exc) from None
             for field in others:
                 batch[field.name] = [row[field.name] for row in rows]
         return batch
