@@ -149,3 +149,81 @@ def test_pending_hits_are_forgotten_by_clear(tmp_path):
     f.clear(warn=False)
     st = f.stats()
     assert (st.hits, st.misses, st.entries) == (0, 0, 0)
+
+
+# -- folding the entries of idle processes -----------------------------------------------
+def _age_stats(store, folder, seconds):
+    past = time.time() - seconds
+    for e in store.list(f"{folder}/stats"):
+        os.utime(store.local_path(e.name), (past, past))
+
+
+def _stats_names(store, folder):
+    return sorted(e.name.rpartition("/")[2] for e in store.list(f"{folder}/stats"))
+
+
+def test_idle_processes_statistics_are_folded_into_one_archive(tmp_path):
+    from mlcache.stats import ARCHIVE, FOLD_AFTER_SECONDS, StatsLog
+
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(slow_square)
+    f(1)
+    folder = f._folder
+    for _ in range(10):  # ten finished runs, each with its own entry
+        log = StatsLog(mem.store)
+        log.add(folder, f.func_id, hits=3, saved=0.5)
+        log.flush()
+    mem._usage.flush()
+    before = f.stats()
+    assert before.hits == 30 and len(_stats_names(mem.store, folder)) == 11
+    _age_stats(mem.store, folder, FOLD_AFTER_SECONDS + 60)
+    now = StatsLog(mem.store)  # a new run counts a hit: it tidies the folder
+    now.add(folder, f.func_id, hits=1)
+    now.flush()
+    names = _stats_names(mem.store, folder)
+    assert ARCHIVE in names and len(names) == 2
+    after = f.stats()
+    assert (after.hits, after.misses) == (31, before.misses)
+    assert abs(after.saved - before.saved) < 1e-9
+
+
+def test_an_interrupted_fold_counts_nothing_twice(tmp_path):
+    from mlcache.stats import ARCHIVE, _read_stats, _write_stats
+
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(slow_square)
+    f(1)
+    f(1)
+    mem._usage.flush()
+    folder = f._folder
+    [own] = _stats_names(mem.store, folder)
+    value = _read_stats(mem.store, f"{folder}/stats/{own}")
+    # the archive was written, the entry it folded in not yet removed
+    archive = {k: value[k] for k in ("hits", "misses", "saved", "computed")}
+    _write_stats(mem.store, f"{folder}/stats/{ARCHIVE}", archive | {"merged": [own]})
+    st = f.stats()
+    assert (st.hits, st.misses) == (1, 1)
+
+
+def test_a_live_process_whose_entry_was_folded_counts_on(tmp_path):
+    from mlcache.stats import FOLD_AFTER_SECONDS, FOLD_MIN, StatsLog
+
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(slow_square)
+    f(1)
+    mem._usage.flush()
+    folder = f._folder
+    live = StatsLog(mem.store)
+    live.add(folder, f.func_id, hits=5)
+    live.flush()
+    for _ in range(FOLD_MIN):
+        other = StatsLog(mem.store)
+        other.add(folder, f.func_id, hits=1)
+        other.flush()
+    _age_stats(mem.store, folder, FOLD_AFTER_SECONDS + 60)
+    tidy = StatsLog(mem.store)
+    tidy.add(folder, f.func_id, hits=1)
+    tidy.flush()  # folds the live one's entry too: it has been idle a day
+    live.add(folder, f.func_id, hits=2)
+    live.flush()  # notices, and writes only what came since
+    assert f.stats().hits == 5 + FOLD_MIN + 1 + 2
