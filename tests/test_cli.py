@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from mlcache import Memory
+from mlcache.names import is_entry
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -66,7 +67,7 @@ def test_verify_reports_and_fixes_damage(tmp_path):
     f = mem.cache(lambda x: x * 2)
     f(np.arange(50.0))
     f(np.arange(60.0))
-    entry = next(e for e in mem.store.list())
+    entry = next(e for e in mem.store.list() if is_entry(e.name))
     path = Path(mem.store.local_path(entry.name))
     data = bytearray(path.read_bytes())
     data[-1] ^= 1

@@ -16,8 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlcache.fingerprint import closure_digest, code_version, func_identity, slug
+from mlcache.deps import code_version as _code_version
+from mlcache.fingerprint import closure_digest, func_identity, slug
 from mlcache.store import check_name
+
+
+def code_version(func):
+    return _code_version(func).digest
 
 
 def load_module(path: Path, name: str):
@@ -229,7 +234,9 @@ def test_closure_over_an_unhashable_value_is_a_type_error():
 _VERSION_IN_CHILD = textwrap.dedent(
     """
     import importlib.util, json, sys
-    from mlcache.fingerprint import closure_digest, code_version
+    from mlcache.deps import code_version as cv
+    from mlcache.fingerprint import closure_digest
+    code_version = lambda f: cv(f).digest
     spec = importlib.util.spec_from_file_location("fp_child", sys.argv[1])
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

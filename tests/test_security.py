@@ -12,6 +12,7 @@ import pytest
 
 from mlcache import CacheWarning, Memory
 from mlcache.data import CachedDataset
+from mlcache.names import is_entry
 
 HOSTILE = [
     "../../escape",
@@ -100,7 +101,7 @@ def _plant(path, marker, signer=None):
 
 def _entry_path(cache):
     store = Memory(cache, secret=False).store
-    [entry] = [e for e in store.list() if "/stats/" not in e.name]
+    [entry] = [e for e in store.list() if is_entry(e.name)]
     return store.local_path(entry.name)
 
 

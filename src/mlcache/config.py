@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .compression import Compression, parse_compress
+from .deps import CODE_MODES
 from .errors import ConfigError
 
 __all__ = ["MMAP_MODES", "MemoryConfig", "parse_bytes", "parse_duration"]
@@ -77,6 +78,7 @@ class MemoryConfig:
     bytes_limit: int | None = None
     backend_options: dict[str, Any] = field(default_factory=dict)
     allow_pickle: bool = True
+    code: str = "transitive"
 
     def __post_init__(self) -> None:
         if self.location is not None and not isinstance(self.location, str):
@@ -88,6 +90,8 @@ class MemoryConfig:
             raise TypeError(f"verbose must be an int, got {self.verbose!r}")
         if not isinstance(self.backend_options, dict):
             raise TypeError(f"backend_options must be a dict, got {self.backend_options!r}")
+        if self.code not in CODE_MODES:
+            raise ConfigError(f"code must be one of {', '.join(CODE_MODES)}; got {self.code!r}")
 
     @classmethod
     def make(
@@ -100,6 +104,7 @@ class MemoryConfig:
         bytes_limit: Any,
         backend_options: Any,
         allow_pickle: bool,
+        code: str = "transitive",
     ) -> MemoryConfig:
         if location is not None:
             if not isinstance(location, (str, os.PathLike)):
@@ -116,4 +121,5 @@ class MemoryConfig:
             bytes_limit=parse_bytes(bytes_limit),
             backend_options=dict(backend_options or {}),
             allow_pickle=bool(allow_pickle),
+            code=code,
         )

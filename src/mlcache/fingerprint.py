@@ -20,12 +20,7 @@ notebook cell / REPL        ``__main__.func``: the temporary cell file name is n
                             used, so results survive a kernel restart
 ==========================  =====================================================
 
-The code version hashes the code that actually runs: the function's bytecode,
-constants, names and flags (recursively through nested code objects), plus the
-Python version that compiled it. Comments and formatting do not change it; an
-edit of the source file under a running process does not either (the running
-code did not change), and ``%autoreload`` swapping ``__code__`` does. The same
-function gives the same version in a notebook and in the worker it is shipped to.
+The code version (which code the results came from) is :mod:`mlcache.deps`.
 """
 
 from __future__ import annotations
@@ -33,7 +28,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -43,16 +37,12 @@ import xxhash
 __all__ = [
     "call_state",
     "closure_digest",
-    "code_version",
     "func_identity",
     "slug",
     "target_function",
 ]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-_PY = f"py{sys.version_info[0]}.{sys.version_info[1]}".encode()
-# code object -> digest: code objects are immutable and live as long as their function
-_CODE_DIGESTS: dict[types.CodeType, str] = {}
 
 
 def slug(name: str, *, max_len: int = 80) -> str:
@@ -117,77 +107,6 @@ def func_identity(func: Callable[..., Any]) -> str:
         if column is not None:
             qualname += f"-{column}"
     return f"{module}.{qualname}"
-
-
-def _code_bytes(code: types.CodeType, h: xxhash.xxh3_128) -> None:
-    h.update(code.co_code)
-    # 3.11+: which instructions are inside a try; moving a line from a try body to
-    # its else changes what runs but not co_code
-    h.update(getattr(code, "co_exceptiontable", b""))
-    for part in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
-        h.update(repr(part).encode())
-    counts = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
-    h.update(repr(counts).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            h.update(b"<code>")
-            _code_bytes(const, h)
-        elif isinstance(const, frozenset):  # its repr depends on the hash seed
-            h.update(repr(sorted(map(repr, const))).encode("utf-8", "surrogatepass"))
-        else:
-            h.update(repr(const).encode("utf-8", "surrogatepass"))
-
-
-def _code_digest(code: types.CodeType) -> str:
-    digest = _CODE_DIGESTS.get(code)
-    if digest is None:
-        h = xxhash.xxh3_128(_PY)
-        _code_bytes(code, h)
-        digest = _CODE_DIGESTS[code] = h.hexdigest()
-    return digest
-
-
-def code_version(func: Callable[..., Any]) -> str:
-    """Hex digest of the code that runs when ``func`` is called.
-
-    Follows ``__wrapped__`` chains (a decorator's wrapper and the function it
-    wraps both count). Builtins are identified by their package's version.
-    """
-    parts = []
-    seen: set[int] = set()
-    f: Any = func
-    while f is not None and id(f) not in seen:
-        seen.add(id(f))
-        target = target_function(f)
-        code = getattr(target, "__code__", None)
-        if code is not None:
-            parts.append(_code_digest(code))
-        elif isinstance(target, type) and target.__module__ not in sys.builtin_module_names:
-            parts.append(_class_digest(target))
-        else:
-            module = getattr(target, "__module__", "") or ""
-            top = sys.modules.get(module.split(".")[0])
-            version = getattr(top, "__version__", "")
-            name = getattr(target, "__qualname__", type(target).__qualname__)
-            parts.append(f"builtin:{module}:{version}:{name}")
-        f = getattr(target, "__wrapped__", None)
-    return xxhash.xxh3_128_hexdigest("\0".join(parts).encode())
-
-
-def _class_digest(cls: type) -> str:
-    """A class used as the memoized callable: the code of the methods it defines and
-    inherits from Python classes (its module's version for C types)."""
-    parts = []
-    for klass in cls.__mro__:
-        for name, value in sorted(vars(klass).items()):
-            func = getattr(value, "__func__", value)  # staticmethod, classmethod
-            code = getattr(func, "__code__", None)
-            if code is not None:
-                parts.append(f"{klass.__qualname__}.{name}:{_code_digest(code)}")
-    if not parts:
-        top = sys.modules.get(cls.__module__.split(".")[0])
-        parts.append(f"{cls.__module__}:{getattr(top, '__version__', '')}:{cls.__qualname__}")
-    return xxhash.xxh3_128_hexdigest("\0".join(parts).encode())
 
 
 def call_state(

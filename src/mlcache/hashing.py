@@ -43,7 +43,7 @@ import xxhash
 __all__ = ["HASH_SCHEME", "Hasher", "hash_value"]
 
 #: Version of the canonical stream; part of every key, bump it on any change here.
-HASH_SCHEME = 3
+HASH_SCHEME = 4
 
 _BIG = 1 << 16  # buffers at least this large bypass the staging buffer
 _CHUNK = 1 << 24  # copy size when hashing a non-contiguous array
@@ -264,7 +264,7 @@ class Hasher:
         if token is None or _FUNCTION_CODES.get(obj) is not obj.__code__:
             # a function's name and code change only if __code__ is replaced: its
             # token is made once per function (and again after such a replacement)
-            from .fingerprint import _code_digest
+            from .deps import _code_digest
 
             parts = (obj.__module__ or "", obj.__qualname__, _code_digest(obj.__code__))
             token = b"Fn" + b"".join(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import sys
@@ -21,13 +22,16 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+import xxhash
+
 from .callkey import CallKeyer, UnhashableArgument
 from .codecs import select_codec
+from .deps import CodeVersion, code_version
 from .entry import EntryPlan
 from .errors import ConfigError, EntryNotFound, EntrySignatureError, UnsupportedValue, warn
-from .fingerprint import call_state, code_version, func_identity, slug, target_function
+from .fingerprint import call_state, func_identity, slug, target_function
 from .hashing import hash_value
-from .names import STATS
+from .names import CODE_MANIFEST, STATS, is_entry
 from .results import (
     MemorizedResult,
     NotMemorizedResult,
@@ -94,8 +98,10 @@ class MemorizedFunc(Generic[P, R]):
         verbose: int = 1,
         mmap_mode: str | None = None,
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = None,
+        version: str | None = None,
     ) -> None:
         self.func = func
+        self.version = version
         self.memory = memory
         self.ignore = list(ignore) if ignore is not None and not isinstance(ignore, str) else ignore
         self.mmap_mode = mmap_mode
@@ -121,6 +127,8 @@ class MemorizedFunc(Generic[P, R]):
         self._unkeyable_warned = False
         self._foreign_warned: set[str] = set()  # entries seen unsigned or with another key
         self._code_changed = False  # older code versions were found (and removed)
+        self._code_changes: list[str] = []  # what differed from the newest of them
+        self._manifest: dict[str, str] | None = None  # to write with the first result
         functools.update_wrapper(self, func)
 
     def __repr__(self) -> str:
@@ -144,7 +152,10 @@ class MemorizedFunc(Generic[P, R]):
         # by value; a script's function keeps the identity it has here (a worker
         # receiving it by value would see another file name)
         options = (self.ignore, self._verbose, self.mmap_mode, self.cache_validation_callback)
-        return (_rebuild_func, (type(self), self.func, self.memory, *options, self.func_id))
+        return (
+            _rebuild_func,
+            (type(self), self.func, self.memory, *options, self.func_id, self.version),
+        )
 
     # -- keys -------------------------------------------------------------------
     def _code_ids(self) -> tuple[Any, ...]:
@@ -162,17 +173,25 @@ class MemorizedFunc(Generic[P, R]):
         """Fingerprint the code (once per process, and again if it is replaced) and
         remove the results of the function's other versions."""
         seen = self._code_ids()
-        version = code_version(self.func)[:16]
+        if self.version is not None:  # pinned by hand
+            code = CodeVersion(xxhash.xxh3_128_hexdigest(f"pinned\0{self.version}".encode()), {})
+        else:
+            code = code_version(self.func, self.memory.code)
+        version = code.digest[:16]
         self._code_dir = f"{self._folder}/{version}"
         if self._local:
             # hits join keys to this path: names built here need no re-validation
             self._code_path = self._store.local_path(self._code_dir)  # type: ignore[attr-defined]
-        self._remove_other_versions(version)
+        self._remove_other_versions(version, code.parts)
+        self._manifest = code.parts
         keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{version}".encode())
         self._keyer, self._seen_code = keyer, seen
         return keyer
 
-    def _remove_other_versions(self, version: str) -> None:
+    def _remove_other_versions(self, version: str, parts: dict[str, str]) -> None:
+        """Once per process and version: remove the results of the function's other
+        code versions, saying what changed (from their code manifests), and write
+        this version's manifest."""
         token = (str(self._store.location), self._folder, version)
         with _CLEANED_LOCK:
             if token in _CLEANED:
@@ -180,17 +199,58 @@ class MemorizedFunc(Generic[P, R]):
             _CLEANED.add(token)
         try:
             others = {
-                parts[1]
+                bits[1]
                 for e in self._store.list(self._folder)
-                if len(parts := e.name.split("/")) == 3 and parts[1] not in (version, STATS)
+                if len(bits := e.name.split("/")) == 3 and bits[1] not in (version, STATS)
             }
             self._code_changed = bool(others)
-            for folder in others:
+            if others:
+                changed = self._changed_code(others, parts)
+                self._code_changes = changed
                 if self._verbose:
-                    logger.info("[Memory] %s: code changed, removing old results", self.func_id)
+                    logger.info(
+                        "[Memory] %s: code changed%s, removing old results",
+                        self.func_id,
+                        f" ({', '.join(changed)})" if changed else "",
+                    )
+            for folder in others:
                 self._store.delete(f"{self._folder}/{folder}")
         except (OSError, ValueError) as exc:  # housekeeping: never fail the call for it
             logger.debug("could not remove old results of %s: %s", self.func_id, exc)
+
+    def _write_manifest(self) -> None:
+        """With the first result this process stores: this code version's manifest,
+        if it has none yet (what the next version's miss will be compared with)."""
+        parts, self._manifest = self._manifest, None
+        if not parts:
+            return
+        name = f"{self._code_dir}/{CODE_MANIFEST}"
+        try:
+            if not self._store.exists(name):
+                with self._store.write(name) as f:
+                    f.write(json.dumps(parts, sort_keys=True).encode())
+        except (OSError, ValueError) as exc:  # an explanation only
+            logger.debug("could not write the code manifest of %s: %s", self.func_id, exc)
+
+    def _changed_code(self, others: set[str], parts: dict[str, str]) -> list[str]:
+        """What differs between ``parts`` and the newest manifest among the code
+        versions ``others`` (names, at most eight; empty if there is none)."""
+        newest: tuple[float, dict[str, str]] = (-1.0, {})
+        for folder in others:
+            name = f"{self._folder}/{folder}/{CODE_MANIFEST}"
+            try:
+                when = max(e.last_used for e in self._store.list(f"{self._folder}/{folder}"))
+                with self._store.open(name) as f:
+                    old = json.loads(f.read())
+            except (OSError, ValueError, EntryNotFound):
+                continue
+            if isinstance(old, dict) and when > newest[0]:
+                newest = (when, old)
+        old = newest[1]
+        if not old:
+            return []
+        changed = [k for k in sorted(parts.keys() | old.keys()) if parts.get(k) != old.get(k)]
+        return changed[:8] + (["..."] if len(changed) > 8 else [])
 
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Keyed | None:
         """The entry name of this call and its arguments' digests, or None when it
@@ -362,6 +422,8 @@ class MemorizedFunc(Generic[P, R]):
         except Exception as exc:  # disk full, permissions, a folder in the way...
             self._warn_unstored(f"could not be stored in {self.memory.location} ({exc})")
             return None
+        if self._manifest is not None:
+            self._write_manifest()
         return info
 
     def _warn_unstored(self, why: str) -> None:
@@ -380,10 +442,13 @@ class MemorizedFunc(Generic[P, R]):
         (a listing of its folder: paid on a logged miss only)."""
         assert self._keyer is not None
         try:
-            entries = [e for e in self._store.list(self._code_dir) if "/" in e.name]
+            entries = [e for e in self._store.list(self._code_dir) if is_entry(e.name)]
             latest = max(entries, key=lambda e: e.last_used, default=None)
             if latest is None:
-                return "its code changed" if self._code_changed else "no entry yet"
+                if not self._code_changed:
+                    return "no entry yet"
+                changes = self._code_changes
+                return f"its code changed ({', '.join(changes)})" if changes else "its code changed"
             old = read_entry_info(self._store, latest.name).get("arg_digests")
         except Exception:  # an explanation must never fail the call
             return "new arguments"
@@ -610,6 +675,7 @@ def _rebuild_func(
     mmap_mode: str | None,
     callback: Callable[[dict[str, Any]], bool] | None,
     func_id: str | None = None,
+    version: str | None = None,
 ) -> MemorizedFunc[Any, Any]:
     memorized = cls(
         func,
@@ -618,6 +684,7 @@ def _rebuild_func(
         verbose=verbose,
         mmap_mode=mmap_mode,
         cache_validation_callback=callback,
+        version=version,
     )
     if func_id is not None and func_id != memorized.func_id:
         memorized.func_id, memorized._folder = func_id, slug(func_id)

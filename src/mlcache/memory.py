@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
-from .errors import EntryCorrupted, EntryNotFound, warn
+from .errors import ConfigError, EntryCorrupted, EntryNotFound, warn
 from .limits import SizeGuard, UsageLog, enforce_limits
 from .memorized import AsyncMemorizedFunc, MemorizedFunc
 from .names import cached_objects, entry_folder, is_stats
@@ -89,6 +89,13 @@ class Memory:
         (see :mod:`mlcache.signing`); a ``str`` or ``bytes`` is the secret itself
         (give every process sharing the cache the same one); ``False`` turns
         signing off.
+    code:
+        Which code changes make results stale: ``"transitive"`` (the default:
+        the function's code and the user code it reaches, helpers and constants
+        included; comments, docstrings and formatting never count),
+        ``"source"`` (the function's own source text, as joblib does) or
+        ``"off"`` (never: results stay until cleared). See :mod:`mlcache.deps`;
+        ``mem.cache(version="2")`` pins one function's version by hand.
 
     Examples
     --------
@@ -119,6 +126,7 @@ class Memory:
         *,
         allow_pickle: bool = True,
         secret: str | bytes | bool | None = None,
+        code: str = "transitive",
     ) -> None:
         self._config = MemoryConfig.make(
             location,
@@ -129,6 +137,7 @@ class Memory:
             bytes_limit,
             backend_options,
             allow_pickle,
+            code,
         )
         self.compress = compress
         if self._config.compress is not None and mmap_mode is not None:
@@ -183,6 +192,10 @@ class Memory:
         return self._config.allow_pickle
 
     @property
+    def code(self) -> str:
+        return self._config.code
+
+    @property
     def _verbose(self) -> int:
         return self._config.verbose
 
@@ -205,7 +218,7 @@ class Memory:
         )
         # the signing secret travels only when it was given (not the key file's)
         secret = self._secret if self._secret is not None and self._secret is not True else None
-        return (_rebuild_memory, (args, c.allow_pickle, secret))
+        return (_rebuild_memory, (args, c.allow_pickle, secret, c.code))
 
     @overload
     def cache(
@@ -215,6 +228,7 @@ class Memory:
         verbose: int | None = ...,
         mmap_mode: str | bool | None = ...,
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
+        version: str | None = ...,
     ) -> MemorizedFunc[P, R]: ...
 
     @overload
@@ -225,6 +239,7 @@ class Memory:
         verbose: int | None = ...,
         mmap_mode: str | bool | None = ...,
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
+        version: str | None = ...,
     ) -> Callable[[Callable[P, R]], MemorizedFunc[P, R]]: ...
 
     def cache(
@@ -234,6 +249,7 @@ class Memory:
         verbose: int | None = None,
         mmap_mode: str | bool | None = False,
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = None,
+        version: str | None = None,
     ) -> Any:
         """Memoize ``func``: compute once per distinct arguments, then load.
 
@@ -251,6 +267,9 @@ class Memory:
             Called with a hit's metadata (``time``, ``duration``, ``input_args``);
             returning False discards the entry and recomputes. See
             :func:`expires_after`.
+        version:
+            A version you set by hand (``"2"``): the code is then not checked,
+            and changing this string is what makes the results stale.
         """
         if cache_validation_callback is not None and not callable(cache_validation_callback):
             raise TypeError(
@@ -258,6 +277,8 @@ class Memory:
             )
         if mmap_mode is not False:
             check_mmap_mode(mmap_mode)
+        if version is not None and (not isinstance(version, str) or not version):
+            raise ConfigError(f"version must be a non-empty str, got {version!r}")
         if func is None:
             return functools.partial(
                 self.cache,
@@ -265,10 +286,13 @@ class Memory:
                 verbose=verbose,
                 mmap_mode=mmap_mode,
                 cache_validation_callback=cache_validation_callback,
+                version=version,
             )
         if isinstance(func, (staticmethod, classmethod)):
             # @mem.cache above @staticmethod/@classmethod: memoize the function inside
-            inner = self.cache(func.__func__, ignore, verbose, mmap_mode, cache_validation_callback)
+            inner = self.cache(
+                func.__func__, ignore, verbose, mmap_mode, cache_validation_callback, version
+            )
             return type(func)(inner)
         if isinstance(func, (MemorizedFunc, NotMemorizedFunc)):
             func = func.func
@@ -291,6 +315,7 @@ class Memory:
             verbose=self._verbose if verbose is None else verbose,
             mmap_mode=self.mmap_mode if mmap_mode is False else mmap_mode,  # type: ignore[arg-type]
             cache_validation_callback=cache_validation_callback,
+            version=version,
         )
 
     def clear(self, warn: bool = True) -> None:
@@ -373,6 +398,9 @@ class Memory:
 
 
 def _rebuild_memory(
-    args: tuple[Any, ...], allow_pickle: bool, secret: str | bytes | bool | None = None
+    args: tuple[Any, ...],
+    allow_pickle: bool,
+    secret: str | bytes | bool | None = None,
+    code: str = "transitive",
 ) -> Memory:
-    return Memory(*args, allow_pickle=allow_pickle, secret=secret)
+    return Memory(*args, allow_pickle=allow_pickle, secret=secret, code=code)

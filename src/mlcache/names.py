@@ -4,6 +4,8 @@ Inside a store::
 
     <function folder>/<code version>/<key>     an entry: one result
     <function folder>/stats/<process>          one process's hit and miss counts
+    <function folder>/<code version>/code      what the version depends on (JSON:
+                                               name -> digest), to say what changed
 
 ``<function folder>`` is a slug of the function's identity with a short hash
 (:func:`mlcache.fingerprint.slug`), ``<code version>`` 16 hex digits, ``<key>``
@@ -19,10 +21,20 @@ from collections.abc import Iterator
 
 from .store import EntryStat, Store
 
-__all__ = ["STATS", "cached_objects", "entries", "entry_folder", "is_entry", "is_stats"]
+__all__ = [
+    "CODE_MANIFEST",
+    "STATS",
+    "cached_objects",
+    "entries",
+    "entry_folder",
+    "is_entry",
+    "is_stats",
+]
 
 #: the folder of a function's statistics, beside its code versions
 STATS = "stats"
+#: a code version's manifest, beside its entries
+CODE_MANIFEST = "code"
 _ENTRY = re.compile(r"[^/]+/[0-9a-f]{16}/[0-9a-f]{32}")
 _STATS = re.compile(r"[^/]+/stats/[^/]+")
 

@@ -38,8 +38,9 @@ from typing import Any, ClassVar
 import xxhash
 
 from .._default import default_location
+from ..deps import code_version
 from ..errors import warn
-from ..fingerprint import code_version, slug
+from ..fingerprint import slug
 from ..hashing import hash_value
 from .format import PackCorrupted
 from .reader import PackedDataset
@@ -118,7 +119,7 @@ class CachedDataset(Sequence[Any]):
         version = hash_value(
             (
                 f"{cls.__module__}.{cls.__qualname__}",
-                code_version(cls),
+                code_version(cls).digest,
                 args_key,
                 self.source_fingerprint(),
             )

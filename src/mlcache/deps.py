@@ -1,0 +1,460 @@
+"""Which code a memoized function's results depend on: its own, and the user code
+it reaches.
+
+:func:`code_version` walks from the function through what its bytecode names:
+
+- globals it reads (``helper(x)``, ``CONSTANT``), attribute chains on user
+  modules and classes (``utils.clean(x)``, ``Config.scale``), and imports
+  inside its body (``from .helpers import normalize``);
+- its default arguments and the values its closure holds;
+- the functions and classes found there, recursively (cycles are fine), and
+  the methods of user classes it reaches.
+
+What it finds is identified as follows:
+
+=============================  ================================================
+user function or method        its normalised code (below)
+user class                     the normalised code of its methods and its
+                               simple class attributes
+module-level constant          its value: numbers, strings, tuples, small
+                               containers, arrays (by content, with the fast
+                               hash of :mod:`mlcache.hashing`)
+anything from a library        the library's name and version: the standard
+                               library by Python's version, packages by their
+                               installed version (their source is not walked)
+=============================  ================================================
+
+*User code* is every module whose file is not in the standard library or in a
+site-packages folder (and ``__main__``: scripts, notebook cells). mlcache itself
+counts as a library.
+
+*Normalised code* is the bytecode without line numbers: instructions, names,
+constants (recursively through nested functions, lambdas and comprehensions),
+argument counts and flags, and which instructions sit inside ``try``. Constants
+that no instruction loads are left out: that is where a docstring lives. So
+comments, docstrings, blank lines and formatting never change a version; any
+change to what runs does, including a moved line or a debug print.
+
+Each dependency gets its own short digest, so that a miss can say which one
+changed. The walk runs once per function per process (:class:`MemorizedFunc`
+caches it); a hit never pays for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import functools
+import importlib.util
+import inspect
+import os
+import site
+import sys
+import sysconfig
+import types
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import xxhash
+
+__all__ = ["CODE_MODES", "CodeVersion", "code_version", "is_user_module", "library_version"]
+
+#: what ``Memory(code=...)`` accepts
+CODE_MODES = ("transitive", "source", "off")
+_PY = f"py{sys.version_info[0]}.{sys.version_info[1]}"
+_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_CONST_OPS = frozenset(dis.hasconst)
+_MISSING = object()
+#: a container with more items than this is identified by its type and length
+#: only, not by every value (a constant table that big is data, not code)
+_MAX_ITEMS = 100_000
+
+
+class CodeVersion(NamedTuple):
+    """A function's code version: ``digest`` (32 hex digits) and, for the
+    transitive mode, the digest of each thing it depends on by name."""
+
+    digest: str
+    parts: dict[str, str]
+
+
+def code_version(func: Callable[..., Any], mode: str = "transitive") -> CodeVersion:
+    """The version of the code behind ``func`` (see the module docstring).
+
+    ``mode`` is ``"transitive"`` (the function and the user code it reaches),
+    ``"source"`` (the function's source text only, as joblib does: comments
+    count, helpers do not) or ``"off"`` (no code check: results are kept until
+    cleared, whatever the code does).
+    """
+    if mode == "off":
+        return CodeVersion(xxhash.xxh3_128_hexdigest(b"off"), {})
+    if mode == "source":
+        return _source_version(func)
+    if mode != "transitive":
+        raise ValueError(f"code must be one of {CODE_MODES}, got {mode!r}")
+    target = _target(func)
+    # functions made from one code object (closures of a factory) share a version:
+    # their closure values are part of each call's key, not of the code
+    key = getattr(target, "__code__", target)
+    if getattr(func, "__wrapped__", None) is None:  # a decorator chain: walk it every time
+        try:
+            cached = _VERSIONS.get(key)
+        except TypeError:  # not weakly referenceable
+            cached = None
+        if cached is not None:
+            return cached
+    found = _walk_version(func)
+    with contextlib.suppress(TypeError):
+        _VERSIONS[key] = found
+    return found
+
+
+#: code object (or class) -> its version: one walk per function per process, and
+#: again when %autoreload gives a function new code
+_VERSIONS: weakref.WeakKeyDictionary[Any, CodeVersion] = weakref.WeakKeyDictionary()
+
+
+def _walk_version(func: Callable[..., Any]) -> CodeVersion:
+    walk = _Walk()
+    f: Any = func
+    seen: set[int] = set()
+    while f is not None and id(f) not in seen:  # a decorator's wrapper and what it wraps
+        seen.add(id(f))
+        target = _target(f)
+        # the function itself under its bare name: the same code moved to another
+        # module is the same version (its identity, the cache folder, differs)
+        name = getattr(target, "__qualname__", "<callable>")
+        walk.value(
+            name + (f" <wrapped {len(seen) - 1}>" if len(seen) > 1 else ""), target, root=True
+        )
+        f = getattr(target, "__wrapped__", None)
+    parts = dict(sorted(walk.parts.items()))
+    blob = "\0".join(f"{k}={v}" for k, v in parts.items()).encode()
+    return CodeVersion(xxhash.xxh3_128_hexdigest(blob), parts)
+
+
+def _source_version(func: Callable[..., Any]) -> CodeVersion:
+    target = _target(func)
+    try:
+        text = inspect.getsource(target)
+    except (OSError, TypeError):  # no source: a builtin, or code made at run time
+        code = getattr(target, "__code__", None)
+        text = _code_digest(code) if code is not None else repr(_library_part(target))
+    return CodeVersion(xxhash.xxh3_128_hexdigest(f"{_PY}\0{text}".encode()), {})
+
+
+def _target(func: Any) -> Any:
+    from .fingerprint import target_function
+
+    inner = getattr(func, "func", None)  # a MemorizedFunc used as a helper
+    if inner is not None and hasattr(func, "__mlcache_token__"):
+        func = inner
+    return target_function(func)
+
+
+def _name_of(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or "?"
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or "?"
+    return f"{module}.{name}"
+
+
+class _Walk:
+    """One walk of a dependency graph: ``parts`` maps names to digests."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, str] = {}
+        self._seen: set[int] = set()
+        self._keep: list[Any] = []  # what ``_seen`` refers to, alive for the walk
+
+    def _first_time(self, obj: Any) -> bool:
+        if id(obj) in self._seen:
+            return False
+        self._seen.add(id(obj))
+        self._keep.append(obj)
+        return True
+
+    def value(self, name: str, obj: Any, *, root: bool = False) -> None:
+        """Record what ``obj``, met under ``name``, contributes."""
+        if isinstance(obj, (types.MethodType, functools.partial)) or hasattr(
+            obj, "__mlcache_token__"
+        ):
+            if isinstance(obj, functools.partial):
+                self.value(f"{name}.<partial args>", (obj.args, obj.keywords))
+            obj = _target(obj)
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if isinstance(obj, types.FunctionType):
+            if root or is_user_module(obj.__module__):
+                self._function(name if root else _name_of(obj), obj, root=root)
+            else:
+                self.parts[name] = _library_part(obj)
+        elif isinstance(obj, type):
+            if is_user_module(obj.__module__) or (root and _has_python_code(obj)):
+                self._class(name if root else _name_of(obj), obj)
+            elif obj.__module__ != "builtins" or root:
+                self.parts[name] = _library_part(obj)
+        elif isinstance(obj, types.ModuleType):
+            if not is_user_module(obj.__name__):
+                self.parts[name] = library_version(obj.__name__)
+            # a user module: what is used of it is reached through attribute chains
+        elif isinstance(obj, property):
+            for accessor in (obj.fget, obj.fset, obj.fdel):
+                if accessor is not None:
+                    self.value(name, accessor)
+        elif isinstance(obj, (types.BuiltinFunctionType, np.ufunc)):
+            module = getattr(obj, "__module__", None) or type(obj).__module__
+            if module != "builtins" or root:
+                self.parts[name] = _library_part(obj)
+        else:
+            # a value: an instance of a user class brings its class's code too
+            cls = type(obj)
+            if is_user_module(cls.__module__):
+                self._class(_name_of(cls), cls)
+            self.parts[name] = _constant(obj)
+
+    def _function(self, name: str, f: types.FunctionType, *, root: bool = False) -> None:
+        if not self._first_time(f):
+            return
+        code = f.__code__
+        self.parts[name] = _code_digest(code)
+        # the memoized function's own defaults and closure values are part of each
+        # call's key (read at call time), not of its code version
+        if not root:
+            if f.__defaults__:
+                self.value(f"{name}.<defaults>", f.__defaults__)
+            if f.__kwdefaults__:
+                self.value(f"{name}.<kwdefaults>", f.__kwdefaults__)
+            for var, cell in zip(code.co_freevars, f.__closure__ or ()):
+                try:
+                    held = cell.cell_contents
+                except ValueError:  # not assigned yet
+                    continue
+                self.value(f"{name}.<closure {var}>", held)
+        for ref in _references(code):
+            self._reference(f, ref)
+
+    def _class(self, name: str, cls: type) -> None:
+        if not self._first_time(cls):
+            return
+        self.parts[name] = _constant(cls.__qualname__)
+        for klass in cls.__mro__:
+            if klass is object or not is_user_module(klass.__module__):
+                if klass is not object and klass.__module__ != "builtins":
+                    self.parts[f"{name}<{_name_of(klass)}>"] = _library_part(klass)
+                continue
+            for attr, member in sorted(vars(klass).items()):
+                if attr.startswith("__") and attr.endswith("__") and not callable(member):
+                    continue  # __module__, __doc__, __dict__, __weakref__ ...
+                self.value(f"{_name_of(klass)}.{attr}", member)
+
+    def _reference(self, f: types.FunctionType, ref: tuple[str, ...]) -> None:
+        """Follow a name the code reads: ``("g", "name", *attrs)`` for a global,
+        ``("i", module, level, *names)`` for an import in the body."""
+        if ref[0] == "g":
+            head, attrs = ref[1], ref[2:]
+            obj = f.__globals__.get(head, _MISSING)
+            if obj is _MISSING:
+                return  # a builtin (Python's version counts) or not defined yet
+            where = f"{f.__module__}.{head}"
+        else:
+            module_name, level, attrs = ref[1], int(ref[2]), ref[3:]
+            try:
+                package = f.__globals__.get("__package__") or ""
+                full = importlib.util.resolve_name("." * level + module_name, package)
+            except (ImportError, ValueError):
+                return
+            obj = sys.modules.get(full, _MISSING)
+            if obj is _MISSING:
+                return
+            where = full
+        for attr in attrs:  # down user modules and classes only
+            if not _walkable(obj):
+                break
+            nxt = getattr(obj, attr, _MISSING)
+            if nxt is _MISSING:
+                break
+            obj, where = nxt, f"{where}.{attr}"
+        self.value(where, obj)
+
+
+def _has_python_code(cls: type) -> bool:
+    return any(
+        isinstance(getattr(v, "__func__", v), types.FunctionType)
+        for k in cls.__mro__
+        for v in vars(k).values()
+    )
+
+
+def _walkable(obj: Any) -> bool:
+    """A user module or class: an attribute read on it is followed."""
+    if isinstance(obj, types.ModuleType):
+        return is_user_module(obj.__name__)
+    return isinstance(obj, type) and is_user_module(obj.__module__)
+
+
+def _references(code: types.CodeType) -> list[tuple[str, ...]]:
+    return _references_cached(code)
+
+
+@functools.lru_cache(maxsize=4096)
+def _references_cached(code: types.CodeType) -> list[tuple[str, ...]]:
+    """The globals, attribute chains and body imports ``code`` reads, in nested
+    code too (cached: code objects are immutable)."""
+    refs: list[tuple[str, ...]] = []
+    for c in _all_code(code):
+        chain: list[str] | None = None
+        consts: list[Any] = []
+        for ins in dis.get_instructions(c):
+            op = ins.opname
+            if op in _ATTR_OPS and chain is not None:
+                chain.append(str(ins.argval))
+                continue
+            if chain is not None:
+                refs.append(tuple(chain))
+                chain = None
+            if op in _GLOBAL_OPS:
+                chain = ["g", str(ins.argval)]
+            elif op == "IMPORT_NAME":
+                level = consts[-2] if len(consts) >= 2 and isinstance(consts[-2], int) else 0
+                names = consts[-1] if consts and isinstance(consts[-1], tuple) else ()
+                refs.append(("i", str(ins.argval), str(level)))
+                refs.extend(("i", str(ins.argval), str(level), str(n)) for n in names)
+            if op == "LOAD_CONST":
+                consts.append(ins.argval)
+        if chain is not None:
+            refs.append(tuple(chain))
+    return list(dict.fromkeys(refs))
+
+
+def _all_code(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _all_code(const)
+
+
+# -- normalised code ------------------------------------------------------------------
+@functools.lru_cache(maxsize=8192)
+def _code_digest(code: types.CodeType) -> str:
+    h = xxhash.xxh3_64(_PY.encode())
+    _code_bytes(code, h)
+    return h.hexdigest()
+
+
+def _loaded_consts(code: types.CodeType) -> set[int]:
+    """Indices of the constants some instruction loads (a docstring is not one)."""
+    used: set[int] = set()
+    for ins in dis.get_instructions(code):
+        if (ins.opcode in _CONST_OPS or ins.opname == "KW_NAMES") and ins.arg is not None:
+            used.add(ins.arg)
+    return used
+
+
+def _code_bytes(code: types.CodeType, h: xxhash.xxh3_64) -> None:
+    h.update(code.co_code)
+    h.update(getattr(code, "co_exceptiontable", b""))
+    for part in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+        h.update(repr(part).encode())
+    counts = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
+    h.update(repr(counts).encode())
+    used = _loaded_consts(code)
+    for i, const in enumerate(code.co_consts):
+        if i not in used and isinstance(const, str):
+            h.update(b"<unused str>")  # the docstring: its text does not count
+        elif isinstance(const, types.CodeType):
+            h.update(b"<code>")
+            _code_bytes(const, h)
+        elif isinstance(const, frozenset):  # its repr depends on the hash seed
+            h.update(repr(sorted(map(repr, const))).encode("utf-8", "surrogatepass"))
+        else:
+            h.update(repr(const).encode("utf-8", "surrogatepass"))
+
+
+# -- constants and libraries ----------------------------------------------------------
+def _constant(obj: Any) -> str:
+    """A value's short digest (its type and size only when it cannot be hashed or is
+    a huge container)."""
+    from .hashing import hash_value
+
+    try:
+        if isinstance(obj, (list, tuple, dict, set, frozenset)) and len(obj) > _MAX_ITEMS:
+            return f"{type(obj).__qualname__}[{len(obj)}]"
+        return hash_value(obj)[:16]
+    except Exception:  # an open file, a lock, a logger: what it is, not what it holds
+        return f"<{type(obj).__module__}.{type(obj).__qualname__}>"
+
+
+def _library_part(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    return f"{library_version(module)}:{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+@functools.lru_cache(maxsize=1024)
+def library_version(module: str) -> str:
+    """``"package==version"`` for a library module (``"python==3.11"`` for the
+    standard library)."""
+    top = module.split(".")[0]
+    if top in sys.stdlib_module_names or top == "builtins":
+        return f"python=={sys.version_info[0]}.{sys.version_info[1]}"
+    found = sys.modules.get(top)
+    version = getattr(found, "__version__", None)
+    if not isinstance(version, str):
+        version = _distribution_version(top)
+    return f"{top}=={version}"
+
+
+def _distribution_version(top: str) -> str:
+    from importlib import metadata
+
+    try:
+        dists = _distributions().get(top) or [top]
+        return metadata.version(dists[0])
+    except Exception:
+        return "?"
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions() -> dict[str, list[str]]:
+    from importlib import metadata
+
+    try:
+        return dict(metadata.packages_distributions())
+    except Exception:
+        return {}
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        roots.update(site.getsitepackages())
+    except AttributeError:  # virtualenv's old site module
+        pass
+    roots.add(site.getusersitepackages())
+    return tuple(sorted(os.path.realpath(r) + os.sep for r in roots if r))
+
+
+@functools.lru_cache(maxsize=4096)
+def is_user_module(name: str | None) -> bool:
+    """Whether the module ``name`` is the user's own code (walked), not a library."""
+    if not name:
+        return False
+    if name in ("__main__", "__mp_main__"):
+        return True
+    top = name.split(".")[0]
+    if top == "mlcache" or top in sys.stdlib_module_names or top == "builtins":
+        return False
+    module = sys.modules.get(name)
+    if module is None:
+        return True  # code made at run time (exec, a notebook's own namespace)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return False  # builtin, frozen, or a namespace package without files
+    real = os.path.realpath(path)
+    if os.sep + "site-packages" + os.sep in real or os.sep + "dist-packages" + os.sep in real:
+        return False
+    return not real.startswith(_library_roots())
