@@ -96,25 +96,29 @@ def code_version(func: Callable[..., Any], mode: str = "transitive") -> CodeVers
     if mode != "transitive":
         raise ValueError(f"code must be one of {CODE_MODES}, got {mode!r}")
     target = _target(func)
+    if getattr(func, "__wrapped__", None) is not None:
+        return _walk_version(func)  # a decorator chain: not worth caching
     # functions made from one code object (closures of a factory) share a version:
-    # their closure values are part of each call's key, not of the code
-    key = getattr(target, "__code__", target)
-    if getattr(func, "__wrapped__", None) is None:  # a decorator chain: walk it every time
-        try:
-            cached = _VERSIONS.get(key)
-        except TypeError:  # not weakly referenceable
-            cached = None
-        if cached is not None:
-            return cached
+    # their closure values are part of each call's key, not of the code. By
+    # identity: equal code objects in two modules have different dependencies.
+    code = getattr(target, "__code__", target)
+    key = (id(code), id(getattr(target, "__globals__", None)))
+    cached = _VERSIONS.get(key)
+    if cached is not None and cached[0]() is code:
+        return cached[1]
     found = _walk_version(func)
-    with contextlib.suppress(TypeError):
-        _VERSIONS[key] = found
+    with contextlib.suppress(TypeError):  # not weakly referenceable: not cached
+        _VERSIONS[key] = (weakref.ref(code, functools.partial(_forget, key)), found)
     return found
 
 
-#: code object (or class) -> its version: one walk per function per process, and
-#: again when %autoreload gives a function new code
-_VERSIONS: weakref.WeakKeyDictionary[Any, CodeVersion] = weakref.WeakKeyDictionary()
+#: (code object or class, globals) -> its version: one walk per function per
+#: process, and again when %autoreload gives a function new code
+_VERSIONS: dict[tuple[int, int], tuple[weakref.ref[Any], CodeVersion]] = {}
+
+
+def _forget(key: tuple[int, int], _gone: Any) -> None:
+    _VERSIONS.pop(key, None)
 
 
 def _walk_version(func: Callable[..., Any]) -> CodeVersion:
@@ -362,9 +366,10 @@ def _code_bytes(code: types.CodeType, h: xxhash.xxh3_64) -> None:
     h.update(repr(counts).encode())
     used = _loaded_consts(code)
     for i, const in enumerate(code.co_consts):
-        if i not in used and isinstance(const, str):
-            h.update(b"<unused str>")  # the docstring: its text does not count
-        elif isinstance(const, types.CodeType):
+        if i not in used:
+            continue  # the docstring (or the None that stands for its absence)
+        h.update(b"%d:" % i)
+        if isinstance(const, types.CodeType):
             h.update(b"<code>")
             _code_bytes(const, h)
         elif isinstance(const, frozenset):  # its repr depends on the hash seed
