@@ -368,3 +368,27 @@ def test_the_walk_is_paid_once_per_process(tmp_path, monkeypatch):
         f(i)
     Memory(tmp_path, verbose=0).cache(g)(1)  # another Memory, same function
     assert len(walks) == 1
+
+
+def test_modules_and_helpers_a_closure_holds_are_walked():
+    """A memoized function made in a function, reading a module it captured: the
+    module's helpers count (the data it captures goes into each call's key)."""
+    import types as _types
+
+    mod = _types.ModuleType("closmod")
+    exec("def h(x):\n    return x * 3\n", mod.__dict__)
+    sys.modules["closmod"] = mod
+    try:
+        scale = 2
+
+        def make():
+            def f(x):
+                return mod.h(x) * scale
+
+            return f
+
+        parts = code_version(make()).parts
+    finally:
+        del sys.modules["closmod"]
+    assert "closmod.h" in parts
+    assert not any("scale" in k for k in parts)

@@ -6,7 +6,9 @@ it reaches.
 - globals it reads (``helper(x)``, ``CONSTANT``), attribute chains on user
   modules and classes (``utils.clean(x)``, ``Config.scale``), and imports
   inside its body (``from .helpers import normalize``);
-- its default arguments and the values its closure holds;
+- its default arguments and the values its closure holds (for the memoized
+  function itself, only the modules, classes and functions there: the data it
+  captures is part of each call's key);
 - the functions and classes found there, recursively (cycles are fine), and
   the methods of user classes it reaches.
 
@@ -66,6 +68,7 @@ CODE_MODES = ("transitive", "source", "off")
 _PY = f"py{sys.version_info[0]}.{sys.version_info[1]}"
 _ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_DEREF_OPS = frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF"})
 _CONST_OPS = frozenset(dis.hasconst)
 _MISSING = object()
 #: a container with more items than this is identified by its type and length
@@ -238,7 +241,7 @@ class _Walk:
                     continue
                 self.value(f"{name}.<closure {var}>", held)
         for ref in _references(code):
-            self._reference(f, ref)
+            self._reference(f, ref, root=root)
 
     def _class(self, name: str, cls: type) -> None:
         if not self._first_time(cls):
@@ -254,10 +257,22 @@ class _Walk:
                     continue  # __module__, __doc__, __dict__, __weakref__ ...
                 self.value(f"{_name_of(klass)}.{attr}", member)
 
-    def _reference(self, f: types.FunctionType, ref: tuple[str, ...]) -> None:
-        """Follow a name the code reads: ``("g", "name", *attrs)`` for a global,
-        ``("i", module, level, *names)`` for an import in the body."""
-        if ref[0] == "g":
+    def _reference(self, f: types.FunctionType, ref: tuple[str, ...], *, root: bool) -> None:
+        """Follow a name the code reads: ``("g", name, *attrs)`` for a global,
+        ``("d", name, *attrs)`` for a closure variable, ``("i", module, level,
+        *names)`` for an import in the body."""
+        if ref[0] == "d":
+            names = f.__code__.co_freevars
+            if ref[1] not in names or f.__closure__ is None:
+                return  # a variable of a nested function's own
+            try:
+                obj = f.__closure__[names.index(ref[1])].cell_contents
+            except ValueError:  # not assigned yet
+                return
+            if root and not _is_code(obj):
+                return  # the memoized function's closure data is part of each key
+            where, attrs = f"{_name_of(f)}.<closure {ref[1]}>", ref[2:]
+        elif ref[0] == "g":
             head, attrs = ref[1], ref[2:]
             obj = f.__globals__.get(head, _MISSING)
             if obj is _MISSING:
@@ -282,6 +297,11 @@ class _Walk:
                 break
             obj, where = nxt, f"{where}.{attr}"
         self.value(where, obj)
+
+
+def _is_code(obj: Any) -> bool:
+    """A module, class or function: something whose code, not value, matters."""
+    return isinstance(obj, (types.ModuleType, type, types.FunctionType, types.MethodType))
 
 
 def _has_python_code(cls: type) -> bool:
@@ -321,6 +341,8 @@ def _references_cached(code: types.CodeType) -> list[tuple[str, ...]]:
                 chain = None
             if op in _GLOBAL_OPS:
                 chain = ["g", str(ins.argval)]
+            elif op in _DEREF_OPS:
+                chain = ["d", str(ins.argval)]
             elif op == "IMPORT_NAME":
                 level = consts[-2] if len(consts) >= 2 and isinstance(consts[-2], int) else 0
                 names = consts[-1] if consts and isinstance(consts[-1], tuple) else ()

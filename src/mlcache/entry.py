@@ -66,6 +66,7 @@ import xxhash
 from .codecs import Encoded, codecs
 from .compression import Compression
 from .errors import ConfigError, EntryCorrupted, EntrySignatureError
+from .hashing import REF_ATTR
 from .signing import KEY_ID_SIZE, MAC_SIZE, Signer
 
 __all__ = [
@@ -596,6 +597,10 @@ class EntryReader:
             mm_arr.filename = os.path.abspath(self.path)
             mm_arr.offset = self._h.payload_off + off
             mm_arr.mode = self._mode
+            if self._mode == "r" and self._name:
+                # read-only: it holds what the entry holds, so the entry names it
+                # (see mlcache.hashing: passed on, it is not hashed again)
+                setattr(mm_arr, REF_ATTR, f"{self._name}#{index}")
             return mm_arr
         if self._mode == "c":
             # copy-on-write: private to this process, so it must not look shareable

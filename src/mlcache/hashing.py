@@ -21,6 +21,13 @@ Decisions (tested in ``tests/test_hashing.py``):
   same canonical stream, so their dicts and sets are canonical too and their
   arrays are hashed from their buffers.
 * A value that cannot be reduced raises ``TypeError``.
+* **Values that came out of the cache are not hashed again.** A read-only
+  memory-mapped array that a memoized function returned carries the name of its
+  entry and its place in it (:data:`REF_ATTR`); it is keyed by that name, so
+  passing it on to the next step of a pipeline costs nothing, whatever its
+  size. Only read-only maps carry it (they cannot be changed through Python);
+  writable results, views and slices are hashed by their contents.
+* :func:`bytes_hashed` counts the buffer bytes this process has hashed.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-__all__ = ["HASH_SCHEME", "Hasher", "hash_value"]
+__all__ = ["HASH_SCHEME", "REF_ATTR", "Hasher", "bytes_hashed", "hash_value"]
 
 #: Version of the canonical stream; part of every key, bump it on any change here.
 HASH_SCHEME = 4
@@ -55,6 +62,14 @@ _BLOCK = 1 << 24
 _pack_q = struct.Struct("<q").pack
 _pack_d = struct.Struct("<d").pack
 _pack_Q = struct.Struct("<Q").pack
+#: the attribute of a cached read-only map that names where it came from
+REF_ATTR = "_mlcache_ref"
+_hashed = [0]  # bytes of buffers hashed by this process
+
+
+def bytes_hashed() -> int:
+    """How many bytes of buffers (arrays, bytes, tensors) this process has hashed."""
+    return _hashed[0]
 
 
 def hash_value(obj: Any) -> str:
@@ -112,6 +127,7 @@ class Hasher:
         """Feed a contiguous buffer; large ones go straight to the hash."""
         mv = memoryview(data)
         n = mv.nbytes
+        _hashed[0] += n
         self._buf += _pack_Q(n)
         if n >= _TREE_MIN:
             self._buf += _tree_digest(mv if mv.format == "B" else mv.cast("B"))
@@ -212,6 +228,7 @@ class Hasher:
             self._raw(a.T.reshape(-1).view(np.uint8))
         else:
             # the same stream as its C-contiguous copy, without making that copy
+            _hashed[0] += a.nbytes
             self._buf += b"C" + _pack_Q(a.nbytes)
             rows = max(1, _CHUNK // max(1, a[:1].nbytes))
             chunks = (
@@ -569,6 +586,12 @@ def _is_ndarray(obj: Any) -> bool:  # subclasses: np.memmap, np.matrix, ...
 
 def _ndarray_subclass(h: Hasher, obj: np.ndarray) -> None:
     if isinstance(obj, np.memmap):
+        ref = obj.__dict__.get(REF_ATTR)
+        if ref is not None and not obj.flags.writeable:
+            # a cached result, mapped read-only: its entry names its contents
+            h._buf += b"R"
+            h._str(ref)
+            return
         h._ndarray(obj.view(np.ndarray))
         return
     if type(obj) is not np.ndarray:

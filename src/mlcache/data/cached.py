@@ -260,6 +260,11 @@ class CachedDataset(Sequence[Any]):
             return None
 
     # -- reading ----------------------------------------------------------------------
+    def __mlcache_token__(self) -> tuple[Any, ...]:
+        """Passed to a memoized function, it is keyed by its pack's fingerprint and
+        its transform (by code), never by reading its samples."""
+        return (self.packed.__mlcache_token__(), self.transform)
+
     @property
     def packed(self) -> PackedDataset:
         """The underlying :class:`PackedDataset` (opened on first use in a new process)."""

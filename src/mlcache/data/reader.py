@@ -325,6 +325,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
             os.close(fd)
         self._n = n
         self._index_len = i_len
+        self._index_sum = i_sum
         self.layout = index  # the parsed index (see mlcache.data.format)
         block = index["block"]  # a power of two (format.parse_index)
         self._fields: list[_Field] = []
@@ -351,6 +352,12 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
     def __repr__(self) -> str:
         return f"PackedDataset({self.path!r}, samples={self._n}, fields={self.field_names})"
+
+    def __mlcache_token__(self) -> tuple[Any, ...]:
+        """What a memoized function taking this dataset is keyed by: the pack's
+        fingerprint (its index's checksum, which covers the checksum of every
+        block, and the sizes), not its bytes, and not where it lies."""
+        return ("pack", self._n, self._index_len, self._index_sum, self.allow_pickle)
 
     def __len__(self) -> int:
         return self._n
