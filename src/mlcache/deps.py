@@ -480,7 +480,9 @@ def is_user_module(name: str | None) -> bool:
         return True  # code made at run time (exec, a notebook's own namespace)
     path = getattr(module, "__file__", None)
     if not path:
-        return False  # builtin, frozen, or a namespace package without files
+        # made at run time (types.ModuleType) when it has no import spec; else
+        # builtin, frozen, or a namespace package without files
+        return getattr(module, "__spec__", None) is None and name not in sys.builtin_module_names
     real = os.path.realpath(path)
     if os.sep + "site-packages" + os.sep in real or os.sep + "dist-packages" + os.sep in real:
         return False
