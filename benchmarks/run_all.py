@@ -21,6 +21,7 @@ SCRIPTS = [
     "bench_miss.py",
     "bench_data.py",
     "bench_data_memory.py",
+    "bench_chain.py",
 ]
 
 

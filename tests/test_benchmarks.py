@@ -25,7 +25,12 @@ def run_quick(script: str, scratch: Path) -> str:
 
 def test_quick_benchmarks_run_and_report_every_target(tmp_path):
     out = run_quick("run_all.py", tmp_path)
-    for target in ("joblib.hash / mlcache", "(b) joblib / mlcache, mmap", "(c) diskcache"):
+    for target in (
+        "joblib.hash / mlcache",
+        "(b) joblib / mlcache, mmap",
+        "(c) diskcache",
+        "(a) joblib / mlcache, pipeline",
+    ):
         assert target in out
 
 
