@@ -11,6 +11,7 @@ from typing import Any
 from .compression import Compression, parse_compress
 from .deps import CODE_MODES
 from .errors import ConfigError
+from .store import backend_for
 
 __all__ = ["MMAP_MODES", "MemoryConfig", "parse_bytes", "parse_duration"]
 
@@ -112,6 +113,7 @@ class MemoryConfig:
                     f"location must be None, a str or a pathlib.Path, got {type(location).__name__}"
                 )
             location = os.fspath(location)
+            backend = backend_for(location, backend)
         return cls(
             location=location,
             backend=backend,

@@ -144,7 +144,7 @@ class Memory:
             warn("compressed results cannot be memory-mapped; they will be read into memory")
         self.store: Store | None = None
         if self._config.location is not None:
-            factory = stores[backend]
+            factory = stores[self._config.backend]
             try:
                 self.store = factory(self._config.location, **self._config.backend_options)
             except TypeError as exc:

@@ -50,8 +50,8 @@ def open_entry(
     ``OSError`` when it cannot be read.
     """
     try:
-        if path is None and isinstance(store, LocalPaths):
-            path = store.local_path(name)
+        if path is None:
+            path = _local_file(store, name)
         if path is not None:
             return EntryReader(path, mmap_mode, signer, name)
         with store.open(name) as f:
@@ -63,14 +63,23 @@ def open_entry(
 def read_entry_info(store: Store, name: str, *, path: str | None = None) -> dict[str, Any]:
     """The metadata of entry ``name``, reading only its header where possible."""
     try:
-        if path is None and isinstance(store, LocalPaths):
-            path = store.local_path(name)
+        if path is None:
+            path = _local_file(store, name)
         if path is not None:
             return read_info(path)
         with store.open(name) as f:
             return EntryReader(f).info
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         raise EntryNotFound(name) from None
+
+
+def _local_file(store: Store, name: str) -> str | None:
+    """A local file of entry ``name``: the store's own (a local store), or a copy it
+    keeps (a remote store's read-through cache); None if it has neither."""
+    if isinstance(store, LocalPaths):
+        return store.local_path(name)
+    fetch = getattr(store, "fetch", None)
+    return fetch(name) if fetch is not None else None
 
 
 def decode(reader: EntryReader, *, allow_pickle: bool) -> Any:

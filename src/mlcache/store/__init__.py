@@ -27,6 +27,7 @@ __all__ = [
     "LocalPaths",
     "SharedCounter",
     "Store",
+    "backend_for",
     "check_name",
     "register_store_backend",
     "stores",
@@ -131,3 +132,10 @@ def register_store_backend(name: str, backend_class: type, *, replace: bool = Fa
 
 
 stores.register("local", "mlcache.store.local:LocalStore")
+stores.register("fsspec", "mlcache.store.remote:FsspecStore")
+
+
+def backend_for(location: str, backend: str) -> str:
+    """The backend a location asks for: a URL (``s3://...``) is fsspec's unless a
+    backend was named."""
+    return "fsspec" if backend == "local" and "://" in location else backend

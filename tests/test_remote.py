@@ -1,0 +1,183 @@
+"""The fsspec store: the store conformance suite on memory:// and on a real S3
+server (SeaweedFS, started by the tests on 127.0.0.1), shared caches, the local
+read-through copy, and leases across processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlcache import Memory
+from mlcache.names import is_entry
+from mlcache.store import Store
+from mlcache.store.remote import FsspecStore
+from test_store import StoreConformance, get, put
+
+pytest.importorskip("s3fs")
+
+
+class RemoteConformance(StoreConformance):
+    """An object store cannot touch an object: last use is the last write."""
+
+    def test_touch_updates_last_used(self, store):
+        put(store, "f/v/a", b"x")
+        before = {e.name: e.last_used for e in store.list()}
+        store.touch(["f/v/a", "f/v/missing"])  # accepted, names checked, nothing changes
+        assert {e.name: e.last_used for e in store.list()} == before
+        assert get(store, "f/v/a") == b"x"
+
+    def test_a_write_is_also_the_local_copy(self, store):
+        put(store, "f/v/a", b"hello")
+        assert Path(store.fetch("f/v/a")).read_bytes() == b"hello"
+
+    def test_fetch_copies_once_and_reads_locally_after(self, store, tmp_path):
+        put(store, "f/v/a", b"data" * 100)
+        other = self.reopen(store, tmp_path / "other-local")
+        gets = []
+        real = other.fs.get_file
+        other.fs.get_file = lambda *a, **k: gets.append(a) or real(*a, **k)
+        assert Path(other.fetch("f/v/a")).read_bytes() == b"data" * 100
+        assert Path(other.fetch("f/v/a")).read_bytes() == b"data" * 100
+        assert len(gets) == 1
+        with pytest.raises(FileNotFoundError):
+            other.fetch("f/v/missing")
+
+    def test_the_local_copy_keeps_its_limit(self, store, tmp_path):
+        other = self.reopen(store, tmp_path / "small", local_cache_limit=10_000)
+        for i in range(20):
+            put(store, f"f/v/{i}", bytes(1000))
+        for i in range(20):
+            other.fetch(f"f/v/{i}")
+        other.trim_local()
+        total = sum(p.stat().st_size for p in (tmp_path / "small").rglob("*") if p.is_file())
+        assert total <= 10_000
+
+    def reopen(self, store: Store, local: Path, **kw) -> FsspecStore:
+        raise NotImplementedError
+
+
+class TestMemoryStore(RemoteConformance):
+    def make_store(self, tmp_path: Path) -> Store:
+        return FsspecStore(f"memory://mlc-{uuid.uuid4().hex[:8]}/c", local_cache_dir=tmp_path / "l")
+
+    def reopen(self, store, local, **kw):
+        return FsspecStore(store.location, local_cache_dir=local, **kw)
+
+
+class TestS3Store(RemoteConformance):
+    @pytest.fixture
+    def store(self, tmp_path, s3_bucket) -> Store:
+        url, options = s3_bucket
+        self.options = options
+        return FsspecStore(f"{url}/cache", local_cache_dir=tmp_path / "l", **options)
+
+    def reopen(self, store, local, **kw):
+        return FsspecStore(store.location, local_cache_dir=local, **self.options, **kw)
+
+    def test_conditional_creation_is_refused_when_the_object_exists(self, store):
+        """A real server: conditional creation is refused when the object exists."""
+        store.fs.pipe_file(store._path("x") + ".lease", b"1", mode="create")
+        with pytest.raises((FileExistsError, OSError)):
+            store.fs.pipe_file(store._path("x") + ".lease", b"2", mode="create")
+
+
+# -- Memory on S3 -------------------------------------------------------------------------
+def _log(path):
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+def features(n, log):
+    _log(log)
+    return np.arange(n, dtype=np.float64) * 3
+
+
+def _memory(url, options, local, **kw):
+    return Memory(
+        url,
+        verbose=0,
+        secret="team secret",  # machines sharing a cache share a key
+        backend_options={**options, "local_cache_dir": str(local)},
+        **kw,
+    )
+
+
+def test_two_memories_on_two_machines_share_results(s3_bucket, tmp_path):
+    url, options = s3_bucket
+    log = str(tmp_path / "calls")
+    a = _memory(f"{url}/c", options, tmp_path / "a").cache(features, ignore=["log"])
+    b = _memory(f"{url}/c", options, tmp_path / "b", mmap_mode="r").cache(features, ignore=["log"])
+    np.testing.assert_array_equal(a(1000, log), np.arange(1000) * 3.0)
+    got = b(1000, log)  # the other machine: fetched once, then memory-mapped
+    assert isinstance(got, np.memmap)
+    np.testing.assert_array_equal(got, np.arange(1000) * 3.0)
+    assert Path(log).read_text().count("\n") == 1
+    assert any(is_entry(e.name) for e in a.memory.store.list())
+
+
+def _contend(url, options, local, log, start):
+    while time.time() < start:
+        time.sleep(0.005)
+    f = _memory(url, options, local).cache(slow_features, ignore=["log"])
+    return float(f(500, log).sum())
+
+
+def slow_features(n, log):
+    _log(log)
+    time.sleep(1.0)
+    return np.arange(n, dtype=np.float64)
+
+
+def test_a_contested_key_is_computed_once_across_machines(s3_bucket, tmp_path):
+    """Four processes, each with its own Memory and local cache (four machines),
+    ask for the same new key at once: one lease, one computation."""
+    url, options = s3_bucket
+    log = str(tmp_path / "calls")
+    start = time.time() + 1.5
+    ctx = multiprocessing.get_context("spawn")
+    args = [(f"{url}/c", options, tmp_path / f"m{i}", log, start) for i in range(4)]
+    with ctx.Pool(4) as pool:
+        sums = pool.starmap(_contend, args)
+    assert len(set(sums)) == 1
+    assert Path(log).read_text().count("\n") == 1
+
+
+def _hold(url, options, local, log):
+    mem = _memory(url, options, local)
+    mem.store.lease_seconds = 2.0
+    mem.cache(stuck, ignore=["log"])(7, log)
+
+
+def stuck(n, log):
+    _log(log)
+    time.sleep(600)
+    return n
+
+
+def test_a_killed_lease_holder_is_taken_over(s3_bucket, tmp_path):
+    url, options = s3_bucket
+    log = tmp_path / "calls"
+    holder = multiprocessing.get_context("spawn").Process(
+        target=_hold, args=(f"{url}/c", options, tmp_path / "h", str(log))
+    )
+    holder.start()
+    deadline = time.time() + 60
+    while not (log.exists() and log.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert log.exists(), "the holder never started"
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join()
+    mem = _memory(f"{url}/c", options, tmp_path / "w")
+    lease = mem.store._path(mem.cache(stuck, ignore=["log"])._name((7, str(log)), {})) + ".lease"
+    assert mem.store.fs.exists(lease)  # the dead holder's lease is still there
+    t0 = time.monotonic()
+    with mem.store.lock(mem.cache(stuck, ignore=["log"])._name((7, str(log)), {}), 30) as held:
+        waited = time.monotonic() - t0
+    assert held and waited < 30  # taken over once it expired (2 s after its last beat)
