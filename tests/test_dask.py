@@ -47,3 +47,75 @@ def test_memorized_function_runs_in_dask_workers(client, tmp_path):
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
     assert Path(log).read_text().count("call") == 3
+
+
+# -- a shared S3 store: workers on "other machines" --------------------------------------
+def _logged_square(x, log):
+    with open(log, "a") as f:
+        f.write("call\n")
+    return np.full(1000, x, dtype=np.float64) ** 2
+
+
+def _s3_memory(s3_bucket, tmp_path, name):
+    url, options = s3_bucket
+    return Memory(
+        f"{url}/shared",
+        verbose=0,
+        secret="cluster secret",
+        backend_options={**options, "local_cache_dir": str(tmp_path / name)},
+    )
+
+
+def test_a_dask_graph_on_a_shared_store_computes_nothing_the_second_time(
+    client, s3_bucket, tmp_path
+):
+    import dask
+
+    log = str(tmp_path / "calls.log")
+    f = _s3_memory(s3_bucket, tmp_path, "graph").cache(_logged_square, ignore=["log"])
+    graph = [dask.delayed(f)(i, log) for i in range(6)]
+    first = dask.compute(*graph, scheduler=client)
+    assert Path(log).read_text().count("call") == 6
+    again = dask.compute(*[dask.delayed(f)(i, log) for i in range(6)], scheduler=client)
+    assert Path(log).read_text().count("call") == 6  # nothing computed
+    for i, (a, b) in enumerate(zip(first, again)):
+        np.testing.assert_array_equal(a, np.full(1000, i * i, dtype=np.float64))
+        np.testing.assert_array_equal(a, b)
+    # a teammate's Memory on the same store, elsewhere, finds everything
+    other = _s3_memory(s3_bucket, tmp_path, "teammate").cache(_logged_square, ignore=["log"])
+    assert all(other.check_call_in_cache(i, log) for i in range(6))
+
+
+def test_cached_map_computes_only_what_is_missing(client, s3_bucket, tmp_path):
+    from functools import partial
+
+    from mlcache.parallel import cached_map
+
+    log = str(tmp_path / "calls.log")
+    f = _s3_memory(s3_bucket, tmp_path, "map").cache(partial(_logged_square, log=log))
+    out = cached_map(f, [1, 2, 3], backend="dask", client=client, progress=False)
+    assert Path(log).read_text().count("call") == 3
+    out2 = cached_map(f, [1, 2, 3, 4, 5], backend="dask", client=client, progress=False)
+    assert Path(log).read_text().count("call") == 5  # only 4 and 5
+    for i, arr in zip([1, 2, 3, 4, 5], out2):
+        np.testing.assert_array_equal(arr, np.full(1000, i * i, dtype=np.float64))
+    for a, b in zip(out, out2):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_cached_map_on_local_executors(tmp_path, backend):
+    from functools import partial
+
+    from mlcache.parallel import cached_map
+
+    log = str(tmp_path / "calls.log")
+    f = Memory(tmp_path / "c", verbose=0).cache(partial(_logged_square, log=log))
+    f(0)
+    out = cached_map(f, range(4), backend=backend, workers=2, progress=False)
+    assert Path(log).read_text().count("call") == 4  # 0 was cached
+    assert [float(a[0]) for a in out] == [0.0, 1.0, 4.0, 9.0]
+    with pytest.raises(ValueError, match="backend"):
+        cached_map(f, [1], backend="gpu")
+    with pytest.raises(TypeError, match="memoized"):
+        cached_map(len, [1])

@@ -1,0 +1,103 @@
+"""``cached_map``: a memoized function over many items, computing only what is
+missing, on threads, processes or a Dask cluster.
+
+With a shared store (``Memory("s3://...")``), every worker stores what it
+computes where every other worker and every later run finds it; a second run of
+the same map computes nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from .memorized import MemorizedFunc
+
+__all__ = ["BACKENDS", "cached_map"]
+
+T = TypeVar("T")
+#: what ``cached_map(backend=...)`` accepts
+BACKENDS = ("threads", "processes", "dask")
+
+
+def cached_map(
+    func: MemorizedFunc[Any, T],
+    items: Iterable[Any],
+    *,
+    backend: str = "threads",
+    client: Any = None,
+    workers: int | None = None,
+    progress: bool = True,
+) -> list[T]:
+    """``[func(item) for item in items]``, with the items whose result is not cached
+    yet computed in parallel first.
+
+    Parameters
+    ----------
+    func:
+        A memoized function (``mem.cache(f)``), called with one item each.
+    backend:
+        ``"threads"`` (the default: for functions that release the GIL, numpy
+        and most I/O), ``"processes"`` (a local process pool) or ``"dask"`` (the
+        ``client``'s cluster, or the current one).
+    workers:
+        Threads or processes (default: the executor's own choice).
+    progress:
+        A progress bar of the computations (tqdm, quiet off a terminal).
+
+    Results come back in the order of ``items``: computed ones as the workers
+    returned them, the others loaded from the cache.
+    """
+    if not isinstance(func, MemorizedFunc):
+        raise TypeError(
+            f"cached_map needs a memoized function (mem.cache(f)), got {type(func).__name__}"
+        )
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    items = list(items)
+    missing = [i for i, x in enumerate(items) if not func.check_call_in_cache(x)]
+    computed: dict[int, Any] = {}
+    if missing:
+        todo = [items[i] for i in missing]
+        done = _run(func, todo, backend, client, workers)
+        for i, value in zip(missing, _progress(done, len(todo), progress, func)):
+            computed[i] = value
+    return [computed[i] if i in computed else func(x) for i, x in enumerate(items)]
+
+
+def _run(
+    func: Callable[[Any], Any], todo: list[Any], backend: str, client: Any, workers: int | None
+) -> Iterator[Any]:
+    """The results of ``func`` over ``todo``, in order, as they can be had."""
+    if backend == "dask":
+        if client is None:
+            from distributed import get_client
+
+            client = get_client()
+        futures = client.map(func, todo, pure=False)
+        for future in futures:
+            yield future.result()
+        return
+    pool: concurrent.futures.Executor
+    if backend == "threads":
+        pool = concurrent.futures.ThreadPoolExecutor(workers)
+    else:
+        pool = concurrent.futures.ProcessPoolExecutor(workers)
+    with pool:
+        yield from pool.map(func, todo)
+
+
+def _progress(results: Iterator[Any], total: int, show: bool, func: Any) -> Iterator[Any]:
+    if not show:
+        yield from results
+        return
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        yield from results
+        return
+    with tqdm(total=total, desc=f"computing {func.func_id}", unit="item", disable=None) as bar:
+        for value in results:
+            bar.update()
+            yield value
