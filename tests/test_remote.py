@@ -181,3 +181,62 @@ def test_a_killed_lease_holder_is_taken_over(s3_bucket, tmp_path):
     with mem.store.lock(mem.cache(stuck, ignore=["log"])._name((7, str(log)), {}), 30) as held:
         waited = time.monotonic() - t0
     assert held and waited < 30  # taken over once it expired (2 s after its last beat)
+
+
+# -- packs on S3 -------------------------------------------------------------------------
+def _pack_on_s3(s3_bucket, tmp_path, n=300, bump=0):
+    import s3fs
+
+    from mlcache.data import pack
+
+    url, options = s3_bucket
+    samples = ({"x": np.full(20, i + bump, dtype=np.float32), "i": i} for i in range(n))
+    local = pack(samples, tmp_path / f"built-{bump}.pack", progress=False)
+    fs = s3fs.S3FileSystem(**options)
+    fs.put_file(local.path, f"{url[5:]}/data/train.pack")
+    return f"{url}/data/train.pack", options
+
+
+def _read_in_workers(url, options, local_dir, out):
+    import json
+
+    import torch
+
+    from mlcache.data import PackedDataset
+
+    ds = PackedDataset(url, storage_options=options, local_cache_dir=local_dir)
+    loader = torch.utils.data.DataLoader(ds, batch_size=50, num_workers=2)
+    Path(out).write_text(json.dumps(sorted(int(i) for batch in loader for i in batch["i"])))
+
+
+def test_a_pack_on_s3_is_fetched_once_and_refetched_when_replaced(s3_bucket, tmp_path):
+    from mlcache.data import PackedDataset
+
+    url, options = _pack_on_s3(s3_bucket, tmp_path)
+    local_dir = str(tmp_path / "local")
+    ds = PackedDataset(url, storage_options=options, local_cache_dir=local_dir)
+    assert len(ds) == 300 and ds[7]["i"] == 7 and float(ds[7]["x"][0]) == 7.0
+    copy = Path(ds.path)
+    assert copy.parent == Path(local_dir)
+    first = copy.stat().st_ino
+    again = PackedDataset(url, storage_options=options, local_cache_dir=local_dir)
+    assert Path(again.path).stat().st_ino == first  # not fetched again
+    _pack_on_s3(s3_bucket, tmp_path, bump=1000)  # someone replaces it
+    newer = PackedDataset(url, storage_options=options, local_cache_dir=local_dir)
+    assert float(newer[7]["x"][0]) == 1007.0
+    assert float(ds[7]["x"][0]) == 7.0  # the old map still reads its own copy
+
+
+def test_a_pack_on_s3_is_read_by_dataloader_workers_in_another_process(s3_bucket, tmp_path):
+    pytest.importorskip("torch")
+    url, options = _pack_on_s3(s3_bucket, tmp_path)
+    import json
+
+    out = tmp_path / "read.json"
+    reader = multiprocessing.get_context("spawn").Process(
+        target=_read_in_workers, args=(url, options, str(tmp_path / "other-machine"), str(out))
+    )
+    reader.start()
+    reader.join(300)
+    assert reader.exitcode == 0
+    assert json.loads(out.read_text()) == list(range(300))

@@ -26,6 +26,7 @@ import xxhash
 
 from ..errors import UnsupportedValue
 from .format import HEADER, PackCorrupted, parse_index, read_header
+from .remote import is_url, local_copy
 
 __all__ = ["PackedDataset"]
 
@@ -300,12 +301,29 @@ class PackedDataset(Sequence[dict[str, Any]]):
     Parameters
     ----------
     path:
-        The pack file, as written by :func:`mlcache.data.pack`.
+        The pack file, as written by :func:`mlcache.data.pack`, or its URL
+        (``s3://bucket/train.pack``, any fsspec URL): then a local copy is read,
+        fetched once (see :mod:`mlcache.data.remote`).
     allow_pickle:
         Unpickle fields stored with pickle (refused by default).
+    storage_options:
+        fsspec options for a URL (credentials, ``client_kwargs``...).
+    local_cache_dir:
+        Where a URL's local copy goes (default: the user cache folder).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, allow_pickle: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        allow_pickle: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        local_cache_dir: str | None = None,
+    ) -> None:
+        self.url = path if is_url(path) else None
+        self._remote = (storage_options, local_cache_dir)
+        if self.url is not None:
+            path = local_copy(str(self.url), storage_options, local_cache_dir)
         self.path = os.path.abspath(os.fspath(path))
         self.allow_pickle = allow_pickle
         try:
@@ -345,10 +363,9 @@ class PackedDataset(Sequence[dict[str, Any]]):
         self._batch_readers: dict[tuple[str, ...], Callable[[int], dict[str, Any]]] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (PackedDataset, (self.path,), {"allow_pickle": self.allow_pickle})
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.allow_pickle = state["allow_pickle"]
+        # a URL travels as a URL: a worker on another machine fetches its own copy
+        options, local_dir = self._remote
+        return (_reopen, (self.url or self.path, self.allow_pickle, options, local_dir))
 
     def __repr__(self) -> str:
         return f"PackedDataset({self.path!r}, samples={self._n}, fields={self.field_names})"
@@ -482,3 +499,11 @@ class PackedDataset(Sequence[dict[str, Any]]):
             if start > pos and any(self._mm[pos:start]):
                 raise PackCorrupted(f"{self.path}: damaged bytes between regions at {pos}")
             pos = max(pos, stop)
+
+
+def _reopen(
+    path: str, allow_pickle: bool, options: dict[str, Any] | None, local_dir: str | None
+) -> PackedDataset:
+    return PackedDataset(
+        path, allow_pickle=allow_pickle, storage_options=options, local_cache_dir=local_dir
+    )
