@@ -29,6 +29,7 @@ def cached_map(
     client: Any = None,
     workers: int | None = None,
     progress: bool = True,
+    star: bool = False,
 ) -> list[T]:
     """``[func(item) for item in items]``, with the items whose result is not cached
     yet computed in parallel first.
@@ -45,6 +46,8 @@ def cached_map(
         Threads or processes (default: the executor's own choice).
     progress:
         A progress bar of the computations (tqdm, quiet off a terminal).
+    star:
+        Each item is a tuple of arguments: ``func(*item)``.
 
     Results come back in the order of ``items``: computed ones as the workers
     returned them, the others loaded from the cache.
@@ -55,15 +58,25 @@ def cached_map(
         )
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    items = list(items)
-    missing = [i for i, x in enumerate(items) if not func.check_call_in_cache(x)]
+    args = [tuple(x) if star else (x,) for x in items]
+    missing = [i for i, a in enumerate(args) if not func.check_call_in_cache(*a)]
     computed: dict[int, Any] = {}
     if missing:
-        todo = [items[i] for i in missing]
-        done = _run(func, todo, backend, client, workers)
+        todo = [args[i] for i in missing]
+        done = _run(_Star(func), todo, backend, client, workers)
         for i, value in zip(missing, _progress(done, len(todo), progress, func)):
             computed[i] = value
-    return [computed[i] if i in computed else func(x) for i, x in enumerate(items)]
+    return [computed[i] if i in computed else func(*a) for i, a in enumerate(args)]
+
+
+class _Star:
+    """``func(*args)`` as a one-argument callable that pickles (for the workers)."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.func = func
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        return self.func(*args)
 
 
 def _run(
