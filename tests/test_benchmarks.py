@@ -30,6 +30,7 @@ def test_quick_benchmarks_run_and_report_every_target(tmp_path):
         "(b) joblib / mlcache, mmap",
         "(c) diskcache",
         "(a) joblib / mlcache, pipeline",
+        "(d) 1 worker / 2 workers",
     ):
         assert target in out
 
