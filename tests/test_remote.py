@@ -240,3 +240,52 @@ def test_a_pack_on_s3_is_read_by_dataloader_workers_in_another_process(s3_bucket
     reader.join(300)
     assert reader.exitcode == 0
     assert json.loads(out.read_text()) == list(range(300))
+
+
+# -- CachedDataset with its packs on S3 ---------------------------------------------------
+
+
+def _squares_dataset():
+    from mlcache.data import CachedDataset
+
+    class RemoteSquares(CachedDataset):
+        def __init__(self, n, log, **kw):
+            self.n, self.log = n, log
+            super().__init__(**kw)
+
+        cache_on = ("n",)
+
+        def load_source(self):
+            _log(self.log)
+            for i in range(self.n):
+                yield {"x": np.full(10, i, dtype=np.int64), "i": i}
+
+    return RemoteSquares
+
+
+def _open_remote_squares(url, options, local_home, log, out):
+    os.environ["XDG_CACHE_HOME"] = str(local_home)  # another machine's cache folder
+    os.environ.pop("MLCACHE_DIR", None)
+    cls = _squares_dataset()
+    ds = cls(50, log, cache_dir=f"{url}/datasets", storage_options=options, progress=False)
+    Path(out).write_text(str(sum(int(ds[i]["i"]) for i in range(len(ds)))))
+
+
+def test_a_cached_dataset_on_s3_is_built_once_for_every_machine(s3_bucket, tmp_path):
+    url, options = s3_bucket
+    log = str(tmp_path / "builds")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=_open_remote_squares,
+            args=(url, options, tmp_path / f"machine{i}", log, str(tmp_path / f"out{i}")),
+        )
+        for i in range(3)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    assert Path(log).read_text().count("\n") == 1  # one machine built it
+    assert {(tmp_path / f"out{i}").read_text() for i in range(3)} == {str(sum(range(50)))}

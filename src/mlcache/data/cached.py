@@ -44,6 +44,7 @@ from ..fingerprint import slug
 from ..hashing import hash_value
 from .format import PackCorrupted
 from .reader import PackedDataset
+from .remote import is_url, publish
 from .writer import pack
 
 __all__ = ["CachedDataset", "remove_pack"]
@@ -83,6 +84,11 @@ class CachedDataset(Sequence[Any]):
         Load the source with this many processes when the class defines
         ``source_items()`` and ``load_item(item)`` (instead of ``load_source()``);
         samples keep the order of ``source_items()``.
+    storage_options:
+        fsspec options when ``cache_dir`` is a URL (``s3://bucket/datasets``):
+        then the pack lives there, shared by every machine; each machine reads
+        a local copy (fetched once), and one machine builds it while the others
+        wait (a lease, as for function results), then upload it.
     """
 
     #: names of the attributes that identify the data; None means every attribute
@@ -98,6 +104,7 @@ class CachedDataset(Sequence[Any]):
         progress: bool = True,
         allow_pickle: bool = False,
         num_workers: int = 0,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
@@ -115,6 +122,12 @@ class CachedDataset(Sequence[Any]):
             if cache_dir is not None
             else os.path.join(default_location(), "datasets")
         )
+        #: the remote folder of the packs, when cache_dir is a URL (then root is
+        #: this machine's folder of their local copies)
+        self._remote: tuple[str, dict[str, Any] | None] | None = None
+        if is_url(root):
+            self._remote = (root.rstrip("/"), storage_options)
+            root = os.path.join(default_location(), "remote-datasets", slug(root))
         cls = type(self)
         version = hash_value(
             (
@@ -202,6 +215,8 @@ class CachedDataset(Sequence[Any]):
         rebuilt unless another process already replaced it.
         """
         os.makedirs(os.path.dirname(self.pack_path), mode=0o700, exist_ok=True)
+        if self._remote is not None:
+            return self._open_or_build_remote(force, progress, damaged)
         if not force and damaged is None:
             opened = self._try_open()
             if opened is not None:
@@ -226,6 +241,66 @@ class CachedDataset(Sequence[Any]):
                 return built
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _remote_name(self) -> str:
+        """The pack's name under the remote folder."""
+        folder, name = os.path.split(self.pack_path)
+        return f"{os.path.basename(folder)}/{name}"
+
+    def _open_or_build_remote(
+        self, force: bool, progress: bool, damaged: tuple[int, int] | None
+    ) -> PackedDataset:
+        """The pack in the remote folder, through this machine's copy; built here,
+        under the key's lease, when it is not there (or damaged, or ``force``)."""
+        from ..store.remote import FsspecStore
+
+        assert self._remote is not None
+        root, options = self._remote
+        url = f"{root}/{self._remote_name()}"
+        folder = os.path.dirname(self.pack_path)
+
+        def fetched() -> PackedDataset | None:
+            try:
+                opened = PackedDataset(
+                    url,
+                    allow_pickle=self._allow_pickle,
+                    storage_options=options,
+                    local_cache_dir=folder,
+                )
+            except FileNotFoundError:
+                return None
+            except PackCorrupted as exc:
+                warn(f"mlcache: {exc}; rebuilding it", stacklevel=5)
+                return None
+            return None if opened.file_id == damaged else opened
+
+        if not force:
+            opened = fetched()
+            if opened is not None:
+                return opened
+        store = FsspecStore(
+            root, local_cache_dir=os.path.join(folder, ".leases"), **(options or {})
+        )
+        with store.lock(self._remote_name(), timeout=3600) as held:
+            if not held:
+                warn(
+                    f"mlcache: another machine has been building {url} for an hour; "
+                    "building it here too",
+                    stacklevel=4,
+                )
+            if not force:  # another machine may have built it while we waited
+                opened = fetched()
+                if opened is not None:
+                    return opened
+            logger.info("mlcache: building %s", url)
+            built = pack(
+                self.load_source(),
+                self.pack_path,
+                progress=progress,
+                allow_pickle=self._allow_pickle,
+            )
+            publish(self.pack_path, url, options)
+            return built
 
     def _remove_older_versions(self) -> None:
         """Delete the packs this one replaces (same arguments, older code or source);

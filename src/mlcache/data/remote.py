@@ -17,35 +17,53 @@ import os
 import tempfile
 from typing import Any
 
-__all__ = ["is_url", "local_copy"]
+__all__ = ["is_url", "local_copy", "publish"]
 
 
 def is_url(path: Any) -> bool:
     return isinstance(path, str) and "://" in path
 
 
-def local_copy(
-    url: str, storage_options: dict[str, Any] | None = None, local_dir: str | None = None
-) -> str:
-    """The local path of the pack at ``url``, fetched if missing or changed."""
+def _fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
     try:
         import fsspec
     except ImportError:
         raise ImportError(f"reading {url} needs fsspec: pip install 'mlcache[s3]'") from None
-    from .._default import default_location
-    from ..fingerprint import slug
-
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no pack file at {url}") from None
-    ident = {
+    return fs, path
+
+
+def _ident(info: dict[str, Any]) -> dict[str, Any]:
+    """What tells one version of a remote object from another."""
+    return {
         "size": int(info.get("size") or 0),
         "version": str(
             info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime")
         ),
     }
+
+
+def publish(local: str, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Upload the pack file ``local`` to ``url`` (one PUT on an object store) and
+    record that ``local`` is the copy of what is there now."""
+    fs, path = _fs(url, storage_options)
+    fs.put_file(local, path)
+    with open(local + ".source.json", "w") as f:
+        json.dump(_ident(fs.info(path)), f)
+
+
+def local_copy(
+    url: str, storage_options: dict[str, Any] | None = None, local_dir: str | None = None
+) -> str:
+    """The local path of the pack at ``url``, fetched if missing or changed."""
+    from .._default import default_location
+    from ..fingerprint import slug
+
+    fs, path = _fs(url, storage_options)
+    try:
+        ident = _ident(fs.info(path))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no pack file at {url}") from None
     folder = local_dir or os.path.join(
         default_location(), "remote-packs", slug(url.rsplit("/", 1)[0])
     )
