@@ -7,7 +7,17 @@ from __future__ import annotations
 from .cached import CachedDataset
 from .format import PackCorrupted
 from .reader import PackedDataset
+from .shards import ShardedDataset, pack_with_dask
 from .sql import SqlSource, from_sql
 from .writer import pack
 
-__all__ = ["CachedDataset", "PackCorrupted", "PackedDataset", "SqlSource", "from_sql", "pack"]
+__all__ = [
+    "CachedDataset",
+    "PackCorrupted",
+    "PackedDataset",
+    "ShardedDataset",
+    "SqlSource",
+    "from_sql",
+    "pack",
+    "pack_with_dask",
+]

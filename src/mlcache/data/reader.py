@@ -312,6 +312,13 @@ class PackedDataset(Sequence[dict[str, Any]]):
         Where a URL's local copy goes (default: the user cache folder).
     """
 
+    def __new__(cls, path: str | os.PathLike[str], **kwargs: Any) -> Any:
+        if os.fspath(path).endswith(".shards"):  # a sharded pack's manifest
+            from .shards import ShardedDataset
+
+            return ShardedDataset(path, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -226,8 +226,14 @@ def pack(
     progress: bool = True,
     allow_pickle: bool = False,
     block_size: int = BLOCK,
+    shard_size: int | str | None = None,
 ) -> Any:
     """Write ``samples`` (dicts of named fields) into the pack file ``path``.
+
+    With ``shard_size`` (``"1GB"``), ``path`` must end in ``.shards``: the samples
+    are written as shards of about that size beside it, and ``path`` is their
+    manifest (see :mod:`mlcache.data.shards`); a :class:`ShardedDataset` is
+    returned.
 
     Returns the :class:`~mlcache.data.PackedDataset` opened on it. Raises
     ``ValueError`` for an empty source, ``TypeError``/``ValueError`` naming the
@@ -248,6 +254,17 @@ def pack(
     """
     from .reader import PackedDataset
 
+    if shard_size is not None:
+        from .shards import pack_sharded
+
+        return pack_sharded(
+            samples,
+            path,
+            shard_size=shard_size,
+            progress=progress,
+            allow_pickle=allow_pickle,
+            block_size=block_size,
+        )
     if block_size < 64 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two of at least 64, got {block_size}")
     target = os.path.abspath(os.fspath(path))
