@@ -38,7 +38,7 @@ def test_shards_round_trip_and_read_as_one(tmp_path):
 
 
 def test_only_the_shards_read_are_opened(tmp_path):
-    ds = pack(
+    pack(
         (sample(i) for i in range(1000)), tmp_path / "d.shards", shard_size="100KB", progress=False
     )
     fresh = ShardedDataset(tmp_path / "d.shards")
