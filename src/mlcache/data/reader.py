@@ -26,7 +26,7 @@ import xxhash
 
 from ..errors import UnsupportedValue
 from .format import HEADER, PackCorrupted, parse_index, read_header
-from .remote import is_url, local_copy
+from .remote import is_url, local_copy, sparse_copy
 
 __all__ = ["PackedDataset"]
 
@@ -48,6 +48,7 @@ class _Region:
     __slots__ = (
         "block",
         "checked",
+        "fetch",
         "len",
         "mv",
         "nblocks",
@@ -70,6 +71,9 @@ class _Region:
             raise PackCorrupted(f"{path}: a region lies outside the file")
         self.checked = bytearray(self.nblocks) + b"\x01"
         self.path = path
+        #: fills bytes [start, stop) of the file when they are missing (a sparse
+        #: local copy of a remote pack), or None
+        self.fetch: Callable[[int, int], None] | None = None
         self.on_complete: Callable[[], Callable[[], None] | None] | None = None
 
     def check(self, start: int, stop: int) -> None:
@@ -79,7 +83,13 @@ class _Region:
             if not self.checked[b]:
                 piece = self.mv[b * self.block : (b + 1) * self.block]
                 if xxhash.xxh3_64_intdigest(piece) != self.sums[b]:
-                    raise PackCorrupted(f"{self.path}: checksum mismatch in block {b} of a region")
+                    if self.fetch is not None:  # not fetched yet: fetch, check again
+                        start = self.off + b * self.block
+                        self.fetch(start, start + len(piece))
+                    if self.fetch is None or xxhash.xxh3_64_intdigest(piece) != self.sums[b]:
+                        raise PackCorrupted(
+                            f"{self.path}: checksum mismatch in block {b} of a region"
+                        )
                 self.checked[b] = 1
                 self.pending -= 1
                 # recounted: two threads verifying one block both decrement
@@ -310,6 +320,9 @@ class PackedDataset(Sequence[dict[str, Any]]):
         fsspec options for a URL (credentials, ``client_kwargs``...).
     local_cache_dir:
         Where a URL's local copy goes (default: the user cache folder).
+    fetch:
+        For a URL: ``"whole"`` copies the pack once; ``"ranges"`` fetches only
+        the blocks that reads touch (see :mod:`mlcache.data.remote`).
     """
 
     def __new__(cls, path: str | os.PathLike[str], **kwargs: Any) -> Any:
@@ -326,10 +339,16 @@ class PackedDataset(Sequence[dict[str, Any]]):
         allow_pickle: bool = False,
         storage_options: dict[str, Any] | None = None,
         local_cache_dir: str | None = None,
+        fetch: str = "whole",
     ) -> None:
+        if fetch not in ("whole", "ranges"):
+            raise ValueError(f"fetch must be 'whole' or 'ranges', got {fetch!r}")
         self.url = path if is_url(path) else None
-        self._remote = (storage_options, local_cache_dir)
-        if self.url is not None:
+        self._remote = (storage_options, local_cache_dir, fetch)
+        fetcher = None
+        if self.url is not None and fetch == "ranges":
+            path, fetcher = sparse_copy(str(self.url), storage_options, local_cache_dir)
+        elif self.url is not None:
             path = local_copy(str(self.url), storage_options, local_cache_dir)
         self.path = os.path.abspath(os.fspath(path))
         self.allow_pickle = allow_pickle
@@ -362,6 +381,8 @@ class PackedDataset(Sequence[dict[str, Any]]):
                     if key in spec
                 }
                 self._fields.append(_Field(spec, regions, self.path))
+                for region in regions.values():
+                    region.fetch = fetcher
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, PackCorrupted):
                 raise
@@ -371,8 +392,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # a URL travels as a URL: a worker on another machine fetches its own copy
-        options, local_dir = self._remote
-        return (_reopen, (self.url or self.path, self.allow_pickle, options, local_dir))
+        return (_reopen, (self.url or self.path, self.allow_pickle, *self._remote))
 
     def __repr__(self) -> str:
         return f"PackedDataset({self.path!r}, samples={self._n}, fields={self.field_names})"
@@ -509,8 +529,16 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
 
 def _reopen(
-    path: str, allow_pickle: bool, options: dict[str, Any] | None, local_dir: str | None
+    path: str,
+    allow_pickle: bool,
+    options: dict[str, Any] | None,
+    local_dir: str | None,
+    fetch: str = "whole",
 ) -> PackedDataset:
     return PackedDataset(
-        path, allow_pickle=allow_pickle, storage_options=options, local_cache_dir=local_dir
+        path,
+        allow_pickle=allow_pickle,
+        storage_options=options,
+        local_cache_dir=local_dir,
+        fetch=fetch,
     )

@@ -1,12 +1,18 @@
 """Packs on a remote store: ``PackedDataset("s3://bucket/train.pack")`` reads a
 local copy, fetched once.
 
-A pack is one file, so it is copied whole into a local folder (default:
+By default a pack is copied whole into a local folder (default:
 ``<mlcache cache>/remote-packs/<slug of its folder's URL>``) and memory-mapped
 from there; DataLoader workers on the machine share that copy. The copy
 records the remote object's size and ETag (or modification time): when the
 remote pack is replaced, the next open fetches it again; otherwise an open
 costs one metadata request.
+
+With ``fetch="ranges"`` only what is read is fetched: the local copy is a sparse
+file of the pack's size holding its header and index, and each checksummed
+block is fetched with a range request the first time a read touches it (a
+block whose local bytes already match its checksum is not fetched again), so a
+worker reading a few samples of a large remote pack fetches a few blocks.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import os
 import tempfile
 from typing import Any
 
-__all__ = ["is_url", "local_copy", "publish"]
+__all__ = ["RangeFetcher", "is_url", "local_copy", "publish", "sparse_copy"]
 
 
 def is_url(path: Any) -> bool:
@@ -85,3 +91,61 @@ def local_copy(
     with open(record, "w") as f:
         json.dump(ident, f)
     return local
+
+
+class RangeFetcher:
+    """Fills bytes of a sparse local copy from the remote pack, on demand."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None, local: str) -> None:
+        self._fs, self._path = _fs(url, storage_options)
+        self._local = local
+        self.requests = 0
+
+    def __call__(self, start: int, stop: int) -> None:
+        data = self._fs.cat_file(self._path, start=start, end=stop)
+        fd = os.open(self._local, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, start)  # seen at once through the read-only map
+        finally:
+            os.close(fd)
+        self.requests += 1
+
+
+def sparse_copy(
+    url: str, storage_options: dict[str, Any] | None = None, local_dir: str | None = None
+) -> tuple[str, RangeFetcher]:
+    """A sparse local file for the pack at ``url`` (header and index filled in),
+    and the fetcher that fills the rest as it is read."""
+    from .._default import default_location
+    from ..fingerprint import slug
+    from .format import HEADER, read_header
+
+    fs, path = _fs(url, storage_options)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no pack file at {url}") from None
+    ident = _ident(info)
+    folder = local_dir or os.path.join(
+        default_location(), "remote-packs", slug(url.rsplit("/", 1)[0])
+    )
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    local = os.path.join(folder, os.path.basename(path) + ".sparse")
+    record = local + ".source.json"
+    fetcher = RangeFetcher(url, storage_options, local)
+    with contextlib.suppress(OSError, ValueError), open(record) as f:
+        if json.load(f) == ident and os.path.getsize(local) == ident["size"]:
+            return local, fetcher
+    fd, tmp = tempfile.mkstemp(prefix=".mlcache-", dir=folder)
+    try:
+        os.ftruncate(fd, ident["size"])  # sparse: no block is written yet
+        head = fs.cat_file(path, start=0, end=HEADER.size)
+        _n, i_off, _i_len, _sum = read_header(head, ident["size"], url)
+        os.pwrite(fd, head, 0)
+        os.pwrite(fd, fs.cat_file(path, start=i_off, end=ident["size"]), i_off)
+    finally:
+        os.close(fd)
+    os.replace(tmp, local)
+    with open(record, "w") as f:
+        json.dump(ident, f)
+    return local, fetcher
