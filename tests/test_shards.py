@@ -4,7 +4,6 @@ shard by shard from S3, and built by Dask workers."""
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,10 +83,10 @@ def _load(i):
     return sample(i)
 
 
-def test_dask_workers_build_the_shards(s3_bucket, tmp_path):
-    distributed = pytest.importorskip("distributed")
-    url, options = s3_bucket
-    cluster = distributed.LocalCluster(
+def _cluster():
+    import distributed
+
+    return distributed.LocalCluster(
         n_workers=2,
         threads_per_worker=1,
         processes=True,
@@ -95,7 +94,12 @@ def test_dask_workers_build_the_shards(s3_bucket, tmp_path):
         dashboard_address="127.0.0.1:0",
         silence_logs=50,
     )
-    with cluster, distributed.Client(cluster) as client:
+
+
+def test_dask_workers_build_the_shards(s3_bucket, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    url, options = s3_bucket
+    with _cluster() as cluster, distributed.Client(cluster) as client:
         ds = pack_with_dask(
             list(range(700)),
             _load,
@@ -104,23 +108,12 @@ def test_dask_workers_build_the_shards(s3_bucket, tmp_path):
             items_per_shard=100,
             storage_options=options,
         )
-    assert len(ds) == 700 and ds[654]["i"] == 654 and ds[0]["name"] == "s0"
-    local = pack_with_dask  # the same on a shared local folder
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            silence_logs=50,
-        ) as cluster2,
-        distributed.Client(cluster2) as client2,
-    ):
-        ds2 = local(
-            list(range(250)), _load, str(tmp_path / "l" / "d.shards"), client2, items_per_shard=100
-        )
-    assert len(ds2) == 250 and [p.name for p in sorted(Path(tmp_path / "l").glob("*.pack"))] == [
+        assert len(ds) == 700 and ds[654]["i"] == 654 and ds[0]["name"] == "s0"
+        # the same into a folder the workers share
+        local = tmp_path / "l" / "d.shards"
+        ds2 = pack_with_dask(list(range(250)), _load, str(local), client, items_per_shard=100)
+    assert len(ds2) == 250 and ds2[249]["i"] == 249
+    assert sorted(p.name for p in local.parent.glob("*.pack")) == [
         "d-00000.pack",
         "d-00001.pack",
         "d-00002.pack",

@@ -307,13 +307,9 @@ class MemorizedFunc(Generic[P, R]):
             return _MISS
         except EntrySignatureError as exc:
             if exc.reason == "mismatch":
-                warn(
-                    f"mlcache: refusing the cache entry of {self.func_id}, possible tampering "
-                    f"({exc}); recomputing",
-                    stacklevel=5,
+                self._discard(
+                    name, f"refusing the cache entry of {self.func_id}, possible tampering ({exc})"
                 )
-                with contextlib.suppress(OSError, ValueError):
-                    self._store.delete(name)
             elif exc.reason not in self._foreign_warned:
                 # written with signing off, by an older mlcache, or by someone with
                 # another key: recomputed and overwritten; said once per function
@@ -327,14 +323,17 @@ class MemorizedFunc(Generic[P, R]):
                 )
             return _MISS
         except Exception as exc:  # damaged, or a codec that cannot read it
-            warn(
-                f"mlcache: discarding damaged cache entry of {self.func_id} "
-                f"({type(exc).__name__}: {exc}); recomputing",
-                stacklevel=5,
+            self._discard(
+                name,
+                f"discarding damaged cache entry of {self.func_id} ({type(exc).__name__}: {exc})",
             )
-            with contextlib.suppress(OSError, ValueError):
-                self._store.delete(name)
             return _MISS
+
+    def _discard(self, name: str, why: str) -> None:
+        """Say why the entry ``name`` cannot be used, and remove it."""
+        warn(f"mlcache: {why}; recomputing", stacklevel=6)
+        with contextlib.suppress(OSError, ValueError):
+            self._store.delete(name)
 
     def _path(self, name: str) -> str | None:
         return os.path.join(self._code_path, name.rpartition("/")[2]) if self._local else None

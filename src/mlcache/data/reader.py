@@ -411,12 +411,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         return [f.name for f in self._fields]
 
     def _index(self, i: int) -> int:
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"sample indices must be integers, got {type(i).__name__}")
-        j = int(i) + self._n if i < 0 else int(i)
-        if not 0 <= j < self._n:
-            raise IndexError(f"sample {i} out of range for a pack of {self._n} samples")
-        return j
+        return sample_index(i, self._n)
 
     def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
         sample = self._sample or self._prepare()
@@ -526,6 +521,16 @@ class PackedDataset(Sequence[dict[str, Any]]):
             if start > pos and any(self._mm[pos:start]):
                 raise PackCorrupted(f"{self.path}: damaged bytes between regions at {pos}")
             pos = max(pos, stop)
+
+
+def sample_index(i: Any, n: int) -> int:
+    """``i`` as an index in ``[0, n)`` (negative counts from the end)."""
+    if not isinstance(i, (int, np.integer)):
+        raise TypeError(f"sample indices must be integers, got {type(i).__name__}")
+    j = int(i) + n if i < 0 else int(i)
+    if not 0 <= j < n:
+        raise IndexError(f"sample {i} out of range for a dataset of {n} samples")
+    return j
 
 
 def _reopen(

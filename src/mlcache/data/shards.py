@@ -196,10 +196,11 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         allow_pickle: bool = False,
         storage_options: dict[str, Any] | None = None,
         local_cache_dir: str | None = None,
+        fetch: str = "whole",
     ) -> None:
         self.path = str(path) if is_url(str(path)) else os.path.abspath(os.fspath(path))
         self.allow_pickle = allow_pickle
-        self._options = (storage_options, local_cache_dir)
+        self._options = (storage_options, local_cache_dir, fetch)  # for each shard
         where = (
             local_copy(self.path, storage_options, local_cache_dir)
             if is_url(self.path)
@@ -230,8 +231,7 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         self._open: dict[int, Any] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
-        options, local = self._options
-        return (_reopen, (self.path, self.allow_pickle, options, local))
+        return (_reopen, (self.path, self.allow_pickle, *self._options))
 
     def __len__(self) -> int:
         return self._n
@@ -252,21 +252,20 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         if ds is None:
             from .reader import PackedDataset
 
-            options, local = self._options
+            options, local, fetch = self._options
             ds = self._open[k] = PackedDataset(
                 _sibling(self.path, self._names[k]),
                 allow_pickle=self.allow_pickle,
                 storage_options=options,
                 local_cache_dir=local,
+                fetch=fetch,
             )
         return ds
 
     def _locate(self, i: int) -> tuple[int, int]:
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"sample indices must be integers, got {type(i).__name__}")
-        j = int(i) + self._n if i < 0 else int(i)
-        if not 0 <= j < self._n:
-            raise IndexError(f"sample {i} out of range for a dataset of {self._n} samples")
+        from .reader import sample_index
+
+        j = sample_index(i, self._n)
         k = bisect.bisect_right(self._starts, j) - 1
         return k, j - self._starts[k]
 
@@ -288,8 +287,8 @@ class ShardedDataset(Sequence[dict[str, Any]]):
 
 
 def _reopen(
-    path: str, allow_pickle: bool, options: dict[str, Any] | None, local: str | None
+    path: str, allow_pickle: bool, options: dict[str, Any] | None, local: str | None, fetch: str
 ) -> ShardedDataset:
     return ShardedDataset(
-        path, allow_pickle=allow_pickle, storage_options=options, local_cache_dir=local
+        path, allow_pickle=allow_pickle, storage_options=options, local_cache_dir=local, fetch=fetch
     )
