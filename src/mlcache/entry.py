@@ -599,8 +599,11 @@ class EntryReader:
             mm_arr.mode = self._mode
             if self._mode == "r" and self._name:
                 # read-only: it holds what the entry holds, so the entry names it
-                # (see mlcache.hashing: passed on, it is not hashed again)
-                setattr(mm_arr, REF_ATTR, f"{self._name}#{index}")
+                # (see mlcache.hashing: passed on, it is not hashed again). The
+                # payload's checksum is part of the name: an entry recomputed with
+                # other contents under the same key is another value.
+                ref = f"{self._name}#{index}@{self._h.payload_sum:016x}"
+                setattr(mm_arr, REF_ATTR, ref)
             return mm_arr
         if self._mode == "c":
             # copy-on-write: private to this process, so it must not look shareable

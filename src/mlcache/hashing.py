@@ -588,9 +588,12 @@ def _ndarray_subclass(h: Hasher, obj: np.ndarray) -> None:
     if isinstance(obj, np.memmap):
         ref = obj.__dict__.get(REF_ATTR)
         if ref is not None and not obj.flags.writeable:
-            # a cached result, mapped read-only: its entry names its contents
+            # a cached result, mapped read-only: its entry names its contents; its
+            # dtype, shape and strides are read now (they can be set in place)
             h._buf += b"R"
             h._str(ref)
+            h._str(obj.dtype.str)
+            h._buf += b"".join(_pack_q(n) for n in (*obj.shape, *obj.strides))
             return
         h._ndarray(obj.view(np.ndarray))
         return
