@@ -118,3 +118,35 @@ def test_dask_workers_build_the_shards(s3_bucket, tmp_path):
         "d-00001.pack",
         "d-00002.pack",
     ]
+
+
+def test_a_shard_that_is_not_the_manifests_is_refused(tmp_path):
+    """A rebuild that failed half way left new shards under the old manifest: the
+    old manifest's shards are checked by their index checksums."""
+    pack((sample(i) for i in range(300)), tmp_path / "d.shards", shard_size="50KB", progress=False)
+    old_manifest = (tmp_path / "d.shards").read_bytes()
+    pack(
+        ({**sample(i), "i": i + 1} for i in range(300)),
+        tmp_path / "d.shards",
+        shard_size="50KB",
+        progress=False,
+    )
+    (tmp_path / "d.shards").write_bytes(old_manifest)
+    ds = ShardedDataset(tmp_path / "d.shards")
+    with pytest.raises(PackCorrupted, match="not the one the manifest names"):
+        ds[0]
+
+
+def test_sharded_datasets_are_keyed_by_their_contents(tmp_path):
+    from mlcache.hashing import hash_value
+
+    a = pack(
+        (sample(i) for i in range(100)), tmp_path / "a.shards", shard_size="30KB", progress=False
+    )
+    b = pack(
+        ({**sample(i), "x": sample(i)["x"] + 1} for i in range(100)),
+        tmp_path / "b.shards",
+        shard_size="30KB",
+        progress=False,
+    )
+    assert hash_value(a) != hash_value(b)  # same sizes, other values

@@ -6,12 +6,16 @@ A sharded pack is named ``<name>.shards`` (the manifest); its shards sit beside
 it as ``<name>-00000.pack``, ``<name>-00001.pack``... The manifest is JSON::
 
     {"format": "mlcache-shards", "version": 1, "n": <samples>,
-     "shards": [{"name": "<name>-00000.pack", "n": <samples>, "size": <bytes>}, ...],
+     "shards": [{"name": "<name>-00000.pack", "n": <samples>, "size": <bytes>,
+                 "index_sum": <the shard's index checksum>}, ...],
      "sum": <xxh3-64 of the canonical JSON of the other keys>}
 
 It is written last (after every shard is complete), so a reader never sees a
-manifest naming a shard that is not there. ``PackedDataset("x.shards")`` (a path
-or a URL) returns a :class:`ShardedDataset`.
+manifest naming a shard that is not there. Each shard's index checksum (which
+covers the checksum of every block) is in the manifest and is checked when the
+shard is opened: a shard rebuilt since, or left by a rebuild that failed half
+way, is refused, never read as part of another version of the dataset.
+``PackedDataset("x.shards")`` (a path or a URL) returns a :class:`ShardedDataset`.
 """
 
 from __future__ import annotations
@@ -106,10 +110,19 @@ def pack_sharded(
         name = _shard_name(path, len(shards))
         shard_path = os.path.join(os.path.dirname(path), name)
         done = pack(chunk(), shard_path, **pack_options)
-        shards.append({"name": name, "n": len(done), "size": os.path.getsize(shard_path)})
+        shards.append(_shard_info(name, done, shard_path))
     total = sum(s["n"] for s in shards)
     write_bytes_atomic(path, _manifest_bytes(total, shards))
     return ShardedDataset(path, allow_pickle=pack_options.get("allow_pickle", False))
+
+
+def _shard_info(name: str, done: Any, path: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "n": len(done),
+        "size": os.path.getsize(path),
+        "index_sum": done._index_sum,
+    }
 
 
 def _load_chunk(items: list[Any], load_item: Callable[[Any], Mapping[str, Any]]) -> Iterator[Any]:
@@ -130,16 +143,13 @@ def _pack_shard(
     from .remote import publish
     from .writer import pack
 
-    if not is_url(target):
-        done = pack(
-            _load_chunk(items, load_item), target, progress=False, allow_pickle=allow_pickle
-        )
-        return {"name": os.path.basename(target), "n": len(done), "size": os.path.getsize(target)}
     with tempfile.TemporaryDirectory(prefix="mlcache-shard-") as tmp:
-        local = os.path.join(tmp, target.rsplit("/", 1)[1])
+        local = target if not is_url(target) else os.path.join(tmp, target.rsplit("/", 1)[1])
         done = pack(_load_chunk(items, load_item), local, progress=False, allow_pickle=allow_pickle)
-        publish(local, target, storage_options)
-        return {"name": os.path.basename(local), "n": len(done), "size": os.path.getsize(local)}
+        info = _shard_info(os.path.basename(local), done, local)
+        if is_url(target):
+            publish(local, target, storage_options)
+        return info
 
 
 def pack_with_dask(
@@ -218,13 +228,14 @@ class ShardedDataset(Sequence[dict[str, Any]]):
                 raise ValueError("checksum mismatch")
             counts = [int(s["n"]) for s in shards]
             names = [str(s["name"]) for s in shards]
+            sums = [int(s["index_sum"]) for s in shards]
         except FileNotFoundError:
             raise FileNotFoundError(f"no sharded pack at {self.path}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise PackCorrupted(f"{self.path}: bad shard manifest ({exc})") from None
         if any(os.path.basename(n) != n or not n.endswith(".pack") for n in names):
             raise PackCorrupted(f"{self.path}: a shard name points elsewhere")
-        self._names = names
+        self._names, self._counts, self._sums = names, counts, sums
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self._n = self._starts[-1]
         self._sum = manifest["sum"]
@@ -240,7 +251,8 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         return f"ShardedDataset({self.path!r}, samples={self._n}, shards={len(self._names)})"
 
     def __mlcache_token__(self) -> tuple[Any, ...]:
-        return ("shards", self._n, self._sum)
+        """Keyed by every shard's index checksum (which covers all its blocks)."""
+        return ("shards", self._n, tuple(self._sums))
 
     @property
     def shards_opened(self) -> int:
@@ -253,13 +265,19 @@ class ShardedDataset(Sequence[dict[str, Any]]):
             from .reader import PackedDataset
 
             options, local, fetch = self._options
-            ds = self._open[k] = PackedDataset(
+            ds = PackedDataset(
                 _sibling(self.path, self._names[k]),
                 allow_pickle=self.allow_pickle,
                 storage_options=options,
                 local_cache_dir=local,
                 fetch=fetch,
             )
+            if ds._index_sum != self._sums[k] or len(ds) != self._counts[k]:
+                raise PackCorrupted(
+                    f"{self.path}: shard {self._names[k]} is not the one the manifest names "
+                    "(rebuilt since, or left by a rebuild that failed)"
+                )
+            self._open[k] = ds
         return ds
 
     def _locate(self, i: int) -> tuple[int, int]:
