@@ -175,8 +175,8 @@ def test_a_killed_lease_holder_is_taken_over(s3_bucket, tmp_path):
     os.kill(holder.pid, signal.SIGKILL)
     holder.join()
     mem = _memory(f"{url}/c", options, tmp_path / "w")
-    lease = mem.store._path(mem.cache(stuck, ignore=["log"])._name((7, str(log)), {})) + ".lease"
-    assert mem.store.fs.exists(lease)  # the dead holder's lease is still there
+    base = mem.store._path(mem.cache(stuck, ignore=["log"])._name((7, str(log)), {})) + ".lease"
+    assert mem.store._leases(base) == (1,)  # the dead holder's lease is still there
     t0 = time.monotonic()
     with mem.store.lock(mem.cache(stuck, ignore=["log"])._name((7, str(log)), {}), 30) as held:
         waited = time.monotonic() - t0
@@ -320,3 +320,49 @@ def test_a_pack_on_s3_can_be_read_by_ranges(s3_bucket, tmp_path):
     assert again[199]["i"] == 199
     with pytest.raises(ValueError, match="fetch"):
         PackedDataset(f"{url}/r.pack", storage_options=options, fetch="some")
+
+
+def _race(store, name, barrier, got):
+    barrier.wait()
+    with store.lock(name, 0) as held:
+        got.append(held)
+        time.sleep(0.5)  # hold it while the others try
+
+
+@pytest.mark.parametrize("where", ["file", "s3"])
+def test_one_holder_among_racing_takers_of_an_expired_lease(tmp_path, s3_bucket, where):
+    """An expired lease (its holder died) and six threads taking it over at once:
+    exactly one gets it (a numbered lease made by a conditional create)."""
+    import threading
+
+    if where == "file":
+        store = FsspecStore(f"file://{tmp_path}/shared", local_cache_dir=tmp_path / "l")
+    else:
+        url, options = s3_bucket
+        store = FsspecStore(f"{url}/c", local_cache_dir=tmp_path / "l", **options)
+    base = store._path("f/v/k") + ".lease"
+    assert store._create(f"{base}.1", b'{"owner": "dead", "expires": 0}')
+    assert not store._create(f"{base}.1", b"again")  # a create never replaces
+    barrier, got = threading.Barrier(6), []
+    threads = [
+        threading.Thread(target=_race, args=(store, "f/v/k", barrier, got)) for _ in range(6)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == [False] * 5 + [True]
+    assert store._leases(base) == ()  # the holder removed its lease, and the dead one
+
+
+def test_a_store_that_refuses_writes_does_not_block_a_miss(tmp_path, monkeypatch):
+    """Read-only credentials: leasing fails at once (not a 600 s wait for a holder
+    that is not there); the value is computed and returned."""
+    store = FsspecStore("memory://ro-test/c", local_cache_dir=tmp_path / "l")
+
+    def refuse(*a, **k):
+        raise PermissionError("Access Denied")
+
+    monkeypatch.setattr(store.fs, "pipe_file", refuse)
+    with pytest.raises(PermissionError), store.lock("f/v/k", 600):
+        pass

@@ -9,6 +9,7 @@ only makes eviction slightly less exact, never a result wrong.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import multiprocessing.util
 import os
@@ -197,7 +198,8 @@ class SizeGuard:
 @atexit.register
 def _flush_all() -> None:
     for log in list(_LOGS):
-        log.flush()
+        with contextlib.suppress(Exception):  # at exit: never a traceback for a statistic
+            log.flush()
 
 
 def _flush_at_process_exit(_: object = None) -> None:

@@ -215,7 +215,7 @@ class MemorizedFunc(Generic[P, R]):
                     )
             for folder in others:
                 self._store.delete(f"{self._folder}/{folder}")
-        except (OSError, ValueError) as exc:  # housekeeping: never fail the call for it
+        except Exception as exc:  # housekeeping: never fail the call for it
             logger.debug("could not remove old results of %s: %s", self.func_id, exc)
 
     def _write_manifest(self) -> None:

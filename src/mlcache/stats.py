@@ -140,8 +140,8 @@ class StatsLog:
                 if folder not in self._folded:
                     self._folded.add(folder)
                     fold_idle(self._store, folder)
-            except (OSError, ValueError):
-                pass  # statistics are advisory
+            except Exception:  # statistics are advisory (and this also runs at exit)
+                pass
 
     def _after_fork(self) -> None:
         # the child counts its own calls, under its own name

@@ -48,7 +48,7 @@ __all__ = ["FsspecStore"]
 logger = logging.getLogger("mlcache")
 #: object stores publish whole objects; elsewhere, write aside and rename
 _OBJECT_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "abfs", "az", "memory", "r2"}
-_LEASE = ".lease"
+_LEASE = ".lease"  # <key>.lease.<n>
 
 
 class FsspecStore:
@@ -135,7 +135,8 @@ class FsspecStore:
     # -- the Store protocol -------------------------------------------------------------
     def open(self, name: str) -> BinaryIO:
         try:
-            return self.fs.open(self._path(name), "rb")
+            with _io(f"cannot read {name}"):
+                return self.fs.open(self._path(name), "rb")
         except FileNotFoundError:
             raise EntryNotFound(name) from None
 
@@ -148,20 +149,22 @@ class FsspecStore:
         try:
             with os.fdopen(fd, "w+b") as f:
                 yield f
-            if self._object_store:
-                self.fs.put_file(tmp, path)  # one PUT: whole or nothing
-            else:
-                aside = f"{path}.tmp-{secrets.token_hex(6)}"
-                self.fs.makedirs(self.fs._parent(path), exist_ok=True)
-                self.fs.put_file(tmp, aside)
-                self.fs.mv(aside, path)
+            with _io(f"cannot write {name}"):
+                if self._object_store:
+                    self.fs.put_file(tmp, path)  # one PUT: whole or nothing
+                else:
+                    aside = f"{path}.tmp-{secrets.token_hex(6)}"
+                    self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+                    self.fs.put_file(tmp, aside)
+                    self.fs.mv(aside, path)
             os.replace(tmp, local)  # what we wrote is the local copy too
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
     def exists(self, name: str) -> bool:
-        return bool(self.fs.exists(self._path(name)))
+        with _io(f"cannot look for {name}"):
+            return bool(self.fs.exists(self._path(name)))
 
     def delete(self, name: str) -> bool:
         path = self._path(name)
@@ -174,9 +177,11 @@ class FsspecStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(local)
         try:
-            if not self.fs.exists(path):
-                return False
-            self.fs.rm(path, recursive=self.fs.isdir(path))
+            with _io(f"cannot remove {name}"):
+                if not self.fs.exists(path):
+                    return False
+                self.fs.rm(path, recursive=self.fs.isdir(path))
+                self.fs.invalidate_cache(path)
         except FileNotFoundError:
             return False
         return True
@@ -184,13 +189,15 @@ class FsspecStore:
     def list(self, prefix: str = "") -> Iterator[EntryStat]:
         base = self._path(prefix) if prefix else self._root
         try:
-            found = self.fs.find(base, detail=True)
+            with _io(f"cannot list {self.location}"):
+                self.fs.invalidate_cache(base)  # other machines write too
+                found = self.fs.find(base, detail=True)
         except FileNotFoundError:
             return
         start = len(self._root) + 1
         for path, info in found.items():
             name = path[start:] if path.startswith(self._root + "/") else path
-            if info.get("type") == "directory" or name.endswith(_LEASE):
+            if info.get("type") == "directory" or _LEASE in name.rpartition("/")[2]:
                 continue
             try:
                 check_name(name)
@@ -220,7 +227,8 @@ class FsspecStore:
         fd, tmp = tempfile.mkstemp(prefix=".mlcache-", dir=os.path.dirname(local))
         os.close(fd)
         try:
-            self.fs.get_file(self._path(name), tmp)
+            with _io(f"cannot fetch {name}"):
+                self.fs.get_file(self._path(name), tmp)
             size = os.path.getsize(tmp)
             os.replace(tmp, local)
         except FileNotFoundError:
@@ -267,16 +275,27 @@ class FsspecStore:
     @contextlib.contextmanager
     def lock(self, name: str, timeout: float) -> Iterator[bool]:
         """Hold the lease of key ``name`` for the block (see the module docstring);
-        yields False when it could not be had within ``timeout`` seconds."""
-        lease = self._path(name) + _LEASE
+        yields False when it could not be had within ``timeout`` seconds.
+
+        Leases are numbered: ``<key>.lease.<n>``, each made by a conditional
+        create. Taking over an expired lease ``n`` means creating ``n + 1``, which
+        only one waiter can do; a holder renews only its own object, and stops
+        when a higher number exists. So two holders never overlap, short of a
+        holder that stops beating for longer than ``lease_seconds``.
+        """
+        base = self._path(name) + _LEASE
         owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        held = self._acquire(lease, owner, timeout)
-        if not held:
+        with _io(f"cannot lease {name}"):
+            mine = self._acquire(base, owner, timeout)
+        if mine is None:
             yield False
             return
         stop = threading.Event()
         beat = threading.Thread(
-            target=self._heartbeat, args=(lease, owner, stop), daemon=True, name="mlcache-lease"
+            target=self._heartbeat,
+            args=(base, mine, owner, stop),
+            daemon=True,
+            name="mlcache-lease",
         )
         beat.start()
         try:
@@ -285,54 +304,97 @@ class FsspecStore:
             stop.set()
             beat.join()
             with contextlib.suppress(Exception):
-                if self._lease_owner(lease) == owner:
-                    self.fs.rm(lease)
+                self.fs.rm(mine)
 
     def _lease_body(self, owner: str) -> bytes:
         return json.dumps({"owner": owner, "expires": time.time() + self.lease_seconds}).encode()
 
-    def _acquire(self, lease: str, owner: str, timeout: float) -> bool:
+    def _leases(self, base: str) -> tuple[int, ...]:
+        """The numbers of the leases of ``base`` that exist, in order."""
+        self.fs.invalidate_cache(self.fs._parent(base))
+        found = []
+        for path in self.fs.glob(base + ".*"):
+            with contextlib.suppress(ValueError):
+                found.append(int(path.rpartition(".")[2]))
+        return tuple(sorted(found))
+
+    def _create(self, path: str, body: bytes) -> bool:
+        """Create ``path`` only if it does not exist; False if it does."""
+        if not self._object_store:  # a file system: O_EXCL is the atomic create
+            local = self.fs._strip_protocol(path)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            try:
+                fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            return True
+        try:
+            self.fs.pipe_file(path, body, mode="create")  # If-None-Match: *
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if "condition" in str(exc).lower():  # 412 Precondition Failed
+                return False
+            raise
+
+    def _acquire(self, base: str, owner: str, timeout: float) -> str | None:
         deadline = time.monotonic() + timeout
         delay = 0.05
         while True:
-            try:
-                self.fs.pipe_file(lease, self._lease_body(owner), mode="create")
-                return True
-            except (FileExistsError, OSError):
-                pass  # someone holds it (or held it and died)
-            with contextlib.suppress(Exception):
-                if self._lease_expires(lease) < time.time():
-                    self.fs.rm(lease)  # its holder stopped renewing it: take it over
-                    continue
+            numbers = self._leases(base)
+            top = numbers[-1] if numbers else 0
+            if not numbers or self._lease_expires(f"{base}.{top}") < time.time():
+                mine = f"{base}.{top + 1}"
+                if self._create(mine, self._lease_body(owner)):
+                    for n in numbers:  # the expired ones
+                        with contextlib.suppress(Exception):
+                            self.fs.rm(f"{base}.{n}")
+                    return mine
+                continue  # another waiter took it first: look again
             if time.monotonic() >= deadline:
-                return False
+                return None
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
 
-    def _lease_info(self, lease: str) -> dict[str, Any]:
+    def _lease_expires(self, lease: str) -> float:
         try:
             data = json.loads(self.fs.cat_file(lease))
         except FileNotFoundError:
-            return {}
-        except ValueError:  # half written by an old server, or garbage: expired
-            return {"expires": 0}
-        return data if isinstance(data, dict) else {"expires": 0}
+            return 0.0  # released meanwhile
+        except ValueError:
+            return 0.0  # garbage: expired
+        if not isinstance(data, dict):
+            return 0.0
+        try:
+            return float(data.get("expires", 0.0))
+        except (TypeError, ValueError):
+            return 0.0
 
-    def _lease_expires(self, lease: str) -> float:
-        info = self._lease_info(lease)
-        return float(info.get("expires", float("inf"))) if info else float("inf")
-
-    def _lease_owner(self, lease: str) -> str | None:
-        return self._lease_info(lease).get("owner")
-
-    def _heartbeat(self, lease: str, owner: str, stop: threading.Event) -> None:
+    def _heartbeat(self, base: str, mine: str, owner: str, stop: threading.Event) -> None:
+        number = int(mine.rpartition(".")[2])
         while not stop.wait(self.lease_seconds / 3):
             try:
-                if self._lease_owner(lease) != owner:
-                    return  # taken over: our computation goes on, unlocked
-                self.fs.pipe_file(lease, self._lease_body(owner))
+                if any(n > number for n in self._leases(base)):
+                    return  # taken over (we stopped beating too long): stop renewing
+                self.fs.pipe_file(mine, self._lease_body(owner))  # our own object only
             except Exception as exc:  # the next beat tries again
                 logger.debug("mlcache: lease heartbeat failed: %s", exc)
+
+
+@contextlib.contextmanager
+def _io(what: str) -> Iterator[None]:
+    """Let OSErrors (and EntryNotFound) through; turn a client library's own
+    exceptions (botocore's, aiohttp's, a closed event loop at exit) into a
+    StoreError, so that callers handle every store failure as an OSError."""
+    try:
+        yield
+    except (OSError, EntryNotFound, ValueError):  # ValueError: a name check_name refused
+        raise
+    except Exception as exc:
+        raise StoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 def _modified(info: dict[str, Any]) -> float:
