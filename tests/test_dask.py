@@ -119,3 +119,21 @@ def test_cached_map_on_local_executors(tmp_path, backend):
         cached_map(f, [1], backend="gpu")
     with pytest.raises(TypeError, match="memoized"):
         cached_map(len, [1])
+
+
+def test_cached_map_results_chain_like_hits(tmp_path):
+    """What cached_map returns is what a hit returns: a memory-mapped result keeps
+    its entry's name, so the next step's key is the same on the first run and on
+    the next."""
+    from functools import partial
+
+    from mlcache.hashing import REF_ATTR
+    from mlcache.parallel import cached_map
+
+    log = str(tmp_path / "calls.log")
+    mem = Memory(tmp_path / "c", verbose=0, mmap_mode="r")
+    f = mem.cache(partial(_logged_square, log=log))
+    first = cached_map(f, [1, 2], backend="processes", workers=2, progress=False)
+    assert all(REF_ATTR in a.__dict__ for a in first)
+    again = cached_map(f, [1, 2], backend="processes", workers=2, progress=False)
+    assert [getattr(a, REF_ATTR) for a in first] == [getattr(a, REF_ATTR) for a in again]

@@ -49,8 +49,10 @@ def cached_map(
     star:
         Each item is a tuple of arguments: ``func(*item)``.
 
-    Results come back in the order of ``items``: computed ones as the workers
-    returned them, the others loaded from the cache.
+    Results come back in the order of ``items``, loaded from the cache (as a hit
+    returns them: memory-mapped results keep their entry's name, so passing them
+    on to the next memoized step hashes nothing); a result a worker could not
+    store comes back as the worker returned it.
     """
     if not isinstance(func, MemorizedFunc):
         raise TypeError(
@@ -66,7 +68,10 @@ def cached_map(
         done = _run(_Star(func), todo, backend, client, workers)
         for i, value in zip(missing, _progress(done, len(todo), progress, func)):
             computed[i] = value
-    return [computed[i] if i in computed else func(*a) for i, a in enumerate(args)]
+    return [
+        computed[i] if i in computed and not func.check_call_in_cache(*a) else func(*a)
+        for i, a in enumerate(args)
+    ]
 
 
 class _Star:
