@@ -392,3 +392,68 @@ def test_modules_and_helpers_a_closure_holds_are_walked():
         del sys.modules["closmod"]
     assert "closmod.h" in parts
     assert not any("scale" in k for k in parts)
+
+
+def test_more_ways_of_reaching_code():
+    """Factory closures, same-named lambdas, modules imported in the body and bound
+    to a local name, methods reaching their class through self, wrapped helpers,
+    dispatch tables, and memo dicts (by type: they fill up at run time)."""
+    import types as _types
+
+    mod = _types.ModuleType("depsbody")
+    exec("def g(x):\n    return x + 1\n", mod.__dict__)
+    sys.modules["depsbody"] = mod
+    try:
+        src = textwrap.dedent(
+            """
+            import functools
+
+            def inner(x):
+                return x * 3
+
+            @functools.lru_cache
+            def cached_helper(x):
+                return inner(x)
+
+            def fa(x):
+                return x - 1
+
+            TABLE = {"a": fa}
+            memo = {}
+            first = lambda x: x + 1
+            second = lambda x: x + 2
+
+            def uses_all(x):
+                import depsbody as h
+                memo[x] = x
+                return h.g(x) + cached_helper(x) + TABLE["a"](x) + first(x) + second(x)
+
+            class Model:
+                def helper(self, x):
+                    return x * 2
+
+                def predict(self, x):
+                    return self.helper(x)
+
+            def make(helper):
+                def f(x):
+                    return helper(x)
+                return f
+            """
+        )
+        f, ns = _define(src, "uses_all", module="depsmore")
+        parts = code_version(f).parts
+        assert "depsbody.g" in parts
+        assert "depsmore.inner" in parts  # through the lru_cache wrapper
+        assert "depsmore.fa" in parts  # through the dispatch table
+        assert {"depsmore.<lambda>", "depsmore.<lambda> <2>"} <= set(parts)
+        assert parts["depsmore.memo"] == "<dict>"
+        from mlcache.deps import _walk_version
+
+        ns["memo"][1] = 2  # the memo fills up: the same version (walked again)
+        assert _walk_version(f).digest == code_version(f).digest
+        assert "depsmore.Model.helper" in code_version(ns["Model"].predict).parts
+        one, two = ns["make"](ns["fa"]), ns["make"](ns["inner"])
+        assert code_version(one).digest != code_version(two).digest
+    finally:
+        del sys.modules["depsbody"]

@@ -105,7 +105,11 @@ def code_version(func: Callable[..., Any], mode: str = "transitive") -> CodeVers
     # their closure values are part of each call's key, not of the code. By
     # identity: equal code objects in two modules have different dependencies.
     code = getattr(target, "__code__", target)
-    key = (id(code), id(getattr(target, "__globals__", None)))
+    # code that the closure holds (a factory's helper) is part of the version
+    held = tuple(
+        id(c.cell_contents) for c in getattr(target, "__closure__", None) or () if _cell_is_code(c)
+    )
+    key = (id(code), id(getattr(target, "__globals__", None)), held)
     cached = _VERSIONS.get(key)
     if cached is not None and cached[0]() is code:
         return cached[1]
@@ -117,10 +121,17 @@ def code_version(func: Callable[..., Any], mode: str = "transitive") -> CodeVers
 
 #: (code object or class, globals) -> its version: one walk per function per
 #: process, and again when %autoreload gives a function new code
-_VERSIONS: dict[tuple[int, int], tuple[weakref.ref[Any], CodeVersion]] = {}
+_VERSIONS: dict[tuple[Any, ...], tuple[weakref.ref[Any], CodeVersion]] = {}
 
 
-def _forget(key: tuple[int, int], _gone: Any) -> None:
+def _cell_is_code(cell: Any) -> bool:
+    try:
+        return _is_code(cell.cell_contents)
+    except ValueError:  # empty
+        return False
+
+
+def _forget(key: tuple[Any, ...], _gone: Any) -> None:
     _VERSIONS.pop(key, None)
 
 
@@ -183,6 +194,15 @@ class _Walk:
         self._keep.append(obj)
         return True
 
+    def _record(self, name: str, digest: str) -> None:
+        """``parts[name] = digest``; two things of one name (two lambdas of a
+        module, two closures of one factory) are both kept, numbered."""
+        key, n = name, 1
+        while key in self.parts and self.parts[key] != digest:
+            n += 1
+            key = f"{name} <{n}>"
+        self.parts[key] = digest
+
     def value(self, name: str, obj: Any, *, root: bool = False) -> None:
         """Record what ``obj``, met under ``name``, contributes."""
         if isinstance(obj, (types.MethodType, functools.partial)) or hasattr(
@@ -197,15 +217,15 @@ class _Walk:
             if root or is_user_module(obj.__module__):
                 self._function(name if root else _name_of(obj), obj, root=root)
             else:
-                self.parts[name] = _library_part(obj)
+                self._record(name, _library_part(obj))
         elif isinstance(obj, type):
             if is_user_module(obj.__module__) or (root and _has_python_code(obj)):
                 self._class(name if root else _name_of(obj), obj)
             elif obj.__module__ != "builtins" or root:
-                self.parts[name] = _library_part(obj)
+                self._record(name, _library_part(obj))
         elif isinstance(obj, types.ModuleType):
             if not is_user_module(obj.__name__):
-                self.parts[name] = library_version(obj.__name__)
+                self._record(name, library_version(obj.__name__))
             # a user module: what is used of it is reached through attribute chains
         elif isinstance(obj, property):
             for accessor in (obj.fget, obj.fset, obj.fdel):
@@ -214,19 +234,40 @@ class _Walk:
         elif isinstance(obj, (types.BuiltinFunctionType, np.ufunc)):
             module = getattr(obj, "__module__", None) or type(obj).__module__
             if module != "builtins" or root:
-                self.parts[name] = _library_part(obj)
+                self._record(name, _library_part(obj))
+        elif callable(obj) and getattr(obj, "__wrapped__", None) is not None:
+            self.value(name, obj.__wrapped__)  # functools.lru_cache and other wrappers
+        elif isinstance(obj, (list, tuple, dict, set, frozenset)):
+            self._container(name, obj)
         else:
             # a value: an instance of a user class brings its class's code too
             cls = type(obj)
             if is_user_module(cls.__module__):
                 self._class(_name_of(cls), cls)
-            self.parts[name] = _constant(obj)
+            self._record(name, _constant(obj))
+
+    def _container(self, name: str, obj: Any) -> None:
+        """A container: the code of the functions and classes in it (a dispatch
+        table) is walked; its data counts by value, except a mutable container
+        whose name is not a CONSTANT's (a memo or registry that fills up at run
+        time would make every run another version): that counts by type."""
+        if len(obj) <= _MAX_ITEMS:
+            values = obj.values() if isinstance(obj, dict) else obj
+            for i, item in enumerate(values):
+                if callable(item) and not isinstance(item, (types.BuiltinFunctionType, np.ufunc)):
+                    self.value(f"{name}[{i}]", item)
+        short = name.rpartition(".")[2]
+        constant = short.isupper() or not isinstance(obj, (list, dict, set))
+        self._record(name, _constant(obj) if constant else f"<{type(obj).__qualname__}>")
 
     def _function(self, name: str, f: types.FunctionType, *, root: bool = False) -> None:
         if not self._first_time(f):
             return
         code = f.__code__
-        self.parts[name] = _code_digest(code)
+        self._record(name, _code_digest(code))
+        owner = _owner_class(f)
+        if owner is not None:  # a method: self.helper() reaches the rest of its class
+            self._class(_name_of(owner), owner)
         # the memoized function's own defaults and closure values are part of each
         # call's key (read at call time), not of its code version
         if not root:
@@ -246,11 +287,11 @@ class _Walk:
     def _class(self, name: str, cls: type) -> None:
         if not self._first_time(cls):
             return
-        self.parts[name] = _constant(cls.__qualname__)
+        self._record(name, _constant(cls.__qualname__))
         for klass in cls.__mro__:
             if klass is object or not is_user_module(klass.__module__):
                 if klass is not object and klass.__module__ != "builtins":
-                    self.parts[f"{name}<{_name_of(klass)}>"] = _library_part(klass)
+                    self._record(f"{name}<{_name_of(klass)}>", _library_part(klass))
                 continue
             for attr, member in sorted(vars(klass).items()):
                 if attr.startswith("__") and attr.endswith("__") and not callable(member):
@@ -299,6 +340,20 @@ class _Walk:
         self.value(where, obj)
 
 
+def _owner_class(f: types.FunctionType) -> type | None:
+    """The user class a function is a method of (found by its qualified name in
+    its module), or None."""
+    path = f.__qualname__.split(".")
+    if len(path) < 2 or "<locals>" in path:
+        return None
+    obj: Any = f.__globals__.get(path[0])
+    for part in path[1:-1]:
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and is_user_module(obj.__module__):
+        return obj
+    return None
+
+
 def _is_code(obj: Any) -> bool:
     """A module, class or function: something whose code, not value, matters."""
     return isinstance(obj, (types.ModuleType, type, types.FunctionType, types.MethodType))
@@ -326,11 +381,15 @@ def _references(code: types.CodeType) -> list[tuple[str, ...]]:
 @functools.lru_cache(maxsize=4096)
 def _references_cached(code: types.CodeType) -> list[tuple[str, ...]]:
     """The globals, attribute chains and body imports ``code`` reads, in nested
-    code too (cached: code objects are immutable)."""
+    code too (cached: code objects are immutable). A module imported in the
+    body and bound to a local name (``import proj.helpers as h``, ``from proj
+    import helpers``) is followed through that name (``h.clean(x)``)."""
     refs: list[tuple[str, ...]] = []
     for c in _all_code(code):
         chain: list[str] | None = None
         consts: list[Any] = []
+        imported: dict[str, tuple[str, ...]] = {}  # local name -> ("i", module, level, *names)
+        pending: tuple[str, ...] | None = None  # what the next STORE_FAST binds
         for ins in dis.get_instructions(c):
             op = ins.opname
             if op in _ATTR_OPS and chain is not None:
@@ -343,11 +402,25 @@ def _references_cached(code: types.CodeType) -> list[tuple[str, ...]]:
                 chain = ["g", str(ins.argval)]
             elif op in _DEREF_OPS:
                 chain = ["d", str(ins.argval)]
+            elif op == "LOAD_FAST" and str(ins.argval) in imported:
+                chain = list(imported[str(ins.argval)])
             elif op == "IMPORT_NAME":
                 level = consts[-2] if len(consts) >= 2 and isinstance(consts[-2], int) else 0
                 names = consts[-1] if consts and isinstance(consts[-1], tuple) else ()
-                refs.append(("i", str(ins.argval), str(level)))
-                refs.extend(("i", str(ins.argval), str(level), str(n)) for n in names)
+                module = str(ins.argval)
+                refs.append(("i", module, str(level)))
+                refs.extend(("i", module, str(level), str(n)) for n in names)
+                pending = ("i", module, str(level))
+            elif op == "IMPORT_FROM" and pending is not None:
+                source, attr = pending[1], str(ins.argval)
+                # `import a.b as h` binds the module a.b; `from a import b`, a.b
+                if not source.endswith("." + attr):
+                    pending = (*pending[:3], attr)
+            elif op == "STORE_FAST" and pending is not None:
+                imported[str(ins.argval)] = pending
+                pending = None
+            elif op != "IMPORT_FROM":
+                pending = None if op not in ("POP_TOP", "LOAD_CONST") else pending
             if op == "LOAD_CONST":
                 consts.append(ins.argval)
         if chain is not None:
