@@ -320,15 +320,20 @@ class FsspecStore:
 
     def _create(self, path: str, body: bytes) -> bool:
         """Create ``path`` only if it does not exist; False if it does."""
-        if not self._object_store:  # a file system: O_EXCL is the atomic create
+        if not self._object_store:
+            # a file system: the body is written aside, then linked to the name,
+            # which fails if the name exists; a reader never sees it empty
             local = self.fs._strip_protocol(path)
             os.makedirs(os.path.dirname(local), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".mlcache-lease-", dir=os.path.dirname(local))
             try:
-                fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(body)
+                os.link(tmp, local)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
+            finally:
+                os.unlink(tmp)
             return True
         try:
             self.fs.pipe_file(path, body, mode="create")  # If-None-Match: *
@@ -340,6 +345,17 @@ class FsspecStore:
                 return False
             raise
 
+    def _renew(self, path: str, body: bytes) -> None:
+        """Replace the lease ``path`` whole (a reader never sees it half written)."""
+        if self._object_store:
+            self.fs.pipe_file(path, body)  # a PUT replaces an object whole
+            return
+        local = self.fs._strip_protocol(path)
+        fd, tmp = tempfile.mkstemp(prefix=".mlcache-lease-", dir=os.path.dirname(local))
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.replace(tmp, local)
+
     def _acquire(self, base: str, owner: str, timeout: float) -> str | None:
         deadline = time.monotonic() + timeout
         delay = 0.05
@@ -349,6 +365,13 @@ class FsspecStore:
             if not numbers or self._lease_expires(f"{base}.{top}") < time.time():
                 mine = f"{base}.{top + 1}"
                 if self._create(mine, self._lease_body(owner)):
+                    # a listing is not a snapshot: it can miss a lease made or
+                    # removed while it ran, and then our number is not the highest.
+                    # The holder is the highest number: if ours is not, give way.
+                    if any(n > top + 1 for n in self._leases(base)):
+                        with contextlib.suppress(Exception):
+                            self.fs.rm(mine)
+                        continue
                     for n in numbers:  # the expired ones
                         with contextlib.suppress(Exception):
                             self.fs.rm(f"{base}.{n}")
@@ -379,7 +402,7 @@ class FsspecStore:
             try:
                 if any(n > number for n in self._leases(base)):
                     return  # taken over (we stopped beating too long): stop renewing
-                self.fs.pipe_file(mine, self._lease_body(owner))  # our own object only
+                self._renew(mine, self._lease_body(owner))  # our own object only
             except Exception as exc:  # the next beat tries again
                 logger.debug("mlcache: lease heartbeat failed: %s", exc)
 
