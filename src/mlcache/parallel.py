@@ -49,10 +49,10 @@ def cached_map(
     star:
         Each item is a tuple of arguments: ``func(*item)``.
 
-    Results come back in the order of ``items``, loaded from the cache (as a hit
-    returns them: memory-mapped results keep their entry's name, so passing them
-    on to the next memoized step hashes nothing); a result a worker could not
-    store comes back as the worker returned it.
+    Results come back in the order of ``items``: cached ones as a hit returns
+    them, computed ones as the workers returned them; with ``mmap_mode="r"``
+    those are loaded from the cache too, so that they carry their entry's name
+    as hits do (passed on to the next memoized step, they are not hashed again).
     """
     if not isinstance(func, MemorizedFunc):
         raise TypeError(
@@ -61,17 +61,21 @@ def cached_map(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     args = [tuple(x) if star else (x,) for x in items]
-    missing = [i for i, a in enumerate(args) if not func.check_call_in_cache(*a)]
+    # what is cached already: one lookup per item, on threads (a remote store's
+    # lookups are round trips)
+    with concurrent.futures.ThreadPoolExecutor(min(16, max(1, len(args)))) as pool:
+        cached = list(pool.map(lambda a: func.check_call_in_cache(*a), args))
+    missing = [i for i, hit in enumerate(cached) if not hit]
     computed: dict[int, Any] = {}
     if missing:
         todo = [args[i] for i in missing]
         done = _run(_Star(func), todo, backend, client, workers)
         for i, value in zip(missing, _progress(done, len(todo), progress, func)):
             computed[i] = value
-    return [
-        computed[i] if i in computed and not func.check_call_in_cache(*a) else func(*a)
-        for i, a in enumerate(args)
-    ]
+    # with mmap_mode="r" a hit's result carries its entry's name (chaining): load
+    # the computed ones too, so that every run returns the same kind of value
+    reload = func.mmap_mode == "r"
+    return [computed[i] if i in computed and not reload else func(*a) for i, a in enumerate(args)]
 
 
 class _Star:
