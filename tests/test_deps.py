@@ -446,7 +446,7 @@ def test_more_ways_of_reaching_code():
         assert "depsbody.g" in parts
         assert "depsmore.inner" in parts  # through the lru_cache wrapper
         assert "depsmore.fa" in parts  # through the dispatch table
-        assert {"depsmore.<lambda>", "depsmore.<lambda> <2>"} <= set(parts)
+        assert parts["depsmore.<lambda>"].count("+") == 1  # both lambdas, order-free
         assert parts["depsmore.memo"] == "<dict>"
         from mlcache.deps import _walk_version
 

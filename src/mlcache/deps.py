@@ -149,7 +149,7 @@ def _walk_version(func: Callable[..., Any]) -> CodeVersion:
             name + (f" <wrapped {len(seen) - 1}>" if len(seen) > 1 else ""), target, root=True
         )
         f = getattr(target, "__wrapped__", None)
-    parts = dict(sorted(walk.parts.items()))
+    parts = walk.result()
     blob = "\0".join(f"{k}={v}" for k, v in parts.items()).encode()
     return CodeVersion(xxhash.xxh3_128_hexdigest(blob), parts)
 
@@ -183,7 +183,7 @@ class _Walk:
     """One walk of a dependency graph: ``parts`` maps names to digests."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, str] = {}
+        self._found: dict[str, set[str]] = {}
         self._seen: set[int] = set()
         self._keep: list[Any] = []  # what ``_seen`` refers to, alive for the walk
 
@@ -195,13 +195,14 @@ class _Walk:
         return True
 
     def _record(self, name: str, digest: str) -> None:
-        """``parts[name] = digest``; two things of one name (two lambdas of a
-        module, two closures of one factory) are both kept, numbered."""
-        key, n = name, 1
-        while key in self.parts and self.parts[key] != digest:
-            n += 1
-            key = f"{name} <{n}>"
-        self.parts[key] = digest
+        """Add ``digest`` under ``name``; two things of one name (two lambdas of a
+        module, two closures of one factory) are both kept, in an order that does
+        not depend on the order they were met in (see :meth:`result`)."""
+        self._found.setdefault(name, set()).add(digest)
+
+    def result(self) -> dict[str, str]:
+        """Name -> digest (the sorted digests of every thing of that name)."""
+        return {k: "+".join(sorted(v)) for k, v in sorted(self._found.items())}
 
     def value(self, name: str, obj: Any, *, root: bool = False) -> None:
         """Record what ``obj``, met under ``name``, contributes."""
@@ -253,9 +254,9 @@ class _Walk:
         time would make every run another version): that counts by type."""
         if len(obj) <= _MAX_ITEMS:
             values = obj.values() if isinstance(obj, dict) else obj
-            for i, item in enumerate(values):
+            for item in values:  # under the container's name: no order, no index
                 if callable(item) and not isinstance(item, (types.BuiltinFunctionType, np.ufunc)):
-                    self.value(f"{name}[{i}]", item)
+                    self.value(f"{name}[]", item)
         short = name.rpartition(".")[2]
         constant = short.isupper() or not isinstance(obj, (list, dict, set))
         self._record(name, _constant(obj) if constant else f"<{type(obj).__qualname__}>")

@@ -281,7 +281,12 @@ class CachedDataset(Sequence[Any]):
         store = FsspecStore(
             root, local_cache_dir=os.path.join(folder, ".leases"), **(options or {})
         )
-        with store.lock(self._remote_name(), timeout=3600) as held:
+        with contextlib.ExitStack() as stack:
+            try:
+                held = stack.enter_context(store.lock(self._remote_name(), timeout=3600))
+            except OSError as exc:  # no lease can be made (read-only credentials...)
+                warn(f"mlcache: cannot lease {url} ({exc}); building it unlocked", stacklevel=4)
+                held = True
             if not held:
                 warn(
                     f"mlcache: another machine has been building {url} for an hour; "

@@ -48,6 +48,8 @@ __all__ = ["FsspecStore"]
 logger = logging.getLogger("mlcache")
 #: object stores publish whole objects; elsewhere, write aside and rename
 _OBJECT_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "abfs", "az", "memory", "r2"}
+# other remote file systems (sftp, hdfs...) write aside and rename entries, and
+# make leases with fsspec's create mode, which is only as exclusive as they are
 _LEASE = ".lease"  # <key>.lease.<n>
 
 
@@ -94,9 +96,10 @@ class FsspecStore:
             raise StoreError(f"cannot open the cache location {location!r}: {exc}") from exc
         self._root = root.rstrip("/")
         protocol = self.fs.protocol
-        self._object_store = bool(
-            set([protocol] if isinstance(protocol, str) else protocol) & _OBJECT_PROTOCOLS
-        )
+        protocols = set([protocol] if isinstance(protocol, str) else protocol)
+        self._object_store = bool(protocols & _OBJECT_PROTOCOLS)
+        #: a local file system: leases use os.link / os.replace
+        self._local_fs = bool(protocols & {"file", "local"})
         from ..fingerprint import slug
 
         if local_cache_dir is None:
@@ -320,7 +323,7 @@ class FsspecStore:
 
     def _create(self, path: str, body: bytes) -> bool:
         """Create ``path`` only if it does not exist; False if it does."""
-        if not self._object_store:
+        if self._local_fs:
             # a file system: the body is written aside, then linked to the name,
             # which fails if the name exists; a reader never sees it empty
             local = self.fs._strip_protocol(path)
@@ -347,7 +350,7 @@ class FsspecStore:
 
     def _renew(self, path: str, body: bytes) -> None:
         """Replace the lease ``path`` whole (a reader never sees it half written)."""
-        if self._object_store:
+        if not self._local_fs:
             self.fs.pipe_file(path, body)  # a PUT replaces an object whole
             return
         local = self.fs._strip_protocol(path)
@@ -362,7 +365,11 @@ class FsspecStore:
         while True:
             numbers = self._leases(base)
             top = numbers[-1] if numbers else 0
-            if not numbers or self._lease_expires(f"{base}.{top}") < time.time():
+            expires = self._lease_expires(f"{base}.{top}") if numbers else 0.0
+            if expires is None:
+                time.sleep(0.01)  # released while we looked: look again
+                continue
+            if expires < time.time():
                 mine = f"{base}.{top + 1}"
                 if self._create(mine, self._lease_body(owner)):
                     # a listing is not a snapshot: it can miss a lease made or
@@ -382,11 +389,12 @@ class FsspecStore:
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
 
-    def _lease_expires(self, lease: str) -> float:
+    def _lease_expires(self, lease: str) -> float | None:
+        """When ``lease`` expires (0 for garbage), or None if it is gone."""
         try:
             data = json.loads(self.fs.cat_file(lease))
         except FileNotFoundError:
-            return 0.0  # released meanwhile
+            return None  # released meanwhile
         except ValueError:
             return 0.0  # garbage: expired
         if not isinstance(data, dict):
