@@ -4,6 +4,7 @@ read-through copy, and leases across processes."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
@@ -356,7 +357,7 @@ def test_one_holder_among_racing_takers_of_an_expired_lease(tmp_path, s3_bucket,
         t.join()
     assert held, "nobody took the expired lease over"
     spans = sorted(held)
-    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans  # never two at once
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans  # never overlap
     assert store._leases(base) == ()  # the holder removed its lease, and the dead one
 
 
