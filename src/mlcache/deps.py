@@ -84,14 +84,19 @@ class CodeVersion(NamedTuple):
     parts: dict[str, str]
 
 
-def code_version(func: Callable[..., Any], mode: str = "transitive") -> CodeVersion:
+def code_version(
+    func: Callable[..., Any], mode: str = "transitive", pin: str | None = None
+) -> CodeVersion:
     """The version of the code behind ``func`` (see the module docstring).
 
     ``mode`` is ``"transitive"`` (the function and the user code it reaches),
     ``"source"`` (the function's source text only, as joblib does: comments
     count, helpers do not) or ``"off"`` (no code check: results are kept until
-    cleared, whatever the code does).
+    cleared, whatever the code does). ``pin`` (``cache(version="2")``) is a
+    version set by hand: the code is not looked at.
     """
+    if pin is not None:
+        return CodeVersion(xxhash.xxh3_128_hexdigest(f"pinned\0{pin}".encode()), {})
     if mode == "off":
         return CodeVersion(xxhash.xxh3_128_hexdigest(b"off"), {})
     if mode == "source":

@@ -22,11 +22,9 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-import xxhash
-
 from .callkey import CallKeyer, UnhashableArgument
 from .codecs import select_codec
-from .deps import CodeVersion, code_version
+from .deps import code_version
 from .entry import EntryPlan
 from .errors import ConfigError, EntryNotFound, EntrySignatureError, UnsupportedValue, warn
 from .fingerprint import call_state, func_identity, slug, target_function
@@ -173,10 +171,7 @@ class MemorizedFunc(Generic[P, R]):
         """Fingerprint the code (once per process, and again if it is replaced) and
         remove the results of the function's other versions."""
         seen = self._code_ids()
-        if self.version is not None:  # pinned by hand
-            code = CodeVersion(xxhash.xxh3_128_hexdigest(f"pinned\0{self.version}".encode()), {})
-        else:
-            code = code_version(self.func, self.memory.code)
+        code = code_version(self.func, self.memory.code, self.version)
         version = code.digest[:16]
         self._code_dir = f"{self._folder}/{version}"
         if self._local:

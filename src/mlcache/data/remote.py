@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["RangeFetcher", "is_url", "local_copy", "publish", "sparse_copy"]
@@ -58,10 +59,16 @@ def publish(local: str, url: str, storage_options: dict[str, Any] | None = None)
         json.dump(_ident(fs.info(path)), f)
 
 
-def local_copy(
-    url: str, storage_options: dict[str, Any] | None = None, local_dir: str | None = None
+def _copy(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    local_dir: str | None,
+    suffix: str,
+    fill: Callable[[Any, str, int, str], None],
 ) -> str:
-    """The local path of the pack at ``url``, fetched if missing or changed."""
+    """The local file ``<pack name><suffix>`` for the pack at ``url``, made anew
+    by ``fill(fs, path, size, tmp)`` when missing or when the remote object
+    changed (its size or version differ from the copy's record)."""
     from .._default import default_location
     from ..fingerprint import slug
 
@@ -74,7 +81,7 @@ def local_copy(
         default_location(), "remote-packs", slug(url.rsplit("/", 1)[0])
     )
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    local = os.path.join(folder, os.path.basename(path))
+    local = os.path.join(folder, os.path.basename(path) + suffix)
     record = local + ".source.json"
     with contextlib.suppress(OSError, ValueError), open(record) as f:
         if json.load(f) == ident and os.path.getsize(local) == ident["size"]:
@@ -83,7 +90,7 @@ def local_copy(
     fd, tmp = tempfile.mkstemp(prefix=".mlcache-", dir=folder)
     os.close(fd)
     try:
-        fs.get_file(path, tmp)
+        fill(fs, path, ident["size"], tmp)
         os.replace(tmp, local)  # a reader of the old copy keeps its map
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -91,6 +98,15 @@ def local_copy(
     with open(record, "w") as f:
         json.dump(ident, f)
     return local
+
+
+def local_copy(
+    url: str, storage_options: dict[str, Any] | None = None, local_dir: str | None = None
+) -> str:
+    """The local path of the pack at ``url``, fetched whole if missing or changed."""
+    return _copy(
+        url, storage_options, local_dir, "", lambda fs, path, _, tmp: fs.get_file(path, tmp)
+    )
 
 
 class RangeFetcher:
@@ -111,41 +127,25 @@ class RangeFetcher:
         self.requests += 1
 
 
+def _fill_sparse(fs: Any, path: str, size: int, tmp: str) -> None:
+    """A sparse file of the pack's size with only its header and index written."""
+    from .format import HEADER, read_header
+
+    fd = os.open(tmp, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)  # sparse: no block is written yet
+        head = fs.cat_file(path, start=0, end=HEADER.size)
+        _n, i_off, _i_len, _sum = read_header(head, size, path)
+        os.pwrite(fd, head, 0)
+        os.pwrite(fd, fs.cat_file(path, start=i_off, end=size), i_off)
+    finally:
+        os.close(fd)
+
+
 def sparse_copy(
     url: str, storage_options: dict[str, Any] | None = None, local_dir: str | None = None
 ) -> tuple[str, RangeFetcher]:
     """A sparse local file for the pack at ``url`` (header and index filled in),
     and the fetcher that fills the rest as it is read."""
-    from .._default import default_location
-    from ..fingerprint import slug
-    from .format import HEADER, read_header
-
-    fs, path = _fs(url, storage_options)
-    try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no pack file at {url}") from None
-    ident = _ident(info)
-    folder = local_dir or os.path.join(
-        default_location(), "remote-packs", slug(url.rsplit("/", 1)[0])
-    )
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    local = os.path.join(folder, os.path.basename(path) + ".sparse")
-    record = local + ".source.json"
-    fetcher = RangeFetcher(url, storage_options, local)
-    with contextlib.suppress(OSError, ValueError), open(record) as f:
-        if json.load(f) == ident and os.path.getsize(local) == ident["size"]:
-            return local, fetcher
-    fd, tmp = tempfile.mkstemp(prefix=".mlcache-", dir=folder)
-    try:
-        os.ftruncate(fd, ident["size"])  # sparse: no block is written yet
-        head = fs.cat_file(path, start=0, end=HEADER.size)
-        _n, i_off, _i_len, _sum = read_header(head, ident["size"], url)
-        os.pwrite(fd, head, 0)
-        os.pwrite(fd, fs.cat_file(path, start=i_off, end=ident["size"]), i_off)
-    finally:
-        os.close(fd)
-    os.replace(tmp, local)
-    with open(record, "w") as f:
-        json.dump(ident, f)
-    return local, fetcher
+    local = _copy(url, storage_options, local_dir, ".sparse", _fill_sparse)
+    return local, RangeFetcher(url, storage_options, local)
