@@ -3,6 +3,12 @@
 A registry maps a short lowercase name to either a class/object or a lazy
 ``"module:attr"`` string, so that optional extras are imported only when used;
 a lazy entry can carry an install hint that the error shows.
+
+Errors are those joblib raises for its store registry: a bad registration is
+:class:`~mlcache.errors.InvalidRegistration` (a ``ValueError``); an unknown name
+is the registry's ``unknown`` class (:class:`~mlcache.errors.UnknownBackend`, a
+``TypeError``, for stores). Registering a class again under its name (a module
+imported twice, a notebook cell run again) replaces it, as joblib does.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, NamedTuple, TypeVar
 
-from .errors import RegistryError
+from .errors import InvalidRegistration, RegistryError
 
 T = TypeVar("T")
 
@@ -29,39 +35,63 @@ class Registry(Generic[T], Mapping[str, T]):
     check:
         Called on every implementation at registration and lazy import;
         raises ``TypeError`` when the object is not a valid implementation.
+    unknown:
+        The error a lookup of an unknown name raises (a subclass of
+        :class:`~mlcache.errors.RegistryError`).
     """
 
-    def __init__(self, kind: str, check: Callable[[object], None]) -> None:
+    def __init__(
+        self,
+        kind: str,
+        check: Callable[[object], None],
+        unknown: type[RegistryError] = RegistryError,
+    ) -> None:
         self._kind = kind
         self._check = check
+        self._unknown = unknown
         # one ordered dict: iteration follows registration order (codec selection
         # relies on it); a lazy entry is a (target, install hint) tuple until used
         self._entries: dict[str, T | _Lazy] = {}
 
     def register(self, name: str, impl: T | str, *, hint: str = "", replace: bool = False) -> None:
-        """Register ``impl`` under ``name``; ``impl`` may be ``"package.module:attr"``."""
+        """Register ``impl`` under ``name``; ``impl`` may be ``"package.module:attr"``.
+
+        Raises :class:`~mlcache.errors.InvalidRegistration` for a bad name, an
+        object that is not an implementation, or a name another implementation
+        holds (unless ``replace``); the same class again (same module and name:
+        a reload) replaces the old one.
+        """
         if not isinstance(name, str) or not _NAME.match(name):
-            raise RegistryError(
+            raise InvalidRegistration(
                 f"invalid {self._kind} name {name!r}: expected a short lowercase identifier "
                 "such as 'local' or 's3' (letters, digits, '_', '-', '.', '+')"
             )
-        if not replace and name in self._entries:
-            raise RegistryError(f"{self._kind} {name!r} is already registered")
         if isinstance(impl, str):
+            self._refuse_taken(name, _Lazy(impl, hint), replace)
             self._entries[name] = _Lazy(impl, hint)
             return
         try:
             self._check(impl)
         except TypeError as exc:
-            raise RegistryError(f"cannot register {self._kind} {name!r}: {exc}") from None
+            raise InvalidRegistration(f"cannot register {self._kind} {name!r}: {exc}") from None
+        self._refuse_taken(name, impl, replace)
         self._entries[name] = impl
+
+    def _refuse_taken(self, name: str, impl: object, replace: bool) -> None:
+        old = self._entries.get(name, _ABSENT)
+        if replace or old is _ABSENT or _same_impl(old, impl):
+            return
+        raise InvalidRegistration(
+            f"{self._kind} {name!r} is already registered to {_describe(old)}; "
+            "pass replace=True to replace it"
+        )
 
     def __getitem__(self, name: str) -> T:
         try:
             entry = self._entries[name]
         except (KeyError, TypeError):
             known = ", ".join(self) or "none"
-            raise RegistryError(f"unknown {self._kind} {name!r}; known: {known}") from None
+            raise self._unknown(f"unknown {self._kind} {name!r}; known: {known}") from None
         if not isinstance(entry, _Lazy):
             return entry
         target, hint = entry
@@ -91,3 +121,27 @@ class Registry(Generic[T], Mapping[str, T]):
 class _Lazy(NamedTuple):
     target: str  # "package.module:attr"
     hint: str  # the pip install command to show when the import fails
+
+
+_ABSENT = object()
+
+
+def _where(impl: object) -> tuple[str, str] | None:
+    """(module, qualified name) of a class or a lazy target; None for other objects."""
+    if isinstance(impl, _Lazy):
+        module, _, attr = impl.target.partition(":")
+        return module, attr
+    if isinstance(impl, type):
+        return impl.__module__, impl.__qualname__
+    return None
+
+
+def _same_impl(old: object, new: object) -> bool:
+    """``new`` is ``old`` again: the same object, or a class of the same module and
+    name (its module reloaded, its notebook cell run again)."""
+    return old is new or (_where(old) is not None and _where(old) == _where(new))
+
+
+def _describe(impl: object) -> str:
+    where = _where(impl)
+    return ".".join(where) if where else repr(impl)

@@ -17,7 +17,7 @@ from typing import Any
 
 import xxhash
 
-from .errors import ConfigError
+from .errors import CallArgumentsError, ConfigError
 from .hashing import HASH_SCHEME, Hasher
 
 __all__ = ["CallKeyer", "UnhashableArgument"]
@@ -35,12 +35,15 @@ _repr.maxlist = _repr.maxtuple = _repr.maxdict = 6
 
 
 def _short_repr(value: Any) -> str:
+    t = type(value)
     try:
-        if hasattr(value, "shape") and hasattr(value, "dtype"):
-            return f"{type(value).__name__}(shape={tuple(value.shape)}, dtype={value.dtype})"
+        # looked up on the type: a dotdict's __getattr__ raises KeyError, a proxy's
+        # anything
+        if hasattr(t, "shape") and hasattr(t, "dtype"):
+            return f"{t.__name__}(shape={tuple(value.shape)}, dtype={value.dtype})"
         return _repr.repr(value)
     except Exception:  # a broken __repr__ must not break the call
-        return f"<{type(value).__name__}>"
+        return f"<{t.__name__}>"
 
 
 class CallKeyer:
@@ -96,7 +99,13 @@ class CallKeyer:
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """Every parameter's value, in signature order (``*args`` as a tuple,
-        ``**kwargs`` as a dict). Raises ``TypeError`` as the call itself would."""
+        ``**kwargs`` as a dict).
+
+        A call the signature refuses raises :class:`~mlcache.errors.CallArgumentsError`:
+        a ``TypeError`` with the message the call itself would give, and the
+        ``ValueError`` joblib raises, whose wording starts the message (``"Too many
+        arguments for f(a, *, b=1): f() takes 1 positional argument but 2 were
+        given"``)."""
         if self._simple and len(args) <= self._npos:
             values = self._defaults.copy()
             values[: len(args)] = args
@@ -116,17 +125,44 @@ class CallKeyer:
     def _slow_bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         try:
             bound = self.signature.bind(*args, **kwargs)
-        except TypeError:
+        except TypeError as exc:
+            message = str(exc)
             f = self._func
             if (
                 type(f) is types.FunctionType
                 and not hasattr(f, "__wrapped__")
                 and "__signature__" not in f.__dict__
             ):
-                f(*args, **kwargs)  # binding fails before the body runs: the real message
-            raise
+                try:  # binding fails before the body runs: the real message
+                    f(*args, **kwargs)
+                except TypeError as real:
+                    message = str(real)
+            raise CallArgumentsError(f"{self._joblib_wording(args, kwargs)}: {message}") from None
         bound.apply_defaults()
         return [bound.arguments[n] for n in self.names]
+
+    def _joblib_wording(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """What joblib's ``filter_args`` says of a call the signature refuses (code
+        written for joblib may match on it), checked in joblib's order."""
+        P = inspect.Parameter
+        params = list(self.signature.parameters.values())
+        positional = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+        kinds = {p.kind for p in params}
+        sig = str(self.signature)
+        name = getattr(self._func, "__name__", type(self._func).__name__)
+        where = f"{name}{sig if len(sig) <= 200 else sig[:199] + '…'}"
+        for i, p in enumerate(positional):
+            by_keyword = p.name in kwargs and p.kind is P.POSITIONAL_OR_KEYWORD
+            if i < len(args) and by_keyword:
+                return f"Argument {p.name} was given both as positional and as keyword for {where}"
+            if i >= len(args) and not by_keyword and p.default is P.empty:
+                return f"Wrong number of arguments for {where}"
+        if len(args) > len(positional) and P.VAR_POSITIONAL not in kinds:
+            return f"Too many arguments for {where}"
+        for p in params:
+            if p.kind is P.KEYWORD_ONLY and p.default is P.empty and p.name not in kwargs:
+                return f"Wrong number of arguments for {where}"
+        return f"Too many keyword arguments for {where}"
 
     def key(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], extra: bytes = b""
@@ -134,20 +170,30 @@ class CallKeyer:
         """The 32-hex-digit key of the call ``func(*args, **kwargs)``, and the
         16-byte digest of each kept argument it combines (which say, on a miss,
         which argument changed). ``extra`` is the digest of the function's own
-        state (closure values, bound object)."""
+        state (closure values, bound object).
+
+        Whatever hashing an argument raises (a ``__reduce_ex__`` that refuses, a
+        lazy proxy's ``RuntimeError``, a tensor without data) becomes
+        :class:`UnhashableArgument` naming the argument: the call then runs
+        uncached, it never fails because of the cache."""
         values = self.bind(args, kwargs)
         h = Hasher()
         digests = []
         for i in self._keep:
             try:
                 digests.append(h.digest_of(values[i]))
-            except (TypeError, RecursionError) as exc:
-                v = values[i]
+            except Exception as exc:  # digest_of raises TypeError naming the cause
+                t = type(values[i])  # never values[i].__class__: it may raise too
                 raise UnhashableArgument(
                     f"cannot hash argument {self.names[i]!r} of type "
-                    f"{type(v).__module__}.{type(v).__qualname__}: {exc}"
-                ) from None
+                    f"{t.__module__}.{t.__qualname__}: {exc}"
+                ) from exc
         return xxhash.xxh3_128_hexdigest(self._prefix + extra + b"".join(digests)), digests
+
+    def combine(self, digests: list[bytes], extra: bytes = b"") -> str:
+        """The key of a call whose kept arguments' digests (as :meth:`key` returned
+        them) are ``digests``, with the function's state digest ``extra``."""
+        return xxhash.xxh3_128_hexdigest(self._prefix + extra + b"".join(digests))
 
     def changed(self, old: dict[str, str], digests: list[bytes]) -> list[str]:
         """The kept arguments whose digest differs from ``old`` (name -> hex digest,

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .compression import Compression, parse_compress
 from .deps import CODE_MODES
-from .errors import ConfigError
+from .errors import ConfigError, ConfigTypeError
 from .store import backend_for
 
 __all__ = ["MMAP_MODES", "MemoryConfig", "parse_bytes", "parse_duration"]
@@ -58,6 +60,25 @@ def parse_duration(value: _dt.timedelta | str | float | None) -> float | None:
     return seconds
 
 
+def _verbosity(verbose: Any) -> int:
+    """``verbose`` as an int: None and False are 0; a float is truncated (joblib
+    compares it with numbers, so any number works there); anything else is refused
+    (:class:`~mlcache.errors.ConfigTypeError`, a ``TypeError`` and a ``ValueError``)."""
+    if verbose is None:
+        return 0
+    if isinstance(verbose, int) or (isinstance(verbose, float) and math.isfinite(verbose)):
+        return int(verbose)
+    raise ConfigTypeError(f"verbose must be an int (0 silent, 1, 10), got {verbose!r}")
+
+
+def _options(options: Any) -> Any:
+    """``backend_options`` as a new dict (None: empty); anything that is not a mapping
+    is passed on for ``MemoryConfig`` to refuse."""
+    if options is None:
+        return {}
+    return dict(options) if isinstance(options, Mapping) else options
+
+
 def check_mmap_mode(mode: Any) -> str | None:
     if mode not in MMAP_MODES:
         raise ConfigError(
@@ -88,9 +109,12 @@ class MemoryConfig:
             raise TypeError(f"backend must be a str, got {type(self.backend).__name__}")
         check_mmap_mode(self.mmap_mode)
         if not isinstance(self.verbose, int):
-            raise TypeError(f"verbose must be an int, got {self.verbose!r}")
+            raise ConfigTypeError(f"verbose must be an int, got {self.verbose!r}")
         if not isinstance(self.backend_options, dict):
-            raise TypeError(f"backend_options must be a dict, got {self.backend_options!r}")
+            raise ConfigTypeError(
+                f"backend_options must be a dict, got {type(self.backend_options).__name__}: "
+                f"{self.backend_options!r}"
+            )
         if self.code not in CODE_MODES:
             raise ConfigError(f"code must be one of {', '.join(CODE_MODES)}; got {self.code!r}")
 
@@ -119,9 +143,9 @@ class MemoryConfig:
             backend=backend,
             mmap_mode=mmap_mode,
             compress=parse_compress(compress),
-            verbose=int(verbose or 0),
+            verbose=_verbosity(verbose),
             bytes_limit=parse_bytes(bytes_limit),
-            backend_options=dict(backend_options or {}),
+            backend_options=_options(backend_options),
             allow_pickle=bool(allow_pickle),
             code=code,
         )

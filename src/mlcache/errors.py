@@ -4,7 +4,16 @@
 
     CacheError                              root: catch this to catch everything below
      ├── ConfigError(CacheError, ValueError)      bad settings (mmap_mode, compress, backend, ...)
+     │    └── ConfigTypeError(ConfigError, TypeError)   a setting of the wrong type, where
+     │                                            joblib raises ValueError (or takes it)
      ├── RegistryError(CacheError, LookupError)   unknown or invalid registry name / implementation
+     │    ├── InvalidRegistration(RegistryError, ValueError, TypeError)
+     │    │                                       register_*() with a bad name or an object
+     │    │                                       that is not an implementation
+     │    └── UnknownBackend(RegistryError, TypeError)  Memory(backend=name): no such backend
+     ├── CallArgumentsError(CacheError, TypeError, ValueError)
+     │                                            a memoized function called with arguments
+     │                                            its signature does not accept
      ├── EntryNotFound(CacheError, KeyError)      no entry under a key (a miss)
      ├── EntryCorrupted(CacheError, ValueError)   an entry failed its checksum or its format check
      │    ├── EntrySignatureError                 an entry is unsigned or its signature does
@@ -17,8 +26,13 @@
     CacheWarning(UserWarning)                     a cache problem that degraded to a miss
                                                   or to an unstored result
 
-Builtin bases are kept so that code written against joblib (which raises
-``KeyError``, ``ValueError`` and ``OSError``) keeps working.
+Builtin bases are kept so that code written against joblib keeps working: each
+class is also the builtin joblib raises for the same mistake (``ValueError`` for
+a bad registration, a non-callable ``cache_validation_callback`` or a wrong call
+of a memoized function; ``TypeError`` for an unknown backend; ``KeyError`` for a
+cleared result; ``OSError`` for the store), and stays the builtin mlcache raised
+before (a wrong call is still the ``TypeError`` Python's own call raises), so an
+``except`` clause written for either keeps catching it.
 """
 
 from __future__ import annotations
@@ -29,12 +43,16 @@ import warnings
 __all__ = [
     "CacheError",
     "CacheWarning",
+    "CallArgumentsError",
     "ConfigError",
+    "ConfigTypeError",
     "EntryCorrupted",
     "EntryNotFound",
     "EntrySignatureError",
+    "InvalidRegistration",
     "RegistryError",
     "StoreError",
+    "UnknownBackend",
     "UnsupportedValue",
 ]
 
@@ -47,8 +65,35 @@ class ConfigError(CacheError, ValueError):
     """A setting has a wrong value, e.g. ``mmap_mode="x"`` or ``compress=("foo", 3)``."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A setting has the wrong type (``verbose="a"``, a ``cache_validation_callback``
+    that is not callable). A ``TypeError`` as Python's convention asks, and a
+    ``ValueError`` as joblib raises for the same mistakes."""
+
+
 class RegistryError(CacheError, LookupError):
     """A registry lookup or registration failed: unknown name, bad name, wrong class."""
+
+
+class InvalidRegistration(RegistryError, ValueError, TypeError):
+    """``register_store_backend`` (or ``register_codec``) was given a name that is not
+    a valid name, an object that is not an implementation, or a name already taken
+    by another implementation. joblib raises ``ValueError`` for these (``TypeError``
+    for an object that is not a class)."""
+
+
+class UnknownBackend(RegistryError, TypeError):
+    """``Memory(location, backend=name)`` names no registered store backend
+    (joblib: ``TypeError("Unknown location ... or backend ...")``)."""
+
+
+class CallArgumentsError(CacheError, TypeError, ValueError):
+    """A memoized function was called with arguments its signature does not accept
+    (too many, a keyword-only one by position, a missing or unexpected one). The
+    ``TypeError`` the call itself would raise, with Python's message, and the
+    ``ValueError`` joblib raises, whose wording starts the message (``"Too many
+    arguments for f(a, *, b=1): f() takes 1 positional argument but 2 were
+    given"``). Nothing is computed."""
 
 
 class EntryNotFound(CacheError, KeyError):

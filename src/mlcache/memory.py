@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
-from .errors import ConfigError, EntryCorrupted, EntryNotFound, warn
+from .errors import ConfigError, ConfigTypeError, EntryCorrupted, EntryNotFound, warn
 from .limits import SizeGuard, UsageLog, enforce_limits
 from .memorized import AsyncMemorizedFunc, MemorizedFunc
 from .names import cached_objects, entry_folder, is_stats
@@ -272,8 +272,10 @@ class Memory:
             and changing this string is what makes the results stale.
         """
         if cache_validation_callback is not None and not callable(cache_validation_callback):
-            raise TypeError(
-                f"cache_validation_callback must be callable, got {cache_validation_callback!r}"
+            # joblib's wording and ValueError; a TypeError too, as mlcache raised before
+            raise ConfigTypeError(
+                "cache_validation_callback needs to be callable. "
+                f"Got {cache_validation_callback!r} ({type(cache_validation_callback).__name__})."
             )
         if mmap_mode is not False:
             check_mmap_mode(mmap_mode)
@@ -344,8 +346,12 @@ class Memory:
         if self.store is None:
             return
         limit = parse_bytes(bytes_limit) if bytes_limit is not None else self.bytes_limit
-        if items_limit is not None and (not isinstance(items_limit, int) or items_limit < 0):
-            raise ValueError(f"items_limit must be a non-negative int, got {items_limit!r}")
+        if items_limit is not None and (
+            not isinstance(items_limit, int) or isinstance(items_limit, bool)
+        ):
+            raise ConfigTypeError(f"items_limit must be a non-negative int, got {items_limit!r}")
+        if items_limit is not None and items_limit < 0:
+            raise ConfigError(f"items_limit must be a non-negative int, got {items_limit!r}")
         age = parse_duration(age_limit)
         if limit is None and items_limit is None and age is None:
             return

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
 from .._registry import Registry
+from ..errors import InvalidRegistration, UnknownBackend
 
 __all__ = [
     "EntryStat",
@@ -114,20 +115,37 @@ def _check_store(obj: object) -> None:
         )
 
 
-stores: Registry[type] = Registry("store backend", _check_store)
+stores: Registry[type] = Registry("store backend", _check_store, UnknownBackend)
+
+_LAZY_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
-def register_store_backend(name: str, backend_class: type, *, replace: bool = False) -> None:
+def register_store_backend(name: str, backend_class: type | str, *, replace: bool = False) -> None:
     """Make ``backend_class`` usable as ``Memory(location, backend=name)``.
 
     The class is called as ``backend_class(location, **backend_options)`` and must
-    implement :class:`Store`.
+    implement :class:`Store`; ``"package.module:Class"`` registers it lazily
+    (imported on first use).
+
+    Raises
+    ------
+    mlcache.errors.InvalidRegistration
+        (a ``ValueError`` and a ``TypeError``, as joblib's) when ``name`` is not a
+        short lowercase name, ``backend_class`` is not a store class, or ``name``
+        is taken by another class and ``replace`` is false. Registering the same
+        class again (a module reloaded, a notebook cell run again) replaces it,
+        as joblib does.
 
     Examples
     --------
     >>> from mlcache.store.local import LocalStore
     >>> register_store_backend("mydisk", LocalStore)  # doctest: +SKIP
     """
+    if isinstance(backend_class, str) and not _LAZY_TARGET.fullmatch(backend_class):
+        raise InvalidRegistration(
+            f"cannot register store backend {name!r}: expected a store class or "
+            f"'package.module:Class', got {backend_class!r}"
+        )
     stores.register(name, backend_class, replace=replace)
 
 

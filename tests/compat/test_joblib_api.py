@@ -1,0 +1,161 @@
+"""Code written for joblib keeps working: the exceptions joblib raises, and what
+``verbose`` shows.
+
+Each exception case asserts mlcache's own class *and* the builtin joblib raises
+for the same mistake (checked against joblib 1.6: ``joblib.register_store_backend``,
+``joblib.Memory``, ``joblib.func_inspect.filter_args``), and joblib's wording
+where code may match on it. The ``verbose`` cases run fresh processes, as a
+user's script does: logging configuration is per process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mlcache import CacheError, ConfigError, Memory, RegistryError, errors, register_store_backend
+from mlcache.store import stores
+from mlcache.store.local import LocalStore
+
+
+@pytest.fixture
+def mem(tmp_path):
+    return Memory(tmp_path / "cache", verbose=0)
+
+
+@pytest.fixture
+def backend_name():
+    name = "compat-test-backend"
+    yield name
+    stores._entries.pop(name, None)  # leave the process-wide registry as it was
+
+
+# -- register_store_backend -------------------------------------------------------------
+@pytest.mark.parametrize("name", [1, None, b"local"])
+def test_registering_under_a_name_that_is_not_a_str_is_a_value_error(name):
+    # joblib: ValueError("Store backend name should be a string, ...")
+    with pytest.raises(errors.InvalidRegistration) as info:
+        register_store_backend(name, LocalStore)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, RegistryError)  # mlcache's class as before
+
+
+@pytest.mark.parametrize("impl", [dict, int, None, object(), "not a class"])
+def test_registering_what_is_not_a_store_class_is_a_value_error(impl, backend_name):
+    # joblib: ValueError("Store backend should inherit StoreBackendBase, ...") for
+    # a class and for None (a non-class object fails in issubclass: TypeError)
+    with pytest.raises(errors.InvalidRegistration) as info:
+        register_store_backend(backend_name, impl)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, RegistryError)
+    assert backend_name not in stores
+
+
+def test_registering_the_same_backend_again_works_as_in_joblib(backend_name):
+    # joblib replaces silently: a module imported twice, a notebook cell run
+    # again (a new class object with the same name) must not fail
+    source = "from mlcache.store.local import LocalStore\nclass MyStore(LocalStore):\n    pass\n"
+    first: dict = {"__name__": "user_stores"}
+    again: dict = {"__name__": "user_stores"}
+    exec(source, first)
+    exec(source, again)
+    register_store_backend(backend_name, first["MyStore"])
+    register_store_backend(backend_name, first["MyStore"])
+    register_store_backend(backend_name, again["MyStore"])
+    assert stores[backend_name] is again["MyStore"]
+    # another class under a taken name is still refused (ValueError, as joblib's
+    # other registration errors): replace=True says it is meant
+    with pytest.raises(errors.InvalidRegistration, match="replace=True") as info:
+        register_store_backend(backend_name, LocalStore)
+    assert isinstance(info.value, ValueError)
+
+
+def test_an_unknown_backend_is_a_type_error(tmp_path):
+    # joblib: TypeError("Unknown location ... or backend nope")
+    with pytest.raises(errors.UnknownBackend, match="unknown store backend 'nope'") as info:
+        Memory(tmp_path, backend="nope")
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, RegistryError)
+
+
+# -- Memory.cache ---------------------------------------------------------------------
+@pytest.mark.parametrize("callback", [3, "expires", [lambda meta: True]])
+def test_a_callback_that_is_not_callable_is_a_value_error(mem, callback):
+    # joblib: ValueError("cache_validation_callback needs to be callable. Got 3.")
+    with pytest.raises(
+        ConfigError, match=r"^cache_validation_callback needs to be callable"
+    ) as info:
+        mem.cache(lambda x: x, cache_validation_callback=callback)
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, TypeError)  # what mlcache raised before
+
+
+def f_kwonly(a, *, b=1):
+    return a + b
+
+
+def g_plain(a, b=2):
+    return a * b
+
+
+# (function, args, kwargs, joblib's message prefix)
+WRONG_CALLS = [
+    (f_kwonly, (1, 2), {}, "Too many arguments for f_kwonly(a, *, b=1)"),
+    (g_plain, (1, 2, 3), {}, "Too many arguments for g_plain(a, b=2)"),
+    (g_plain, (1,), {"c": 2}, "Too many keyword arguments for g_plain(a, b=2)"),
+    (g_plain, (), {}, "Wrong number of arguments for g_plain(a, b=2)"),
+    (g_plain, (), {"b": 2}, "Wrong number of arguments for g_plain(a, b=2)"),
+    (
+        g_plain,
+        (1,),
+        {"a": 2},
+        "Argument a was given both as positional and as keyword for g_plain(a, b=2)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "kwargs", "prefix"),
+    WRONG_CALLS,
+    ids=[f"{f.__name__}{a}{k}" for f, a, k, _ in WRONG_CALLS],
+)
+@pytest.mark.parametrize("method", ["__call__", "call", "check_call_in_cache", "call_and_shelve"])
+def test_a_wrong_call_is_joblibs_value_error(mem, func, args, kwargs, prefix, method):
+    # joblib's filter_args raises ValueError("Too many arguments for f(a, *, b=1): ...")
+    # before calling; Python's own call raises TypeError: the error is both
+    memorized = mem.cache(func)
+    with pytest.raises(errors.CallArgumentsError) as info:
+        getattr(memorized, method)(*args, **kwargs)
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, CacheError)
+    assert str(info.value).startswith(prefix), str(info.value)
+    try:  # and it still says what Python says about the call
+        func(*args, **kwargs)
+    except TypeError as exc:
+        assert str(exc) in str(info.value)
+
+
+# -- the constructor and the other methods ---------------------------------------------
+@pytest.mark.parametrize("verbose", ["a", [1], object()])
+def test_a_verbose_that_is_not_a_number_is_a_config_error(tmp_path, verbose):
+    # joblib takes any value and compares it later; mlcache says so at once, with
+    # a type that both a TypeError and a ValueError clause catch
+    with pytest.raises(ConfigError, match="verbose must be an int") as info:
+        Memory(tmp_path, verbose=verbose)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("options", [[1], "durable", 3])
+def test_backend_options_that_are_not_a_mapping_say_so(tmp_path, options):
+    # joblib: TypeError (from ** of a non-mapping)
+    with pytest.raises(TypeError, match="backend_options must be a dict") as info:
+        Memory(tmp_path, backend_options=options)
+    assert isinstance(info.value, ConfigError)
+
+
+@pytest.mark.parametrize("items", [-1, "a", 1.5])
+def test_reduce_size_bad_items_limit_is_a_config_error(mem, items):
+    with pytest.raises(ConfigError, match="items_limit") as info:
+        mem.reduce_size(items_limit=items)
+    assert isinstance(info.value, ValueError)
