@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 import xxhash
 
+from .._atomic import open_folder, open_regular
 from .._default import default_location
 from ..deps import code_version
 from ..errors import warn
@@ -140,8 +141,9 @@ class CachedDataset(Sequence[Any]):
         # <what>-<which version>.pack: a rebuild removes the older versions of the
         # same dataset, never the packs of other arguments
         self._args_id = args_key[:16]
+        self._root = os.path.abspath(root)
         self.pack_path = os.path.join(
-            os.path.abspath(root),
+            self._root,
             slug(f"{cls.__module__}.{cls.__qualname__}"),
             f"{self._args_id}-{version[:16]}.pack",
         )
@@ -214,14 +216,19 @@ class CachedDataset(Sequence[Any]):
         ``damaged`` is the ``file_id`` of a pack found damaged while reading: it is
         rebuilt unless another process already replaced it.
         """
-        os.makedirs(os.path.dirname(self.pack_path), mode=0o700, exist_ok=True)
+        folder = os.path.dirname(self.pack_path)
+        # the pack's folder is reached without following a link planted in place of
+        # it (one warning; a real folder is made), so a build never writes elsewhere
+        os.makedirs(self._root, mode=0o700, exist_ok=True)
+        os.close(open_folder(self._root, os.path.relpath(folder, self._root)))
         if self._remote is not None:
             return self._open_or_build_remote(force, progress, damaged)
         if not force and damaged is None:
             opened = self._try_open()
             if opened is not None:
                 return opened
-        with open(self.pack_path + ".lock", "a+b") as lock:
+        lock_fd = open_regular(self.pack_path + ".lock", os.O_RDWR | os.O_CREAT)
+        with open(lock_fd, "r+b") as lock:
             # one builder at a time; a lock held by a killed process is released by
             # the kernel, so it can never block for ever
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
@@ -331,7 +338,7 @@ class CachedDataset(Sequence[Any]):
                 # in use: a rebuild of another version leaves it alone a while, and
                 # `mlcache prune --older-than` sees its use even where atime is off
                 with contextlib.suppress(OSError):
-                    os.utime(self.pack_path)
+                    os.utime(self.pack_path, follow_symlinks=False)
             return opened
         except FileNotFoundError:
             return None

@@ -24,6 +24,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from .._atomic import open_regular, write_bytes_atomic
+
 __all__ = ["RangeFetcher", "is_url", "local_copy", "publish", "sparse_copy"]
 
 
@@ -55,8 +57,7 @@ def publish(local: str, url: str, storage_options: dict[str, Any] | None = None)
     record that ``local`` is the copy of what is there now."""
     fs, path = _fs(url, storage_options)
     fs.put_file(local, path)
-    with open(local + ".source.json", "w") as f:
-        json.dump(_ident(fs.info(path)), f)
+    write_bytes_atomic(local + ".source.json", json.dumps(_ident(fs.info(path))).encode())
 
 
 def _copy(
@@ -95,8 +96,7 @@ def _copy(
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-    with open(record, "w") as f:
-        json.dump(ident, f)
+    write_bytes_atomic(record, json.dumps(ident).encode())  # never through a planted link
     return local
 
 
@@ -119,7 +119,7 @@ class RangeFetcher:
 
     def __call__(self, start: int, stop: int) -> None:
         data = self._fs.cat_file(self._path, start=start, end=stop)
-        fd = os.open(self._local, os.O_WRONLY)
+        fd = open_regular(self._local, os.O_WRONLY)
         try:
             os.pwrite(fd, data, start)  # seen at once through the read-only map
         finally:

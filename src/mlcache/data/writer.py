@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import xxhash
 
-from .._atomic import atomic_file, sweep_dead, temporary_folder
+from .._atomic import atomic_file, open_regular, sweep_dead, temporary_folder
 from ..errors import UnsupportedValue
 from .format import BLOCK, HEADER, block_sums, pack_header, pad
 
@@ -286,7 +286,10 @@ def pack(
                 for i, name in enumerate(names):
                     if not isinstance(name, str):
                         raise TypeError(f"sample 0: field names must be str, got {name!r}")
-                    spill = stack.enter_context(open(os.path.join(spill_dir, str(i)), "w+b"))
+                    # a private folder just made: created exclusively, never a link's target
+                    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
+                    spill_fd = open_regular(os.path.join(spill_dir, str(i)), flags)
+                    spill = stack.enter_context(open(spill_fd, "w+b"))
                     fields[name] = _Field(name, spill, allow_pickle)
             elif sample.keys() != fields.keys():
                 missing = sorted(set(fields) - set(sample))

@@ -1,4 +1,12 @@
-"""The local-directory store (the default): one file per entry, published by rename."""
+"""The local-directory store (the default): one file per entry, published by rename.
+
+Nothing outside the cache folder is ever written or removed through it: every
+file is opened, and every folder below the cache's root reached, without
+following a symbolic link (:func:`mlcache._atomic.open_folder`,
+:func:`mlcache._atomic.open_regular`). A link planted where the cache keeps a
+file or a folder is damaged: one warning, and it is removed (the link, not what
+it points to) and made anew, or passed over.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +15,21 @@ import fcntl
 import logging
 import os
 import secrets
-import shutil
+import stat
 import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
-from .._atomic import atomic_file, is_temporary, remove_if_dead
+from .._atomic import (
+    atomic_file,
+    is_temporary,
+    open_folder,
+    open_regular,
+    remove_if_dead,
+    remove_tree,
+)
 from ..errors import EntryNotFound, StoreError, warn
 from . import EntryStat, SharedCounter, check_name
 
@@ -85,16 +100,9 @@ class LocalStore:
         if not os.access(root, os.W_OK | os.X_OK):
             raise StoreError(f"the cache folder {root!r} is not writable by this user")
         try:
-            fd = os.open(
-                os.path.join(root, ".gitignore"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644
-            )
-        except FileExistsError:
-            pass
+            _write_gitignore(root)
         except OSError as exc:
             raise StoreError(f"cannot write in the cache folder {root!r}: {exc.strerror}") from exc
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(_GITIGNORE)
 
     def __repr__(self) -> str:
         return f"LocalStore({self.location!r})"
@@ -106,26 +114,43 @@ class LocalStore:
         return os.path.join(self.location, check_name(name))
 
     def open(self, name: str) -> BinaryIO:
+        """Open entry ``name`` for reading; a link in its place is not followed (a
+        damaged entry: one warning, and it is missing)."""
+        folder, base = os.path.split(check_name(name))
         try:
-            return open(os.path.join(self.location, check_name(name)), "rb")
-        except FileNotFoundError:
+            dfd = open_folder(self.location, folder, create=False)
+            try:
+                fd = open_regular(
+                    base, os.O_RDONLY, dir_fd=dfd, shown=os.path.join(self.location, name)
+                )
+            finally:
+                os.close(dfd)
+        except (FileNotFoundError, NotADirectoryError):
             raise EntryNotFound(name) from None
+        return os.fdopen(fd, "rb")
 
     @contextlib.contextmanager
     def write(self, name: str) -> Iterator[BinaryIO]:
         path = os.path.join(self.location, check_name(name))
-        folder = self.location
-        for part in name.split("/")[:-1]:
-            folder = os.path.join(folder, part)
-            try:
-                os.mkdir(folder, self.mode)
-            except FileExistsError:
-                pass
-        with atomic_file(path, durable=self.durable) as f:
+        with atomic_file(
+            path, durable=self.durable, root=self.location, folder_mode=self.mode
+        ) as f:
             yield f
 
     def exists(self, name: str) -> bool:
-        return os.path.exists(os.path.join(self.location, check_name(name)))
+        """Whether ``name`` is an entry (or a folder) here; a link is not one."""
+        folder, base = os.path.split(check_name(name))
+        try:
+            dfd = open_folder(self.location, folder, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            mode = os.stat(base, dir_fd=dfd, follow_symlinks=False).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        finally:
+            os.close(dfd)
+        return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
 
     @contextlib.contextmanager
     def lock(self, name: str, timeout: float) -> Iterator[bool]:
@@ -138,69 +163,94 @@ class LocalStore:
         blocks anyone. The holder removes the file when it is done; a waiter that
         locked a file removed meanwhile notices (another inode) and tries again.
         """
-        folder, base = os.path.split(os.path.join(self.location, check_name(name)))
-        path = os.path.join(folder, f".{base}{_LOCK_SUFFIX}")
-        fd = _lock_file(path, folder, self.mode, timeout)
+        folder, base = os.path.split(check_name(name))
+        lock = f".{base}{_LOCK_SUFFIX}"
+        dfd = open_folder(self.location, folder, mode=self.mode)
         try:
-            yield fd is not None
+            fd = _lock_file(lock, dfd, os.path.join(self.location, folder, lock), timeout)
+            try:
+                yield fd is not None
+            finally:
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(lock, dir_fd=dfd)  # while still holding it: see above
+                    os.close(fd)
         finally:
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)  # while still holding it: see above
-                os.close(fd)
+            os.close(dfd)
 
     def delete(self, name: str) -> bool:
-        path = os.path.join(self.location, check_name(name))
+        """Remove entry or folder ``name``. Nothing is followed: a link is removed
+        itself, and a folder reached through a link is not removed at all."""
+        parent, base = os.path.split(check_name(name))
         try:
-            os.unlink(path)  # an entry (or a link)
+            dfd = open_folder(self.location, parent, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            try:
+                os.unlink(base, dir_fd=dfd)  # an entry (or a link)
+                return True
+            except FileNotFoundError:
+                return False
+            except (IsADirectoryError, PermissionError):  # EISDIR, or EPERM on macOS
+                st = os.stat(base, dir_fd=dfd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise
+            # a folder: move it out of the way in one rename, then remove it at
+            # leisure. Writers racing with us fail cleanly (and warn) instead of
+            # making rmtree fail halfway; readers holding memory maps keep them.
+            tomb = f".{base}{TOMB_MARK}{secrets.token_hex(6)}"
+            try:
+                os.rename(base, tomb, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except FileNotFoundError:
+                return False
+            remove_tree(tomb, dfd)
             return True
-        except FileNotFoundError:
-            return False
-        except (IsADirectoryError, PermissionError):  # EISDIR, or EPERM on macOS
-            if not os.path.isdir(path):
-                raise
-        # a folder: move it out of the way in one rename, then remove it at
-        # leisure. Writers racing with us fail cleanly (and warn) instead of
-        # making rmtree fail halfway; readers holding memory maps keep them.
-        parent, base = os.path.split(path)
-        tomb = os.path.join(parent, f".{base}{TOMB_MARK}{secrets.token_hex(6)}")
-        try:
-            os.rename(path, tomb)
-        except FileNotFoundError:
-            return False
-        shutil.rmtree(tomb, ignore_errors=True)
-        return True
+        finally:
+            os.close(dfd)
 
     def list(self, prefix: str = "") -> Iterator[EntryStat]:
         """Entries under ``prefix``. Skipped: hidden files and folders (``.gitignore``,
         temporaries, removed folders, a Finder's ``.DS_Store``), names that are not
         valid entry names, and folders this user cannot read (logged)."""
-        start = os.path.join(self.location, check_name(prefix)) if prefix else self.location
-        stack = [start]
+        # folders are reached without following links (a link to a folder is
+        # listed as a name, never walked into), each opened afresh from the root
+        stack = [check_name(prefix) if prefix else ""]
         while stack:
             folder = stack.pop()
             try:
-                it = os.scandir(folder)
+                fd = open_folder(self.location, folder, create=False)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             except PermissionError as exc:
-                warn(f"mlcache: cannot list {folder} ({exc.strerror}); skipped", stacklevel=3)
+                shown = os.path.join(self.location, folder)
+                warn(f"mlcache: cannot list {shown} ({exc.strerror}); skipped", stacklevel=3)
                 continue
-            with it:
-                for e in it:
-                    if e.name.startswith("."):
-                        self._sweep(e)
-                        continue
-                    try:
-                        if e.is_dir(follow_symlinks=False):
-                            stack.append(e.path)
+            try:
+                found = []
+                with os.scandir(fd) as it:
+                    for e in it:
+                        if e.name.startswith("."):
+                            self._sweep(e, fd)
                             continue
-                        st = e.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # removed meanwhile
-                    rel = os.path.relpath(e.path, self.location).replace(os.sep, "/")
-                    if _valid_name(rel):
-                        yield EntryStat(rel, st.st_size, st.st_mtime)
+                        try:
+                            if e.is_dir(follow_symlinks=False):
+                                stack.append(f"{folder}/{e.name}" if folder else e.name)
+                                continue
+                            st = e.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue  # removed meanwhile
+                        found.append((e.name, st))
+            except PermissionError as exc:
+                shown = os.path.join(self.location, folder)
+                warn(f"mlcache: cannot list {shown} ({exc.strerror}); skipped", stacklevel=3)
+                continue
+            finally:
+                os.close(fd)
+            for base, st in found:
+                rel = f"{folder}/{base}" if folder else base
+                if _valid_name(rel):
+                    yield EntryStat(rel, st.st_size, st.st_mtime)
 
     @contextlib.contextmanager
     def shared_counter(self, name: str, timeout: float = 30.0) -> Iterator[SharedCounter | None]:
@@ -211,7 +261,7 @@ class LocalStore:
         be had within ``timeout`` seconds (a holder stopped, not dead)."""
         path = os.path.join(self.location, f".{check_name(name)}.counter")
         with _counter_lock(path):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT)
             try:
                 if not _lockf(fd, timeout):
                     yield None
@@ -226,22 +276,39 @@ class LocalStore:
                 os.close(fd)  # releases the record lock
 
     @staticmethod
-    def _sweep(e: os.DirEntry[str]) -> None:
-        """Remove what a crashed writer or an interrupted removal left behind."""
+    def _sweep(e: os.DirEntry[str], dir_fd: int) -> None:
+        """Remove what a crashed writer or an interrupted removal left behind (in
+        the folder ``dir_fd``; links are removed themselves, never followed)."""
         if TOMB_MARK in e.name:
-            shutil.rmtree(e.path, ignore_errors=True)
+            if e.is_dir(follow_symlinks=False):
+                remove_tree(e.name, dir_fd)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(e.name, dir_fd=dir_fd)
         elif is_temporary(e.name) or e.name.endswith(_LOCK_SUFFIX):
             # a key lock left by a killed holder goes too: a waiter that opened it
             # meanwhile sees another inode and locks a new one (see _lock_file)
-            remove_if_dead(e.path)
+            remove_if_dead(e.name, dir_fd=dir_fd)
 
     def touch(self, names: Iterable[str]) -> None:
-        # last use is the file's mtime: atime is unreliable (noatime, relatime)
+        # last use is the file's mtime: atime is unreliable (noatime, relatime);
+        # never through a link, whose target may be anything of the user's
         now = time.time()
+        by_folder: dict[str, list[str]] = {}
         for name in names:
-            check_name(name)
-            with contextlib.suppress(OSError):
-                os.utime(os.path.join(self.location, name), (now, now))
+            folder, base = os.path.split(check_name(name))
+            by_folder.setdefault(folder, []).append(base)
+        for folder, bases in by_folder.items():
+            try:
+                dfd = open_folder(self.location, folder, create=False)
+            except OSError:
+                continue
+            try:
+                for base in bases:
+                    with contextlib.suppress(OSError):
+                        os.utime(base, (now, now), dir_fd=dfd, follow_symlinks=False)
+            finally:
+                os.close(dfd)
 
 
 def _lockf(fd: int, timeout: float) -> bool:
@@ -259,16 +326,13 @@ def _lockf(fd: int, timeout: float) -> bool:
             delay = min(delay * 2, 0.05)
 
 
-def _lock_file(path: str, folder: str, mode: int, timeout: float) -> int | None:
-    """An open, ``flock``-ed descriptor of ``path``, or None after ``timeout`` s."""
+def _lock_file(name: str, dir_fd: int, shown: str, timeout: float) -> int | None:
+    """An open, ``flock``-ed descriptor of the file ``name`` of folder ``dir_fd``
+    (never a link's target), or None after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     delay = 0.002
     while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except FileNotFoundError:  # the entry's folder does not exist yet
-            os.makedirs(folder, mode=mode, exist_ok=True)
-            continue
+        fd = open_regular(name, os.O_RDWR | os.O_CREAT, dir_fd=dir_fd, shown=shown)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -279,12 +343,24 @@ def _lock_file(path: str, folder: str, mode: int, timeout: float) -> int | None:
             delay = min(delay * 2, 0.1)
             continue
         try:
-            current = os.stat(path).st_ino
+            current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino
         except FileNotFoundError:
             current = None
         if current == os.fstat(fd).st_ino:
             return fd
         os.close(fd)  # its holder removed it after we opened it: lock the new one
+
+
+def _write_gitignore(root: str) -> None:
+    """Add the ``.gitignore`` that keeps the cache folder ``root`` out of git, unless
+    one is there; a link in its place is replaced (see :func:`open_regular`)."""
+    path = os.path.join(root, ".gitignore")
+    try:
+        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return  # ours, or the user's: left as it is
+    with os.fdopen(fd, "w") as f:
+        f.write(_GITIGNORE)
 
 
 def _rebuild(location: str, durable: bool, mode: int) -> LocalStore:

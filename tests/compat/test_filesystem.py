@@ -1,0 +1,194 @@
+"""Issue 12: mlcache writes and removes nothing outside its cache, serves a
+read-only cache's hits, and never takes over a user's folder.
+
+Each case runs the workload a user runs, in fresh processes (``sys.executable``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+#: one run of a user's job: cached function calls (one hit, one miss per round,
+#: bytes_limit set so the shared size counter exists), statistics flushed, code
+#: manifests written with the first result, and a CachedDataset pack built in the
+#: default location ($MLCACHE_DIR/datasets)
+WORKLOAD = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from mlcache import Memory
+    from mlcache.data import CachedDataset
+
+    loc, rnd = sys.argv[1], int(sys.argv[2])
+    mem = Memory(loc, verbose=0, bytes_limit="50MB")
+    if rnd < 0:  # remove all: a new version of ramp looks at its old ones first
+        @mem.cache(version="another")
+        def ramp(n):
+            return n
+
+        assert ramp(3) == 3
+        mem.reduce_size(bytes_limit=0)
+        mem.clear(warn=False)
+        print("OK")
+        sys.exit()
+
+    @mem.cache
+    def ramp(n):
+        return np.arange(n) * 2
+
+    @mem.cache
+    def label(n):
+        return {"n": n, "name": f"item-{n}"}
+
+    assert ramp(10).tolist() == [2 * i for i in range(10)]
+    assert ramp(100 + rnd).tolist() == [2 * i for i in range(100 + rnd)]
+    assert label(rnd) == {"n": rnd, "name": f"item-{rnd}"}
+    mem.stats()  # flushes the statistics
+
+    class Squares(CachedDataset):
+        def __init__(self, n, **kw):
+            self.n = n
+            super().__init__(**kw)
+
+        def load_source(self):
+            for i in range(self.n):
+                yield {"x": np.full(3, i), "y": i * i}
+
+    ds = Squares(5, progress=False)
+    assert [ds[i]["y"] for i in range(5)] == [0, 1, 4, 9, 16]
+    assert ds[3]["x"].tolist() == [3, 3, 3]
+    print("OK")
+    """
+)
+
+
+def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _snapshot(path: Path) -> dict[str, tuple[str, int]]:
+    """What a sentinel (a file or a whole folder) holds: every name, its bytes'
+    digest and its modification time."""
+    out: dict[str, tuple[str, int]] = {}
+    paths = [path] if path.is_file() else sorted(path.rglob("*"))
+    for p in paths:
+        st = p.lstat()
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        out[str(p.relative_to(path.parent))] = (digest, st.st_mtime_ns)
+    return out
+
+
+def _written(root: Path) -> list[str]:
+    """Every name under ``root`` (files and folders, hidden ones included), plus
+    the key lock each entry has while it is computed (removed after)."""
+    names = set()
+    for p in root.rglob("*"):
+        rel = p.relative_to(root)
+        names.add(str(rel))
+        if p.is_file() and len(p.name) == 32 and len(rel.parts) == 3:
+            names.add(str(rel.parent / f".{p.name}.lock"))
+    return sorted(names)
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory):
+    """The workload script and a cache after its first round (a template)."""
+    base = tmp_path_factory.mktemp("workload")
+    script = base / "job.py"
+    script.write_text(WORKLOAD)
+    template = base / "cache"
+    for rnd in ("0", "1"):  # round 1's names too: its miss, its key lock
+        done = _run(script, str(template), rnd, env={"MLCACHE_DIR": str(template)})
+        assert done.returncode == 0, done.stderr
+    names = _written(template)
+    shutil.rmtree(template)
+    done = _run(script, str(template), "0", env={"MLCACHE_DIR": str(template)})
+    assert done.returncode == 0, done.stderr
+    return script, template, names
+
+
+def test_the_workload_writes_the_names_planted_below(workload):
+    _, _, names = workload
+    found = set(names)
+    for expected in (".size.counter", ".gitignore"):
+        assert expected in found
+    assert any(n.endswith("/code") for n in names)  # a code manifest
+    assert any("/stats/" in n for n in names)  # statistics
+    assert any(n.endswith(".pack") for n in names)
+    assert any(n.endswith(".pack.lock") for n in names)
+    assert any(n.endswith(".lock") and not n.endswith(".pack.lock") for n in names)
+
+
+def test_a_symlink_planted_at_any_name_is_never_written_through(workload, tmp_path):
+    """For each name the workload writes (files and folders): move what is there
+    outside the cache, put a symlink to it in its place, run the next round in a
+    fresh process. What the link points to is unchanged, and the results are right."""
+    script, template, names = workload
+    failures = []
+    for i, name in enumerate(names):
+        cache = tmp_path / f"c{i}" / "cache"
+        shutil.copytree(template, cache, symlinks=True)
+        planted = cache / name
+        sentinel = tmp_path / f"c{i}" / "outside" / Path(name).name
+        sentinel.parent.mkdir()
+        if planted.exists():
+            shutil.move(str(planted), str(sentinel))
+        else:  # a name the next round writes (its key lock)
+            planted.parent.mkdir(parents=True, exist_ok=True)
+            sentinel.write_bytes(b"a user's file\n")
+        before = _snapshot(sentinel)
+        planted.symlink_to(sentinel, target_is_directory=sentinel.is_dir())
+        done = _run(script, str(cache), "1", env={"MLCACHE_DIR": str(cache)})
+        if done.returncode != 0 or "OK" not in done.stdout:
+            failures.append(f"{name}: the run failed: {done.stderr[-800:]}")
+        elif _snapshot(sentinel) != before:
+            failures.append(f"{name}: written through the link")
+    assert not failures, "\n".join(failures)
+
+
+def test_removing_never_follows_a_link_out_of_the_cache(workload, tmp_path):
+    """clear, reduce_size, ``mlcache prune`` and ``mlcache clear`` (and a new code
+    version looking at the old ones) remove links, never what they point to:
+    function folders, version folders, entries and packs planted as links to
+    copies of themselves outside the cache are all still there afterwards."""
+    script, template, _ = workload
+    cache = tmp_path / "cache"
+    shutil.copytree(template, cache, symlinks=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ramp = next(p for p in cache.iterdir() if ".job.ramp" in p.name)
+    label = next(p for p in cache.iterdir() if ".job.label" in p.name)
+    planted = [ramp]  # a whole function folder: the one whose new version runs
+    planted += sorted(label.iterdir())  # a code version's folder, the statistics'
+    planted += sorted(cache.glob("datasets/*/*.pack"))  # a pack
+    for i, p in enumerate(planted):
+        target = outside / f"{i}-{p.name}"
+        shutil.copytree(p, target) if p.is_dir() else shutil.copy2(p, target)
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+        p.symlink_to(target, target_is_directory=target.is_dir())
+    before = _snapshot(outside)
+    done = _run(script, str(cache), "-1")
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr
+    for command in (["prune", "--max-size", "0"], ["clear"]):
+        cli = subprocess.run(
+            [sys.executable, "-m", "mlcache", "--location", str(cache), *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert cli.returncode == 0, cli.stderr
+    assert _snapshot(outside) == before
