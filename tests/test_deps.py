@@ -358,7 +358,7 @@ def test_the_walk_is_paid_once_per_process(tmp_path, monkeypatch):
 
     walks = []
     real = deps._walk_version
-    monkeypatch.setattr(deps, "_walk_version", lambda f: walks.append(f) or real(f))
+    monkeypatch.setattr(deps, "_walk_version", lambda f, *a: walks.append(f) or real(f, *a))
 
     def g(x):
         return x + 1
@@ -397,7 +397,7 @@ def test_modules_and_helpers_a_closure_holds_are_walked():
 def test_more_ways_of_reaching_code():
     """Factory closures, same-named lambdas, modules imported in the body and bound
     to a local name, methods reaching their class through self, wrapped helpers,
-    dispatch tables, and memo dicts (by type: they fill up at run time)."""
+    dispatch tables, and memo dicts (by type once known to fill up at run time)."""
     import types as _types
 
     mod = _types.ModuleType("depsbody")
@@ -447,11 +447,20 @@ def test_more_ways_of_reaching_code():
         assert "depsmore.inner" in parts  # through the lru_cache wrapper
         assert "depsmore.fa" in parts  # through the dispatch table
         assert parts["depsmore.<lambda>"].count("+") == 1  # both lambdas, order-free
-        assert parts["depsmore.memo"] == "<dict>"
+        # a module-level dict counts by content and is watched for changes calls
+        # make; once known as state (a memo), by type only
+        version = code_version(f)
+        assert parts["depsmore.memo"] != "<state dict>"
+        assert ("depsmore.memo", ns["memo"]) in version.watched
+        state = frozenset({"depsmore.memo"})
+        memo_free = code_version(f, state=state)
+        assert memo_free.parts["depsmore.memo"] == "<state dict>"
+        assert not any(name == "depsmore.memo" for name, _ in memo_free.watched)
         from mlcache.deps import _walk_version
 
         ns["memo"][1] = 2  # the memo fills up: the same version (walked again)
-        assert _walk_version(f).digest == code_version(f).digest
+        assert _walk_version(f, state).digest == memo_free.digest
+        assert _walk_version(f).digest != version.digest
         assert "depsmore.Model.helper" in code_version(ns["Model"].predict).parts
         one, two = ns["make"](ns["fa"]), ns["make"](ns["inner"])
         assert code_version(one).digest != code_version(two).digest

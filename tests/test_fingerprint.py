@@ -79,7 +79,7 @@ def test_identity_of_nested_functions_and_lambdas():
 def test_identity_of_script_and_notebook_functions():
     script: dict[str, object] = {"__name__": "__main__"}
     exec(compile("def run():\n    return 1\n", "/somewhere/train_model.py", "exec"), script)
-    assert func_identity(script["run"]) == "__main__.train_model.run"
+    assert func_identity(script["run"]) == "__main__.train_model.run@/somewhere/train_model.py"
     other: dict[str, object] = {"__name__": "__main__"}
     exec(compile("def run():\n    return 1\n", "/elsewhere/evaluate.py", "exec"), other)
     assert func_identity(other["run"]) != func_identity(script["run"])

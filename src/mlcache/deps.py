@@ -3,9 +3,11 @@ it reaches.
 
 :func:`code_version` walks from the function through what its bytecode names:
 
-- globals it reads (``helper(x)``, ``CONSTANT``), attribute chains on user
-  modules and classes (``utils.clean(x)``, ``Config.scale``), and imports
-  inside its body (``from .helpers import normalize``);
+- globals it reads (``helper(x)``, ``CONSTANT``, ``cfg = {...}``), attribute
+  chains on user modules and classes (``utils.clean(x)``, ``Config.scale``),
+  and imports inside its body (``from .helpers import normalize``): a module
+  imported there that is not imported yet is read from its file, never run
+  (the whole module counts, with the user modules it imports);
 - its default arguments and the values its closure holds (for the memoized
   function itself, only the modules, classes and functions there: the data it
   captures is part of each call's key);
@@ -18,17 +20,27 @@ What it finds is identified as follows:
 user function or method        its normalised code (below)
 user class                     the normalised code of its methods and its
                                simple class attributes
-module-level constant          its value: numbers, strings, tuples, small
-                               containers, arrays (by content, with the fast
-                               hash of :mod:`mlcache.hashing`)
+module-level value             its value: numbers, strings, tuples, containers,
+                               arrays, objects (by content, with the fast hash
+                               of :mod:`mlcache.hashing`), unless a call changes
+                               it (below)
 anything from a library        the library's name and version: the standard
                                library by Python's version, packages by their
                                installed version (their source is not walked)
 =============================  ================================================
 
 *User code* is every module whose file is not in the standard library or in a
-site-packages folder (and ``__main__``: scripts, notebook cells). mlcache itself
-counts as a library.
+site-packages folder (and ``__main__``: scripts, notebook cells; and code made
+by ``exec`` in a namespace without a ``__name__``). mlcache itself counts as a
+library.
+
+*What a call changes is state, not input.* A module-level value that is
+mutable (a dict, a list, an object) counts by value, because the code reads it;
+the values the walk met are returned in :attr:`CodeVersion.watched`, and
+:class:`~mlcache.memorized.MemorizedFunc` compares them before and after each
+computed call. One that a call changed (a memo such as ``_VOCAB_CACHE = {}``,
+a counter) is state: its name is remembered with the function's cache and,
+passed back here in ``state``, it counts by type only.
 
 *Normalised code* is the bytecode without line numbers: instructions, names,
 constants (recursively through nested functions, lambdas and comprehensions),
@@ -61,7 +73,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import xxhash
 
-__all__ = ["CODE_MODES", "CodeVersion", "code_version", "is_user_module", "library_version"]
+__all__ = [
+    "CODE_MODES",
+    "CodeVersion",
+    "CodeWalkError",
+    "code_version",
+    "is_user_module",
+    "library_version",
+]
 
 #: what ``Memory(code=...)`` accepts
 CODE_MODES = ("transitive", "source", "off")
@@ -78,14 +97,20 @@ _MAX_ITEMS = 100_000
 
 class CodeVersion(NamedTuple):
     """A function's code version: ``digest`` (32 hex digits) and, for the
-    transitive mode, the digest of each thing it depends on by name."""
+    transitive mode, the digest of each thing it depends on by name, and the
+    mutable values that count by content (name, value), to be checked for
+    changes a call makes."""
 
     digest: str
     parts: dict[str, str]
+    watched: tuple[tuple[str, Any], ...] = ()
 
 
 def code_version(
-    func: Callable[..., Any], mode: str = "transitive", pin: str | None = None
+    func: Callable[..., Any],
+    mode: str = "transitive",
+    pin: str | None = None,
+    state: frozenset[str] = frozenset(),
 ) -> CodeVersion:
     """The version of the code behind ``func`` (see the module docstring).
 
@@ -93,7 +118,11 @@ def code_version(
     ``"source"`` (the function's source text only, as joblib does: comments
     count, helpers do not) or ``"off"`` (no code check: results are kept until
     cleared, whatever the code does). ``pin`` (``cache(version="2")``) is a
-    version set by hand: the code is not looked at.
+    version set by hand: the code is not looked at. ``state`` names the
+    module-level values that calls change: they count by type only.
+
+    Raises :class:`CodeWalkError` when reading something the code refers to
+    raises (a global whose attribute access fails).
     """
     if pin is not None:
         return CodeVersion(xxhash.xxh3_128_hexdigest(f"pinned\0{pin}".encode()), {})
@@ -105,7 +134,7 @@ def code_version(
         raise ValueError(f"code must be one of {CODE_MODES}, got {mode!r}")
     target = _target(func)
     if getattr(func, "__wrapped__", None) is not None:
-        return _walk_version(func)  # a decorator chain: not worth caching
+        return _walk_version(func, state)  # a decorator chain: not worth caching
     # functions made from one code object (closures of a factory) share a version:
     # their closure values are part of each call's key, not of the code. By
     # identity: equal code objects in two modules have different dependencies.
@@ -114,11 +143,11 @@ def code_version(
     held = tuple(
         id(c.cell_contents) for c in getattr(target, "__closure__", None) or () if _cell_is_code(c)
     )
-    key = (id(code), id(getattr(target, "__globals__", None)), held)
+    key = (id(code), id(getattr(target, "__globals__", None)), held, state)
     cached = _VERSIONS.get(key)
     if cached is not None and cached[0]() is code:
         return cached[1]
-    found = _walk_version(func)
+    found = _walk_version(func, state)
     with contextlib.suppress(TypeError):  # not weakly referenceable: not cached
         _VERSIONS[key] = (weakref.ref(code, functools.partial(_forget, key)), found)
     return found
@@ -140,8 +169,17 @@ def _forget(key: tuple[Any, ...], _gone: Any) -> None:
     _VERSIONS.pop(key, None)
 
 
-def _walk_version(func: Callable[..., Any]) -> CodeVersion:
-    walk = _Walk()
+class CodeWalkError(Exception):
+    """Reading something a function's code refers to raised: ``where`` is its
+    name (a global, an attribute chain)."""
+
+    def __init__(self, where: str, exc: BaseException) -> None:
+        super().__init__(f"reading {where} raised {type(exc).__name__}: {exc}")
+        self.where = where
+
+
+def _walk_version(func: Callable[..., Any], state: frozenset[str] = frozenset()) -> CodeVersion:
+    walk = _Walk(state)
     f: Any = func
     seen: set[int] = set()
     while f is not None and id(f) not in seen:  # a decorator's wrapper and what it wraps
@@ -156,7 +194,7 @@ def _walk_version(func: Callable[..., Any]) -> CodeVersion:
         f = getattr(target, "__wrapped__", None)
     parts = walk.result()
     blob = "\0".join(f"{k}={v}" for k, v in parts.items()).encode()
-    return CodeVersion(xxhash.xxh3_128_hexdigest(blob), parts)
+    return CodeVersion(xxhash.xxh3_128_hexdigest(blob), parts, tuple(walk.watched))
 
 
 def _source_version(func: Callable[..., Any]) -> CodeVersion:
@@ -179,7 +217,9 @@ def _target(func: Any) -> Any:
 
 
 def _name_of(obj: Any) -> str:
-    module = getattr(obj, "__module__", None) or "?"
+    from .fingerprint import module_name
+
+    module = module_name(getattr(obj, "__module__", None))
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or "?"
     return f"{module}.{name}"
 
@@ -187,10 +227,14 @@ def _name_of(obj: Any) -> str:
 class _Walk:
     """One walk of a dependency graph: ``parts`` maps names to digests."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: frozenset[str] = frozenset()) -> None:
         self._found: dict[str, set[str]] = {}
         self._seen: set[int] = set()
         self._keep: list[Any] = []  # what ``_seen`` refers to, alive for the walk
+        self._state = state  # names of values that calls change: by type only
+        self._static: set[str] = set()  # modules read from their files
+        #: mutable values counted by content: (name, value)
+        self.watched: list[tuple[str, Any]] = []
 
     def _first_time(self, obj: Any) -> bool:
         if id(obj) in self._seen:
@@ -212,7 +256,7 @@ class _Walk:
     def value(self, name: str, obj: Any, *, root: bool = False) -> None:
         """Record what ``obj``, met under ``name``, contributes."""
         if isinstance(obj, (types.MethodType, functools.partial)) or hasattr(
-            obj, "__mlcache_token__"
+            type(obj), "__mlcache_token__"
         ):
             if isinstance(obj, functools.partial):
                 self.value(f"{name}.<partial args>", (obj.args, obj.keywords))
@@ -220,12 +264,12 @@ class _Walk:
         if isinstance(obj, (staticmethod, classmethod)):
             obj = obj.__func__
         if isinstance(obj, types.FunctionType):
-            if root or is_user_module(obj.__module__):
+            if root or obj.__module__ is None or is_user_module(obj.__module__):
                 self._function(name if root else _name_of(obj), obj, root=root)
             else:
                 self._record(name, _library_part(obj))
         elif isinstance(obj, type):
-            if is_user_module(obj.__module__) or (root and _has_python_code(obj)):
+            if _is_user_class(obj) or (root and _has_python_code(obj)):
                 self._class(name if root else _name_of(obj), obj)
             elif obj.__module__ != "builtins" or root:
                 self._record(name, _library_part(obj))
@@ -241,30 +285,36 @@ class _Walk:
             module = getattr(obj, "__module__", None) or type(obj).__module__
             if module != "builtins" or root:
                 self._record(name, _library_part(obj))
-        elif callable(obj) and getattr(obj, "__wrapped__", None) is not None:
+        elif callable(obj) and _probe(obj, "__wrapped__") is not None:
             self.value(name, obj.__wrapped__)  # functools.lru_cache and other wrappers
         elif isinstance(obj, (list, tuple, dict, set, frozenset)):
             self._container(name, obj)
         else:
             # a value: an instance of a user class brings its class's code too
             cls = type(obj)
-            if is_user_module(cls.__module__):
+            if _is_user_class(cls):
                 self._class(_name_of(cls), cls)
-            self._record(name, _constant(obj))
+            self._data(name, obj)
+
+    def _data(self, name: str, obj: Any) -> None:
+        """A value: by content, and watched for changes when it is mutable;
+        by type when calls are known to change it (state)."""
+        if name in self._state:
+            self._record(name, f"<state {type(obj).__qualname__}>")
+            return
+        self._record(name, _constant(obj))
+        if not _immutable(obj):
+            self.watched.append((name, obj))
 
     def _container(self, name: str, obj: Any) -> None:
         """A container: the code of the functions and classes in it (a dispatch
-        table) is walked; its data counts by value, except a mutable container
-        whose name is not a CONSTANT's (a memo or registry that fills up at run
-        time would make every run another version): that counts by type."""
+        table) is walked; its data counts by value (see :meth:`_data`)."""
         if len(obj) <= _MAX_ITEMS:
             values = obj.values() if isinstance(obj, dict) else obj
             for item in values:  # under the container's name: no order, no index
                 if callable(item) and not isinstance(item, (types.BuiltinFunctionType, np.ufunc)):
                     self.value(f"{name}[]", item)
-        short = name.rpartition(".")[2]
-        constant = short.isupper() or not isinstance(obj, (list, dict, set))
-        self._record(name, _constant(obj) if constant else f"<{type(obj).__qualname__}>")
+        self._data(name, obj)
 
     def _function(self, name: str, f: types.FunctionType, *, root: bool = False) -> None:
         if not self._first_time(f):
@@ -295,7 +345,7 @@ class _Walk:
             return
         self._record(name, _constant(cls.__qualname__))
         for klass in cls.__mro__:
-            if klass is object or not is_user_module(klass.__module__):
+            if klass is object or not _is_user_class(klass):
                 if klass is not object and klass.__module__ != "builtins":
                     self._record(f"{name}<{_name_of(klass)}>", _library_part(klass))
                 continue
@@ -324,26 +374,127 @@ class _Walk:
             obj = f.__globals__.get(head, _MISSING)
             if obj is _MISSING:
                 return  # a builtin (Python's version counts) or not defined yet
-            where = f"{f.__module__}.{head}"
+            where = f"{_module_name(f.__module__)}.{head}"
         else:
-            module_name, level, attrs = ref[1], int(ref[2]), ref[3:]
+            name, level, attrs = ref[1], int(ref[2]), ref[3:]
             try:
                 package = f.__globals__.get("__package__") or ""
-                full = importlib.util.resolve_name("." * level + module_name, package)
+                full = importlib.util.resolve_name("." * level + name, package)
             except (ImportError, ValueError):
                 return
             obj = sys.modules.get(full, _MISSING)
-            if obj is _MISSING:
+            if obj is _MISSING:  # imported only when the body runs: read its file
+                self._static_module(full)
+                if attrs:  # `from pkg import submodule`
+                    self._static_module(f"{full}.{attrs[0]}")
                 return
             where = full
-        for attr in attrs:  # down user modules and classes only
-            if not _walkable(obj):
-                break
-            nxt = getattr(obj, attr, _MISSING)
-            if nxt is _MISSING:
-                break
-            obj, where = nxt, f"{where}.{attr}"
-        self.value(where, obj)
+        try:
+            for attr in attrs:  # down user modules and classes only
+                if not _walkable(obj):
+                    break
+                nxt = getattr(obj, attr, _MISSING)
+                if nxt is _MISSING:
+                    if isinstance(obj, types.ModuleType):  # a submodule not imported yet
+                        self._static_module(f"{obj.__name__}.{attr}")
+                    break
+                obj, where = nxt, f"{where}.{attr}"
+            self.value(where, obj)
+        except CodeWalkError:
+            raise
+        except Exception as exc:  # a global whose attribute access raises (a proxy)
+            raise CodeWalkError(where, exc) from exc
+
+    def _static_module(self, full: str) -> None:
+        """Record the module ``full`` from its file without running it: the
+        normalised code of the whole module, and of the user modules it imports
+        (a library by its version). Nothing is recorded when it cannot be found."""
+        if full in self._static:
+            return
+        self._static.add(full)
+        if full.split(".")[0] in _NOT_USER:
+            self._record(full, library_version(full))
+            return
+        path = _module_file(full)
+        if path is None:
+            return
+        if not _is_user_file(path):
+            self._record(full, library_version(full))
+            return
+        code = _compile_file(path, *_file_stamp(path))
+        self._record(f"{full} <file>", "<unreadable>" if code is None else _code_digest(code))
+        if code is None:
+            return
+        package = (
+            full if os.path.basename(path).startswith("__init__.") else full.rpartition(".")[0]
+        )
+        for ref in _references(code):
+            if ref[0] != "i":
+                continue
+            try:
+                dep = importlib.util.resolve_name("." * int(ref[2]) + ref[1], package)
+            except (ImportError, ValueError):
+                continue
+            self._static_module(dep)
+            if len(ref) > 3:  # `from pkg import submodule`
+                self._static_module(f"{dep}.{ref[3]}")
+
+
+#: top-level names that are never user code
+_NOT_USER = frozenset(sys.stdlib_module_names) | {"builtins", "mlcache"}
+
+
+def _module_file(full: str) -> str | None:
+    """The file of the module ``full``, found as the import system would, without
+    importing it (an imported parent package's ``__path__`` is used); None when
+    there is none (not found, a namespace package, an extension's parent...)."""
+    from importlib.machinery import PathFinder
+
+    parts = full.split(".")
+    search: Any = None
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        last = i == len(parts) - 1
+        module = sys.modules.get(name)
+        if module is not None:
+            if last:
+                return getattr(module, "__file__", None)
+            search = getattr(module, "__path__", None)
+        else:
+            try:
+                spec = PathFinder.find_spec(name, search)
+            except (ImportError, ValueError, OSError):
+                return None
+            if spec is None:
+                return None
+            if last:
+                return spec.origin if spec.has_location else None
+            search = spec.submodule_search_locations
+        if search is None:
+            return None
+    return None
+
+
+def _file_stamp(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_file(path: str, mtime_ns: int, size: int) -> types.CodeType | None:
+    """A module's code, compiled from its source file (never run); None when it
+    cannot be read or compiled. Cached by the file's stamp."""
+    if not path.endswith(".py"):
+        return None
+    try:
+        with open(path, "rb") as f:
+            source = importlib.util.decode_source(f.read())
+        return compile(source, path, "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
 
 
 def _owner_class(f: types.FunctionType) -> type | None:
@@ -355,9 +506,46 @@ def _owner_class(f: types.FunctionType) -> type | None:
     obj: Any = f.__globals__.get(path[0])
     for part in path[1:-1]:
         obj = getattr(obj, part, None)
-    if isinstance(obj, type) and is_user_module(obj.__module__):
+    if isinstance(obj, type) and _is_user_class(obj):
         return obj
     return None
+
+
+def _module_name(name: str | None) -> str:
+    from .fingerprint import module_name
+
+    return module_name(name)
+
+
+def _is_user_class(cls: type) -> bool:
+    """A class of user code, also one made by ``exec`` in a namespace without a
+    ``__name__`` (its ``__module__`` is then ``"builtins"``)."""
+    module = cls.__module__
+    if module == "builtins":
+        return _has_python_code(cls)
+    return is_user_module(module)
+
+
+def _probe(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)`` that never raises (a proxy's ``__getattr__``
+    may raise anything)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, np.generic, type)
+
+
+def _immutable(obj: Any, depth: int = 0) -> bool:
+    """Whether a call cannot change ``obj`` in place (tuples and frozensets of
+    such values included)."""
+    if isinstance(obj, _IMMUTABLE):
+        return True
+    if isinstance(obj, (tuple, frozenset)) and depth < 4:
+        return len(obj) <= 1000 and all(_immutable(v, depth + 1) for v in obj)
+    return False
 
 
 def _is_code(obj: Any) -> bool:
@@ -377,7 +565,7 @@ def _walkable(obj: Any) -> bool:
     """A user module or class: an attribute read on it is followed."""
     if isinstance(obj, types.ModuleType):
         return is_user_module(obj.__name__)
-    return isinstance(obj, type) and is_user_module(obj.__module__)
+    return isinstance(obj, type) and _is_user_class(obj)
 
 
 def _references(code: types.CodeType) -> list[tuple[str, ...]]:
@@ -483,12 +671,13 @@ def _code_bytes(code: types.CodeType, h: xxhash.xxh3_64) -> None:
 def _constant(obj: Any) -> str:
     """A value's short digest (its type and size only when it cannot be hashed or is
     a huge container)."""
-    from .hashing import hash_value
+    from .hashing import code_walk, hash_value
 
     try:
         if isinstance(obj, (list, tuple, dict, set, frozenset)) and len(obj) > _MAX_ITEMS:
             return f"{type(obj).__qualname__}[{len(obj)}]"
-        return hash_value(obj)[:16]
+        with code_walk():  # functions in it by their own code: no walk inside the walk
+            return hash_value(obj)[:16]
     except Exception:  # an open file, a lock, a logger: what it is, not what it holds
         return f"<{type(obj).__module__}.{type(obj).__qualname__}>"
 
@@ -562,6 +751,11 @@ def is_user_module(name: str | None) -> bool:
         # made at run time (types.ModuleType) when it has no import spec; else
         # builtin, frozen, or a namespace package without files
         return getattr(module, "__spec__", None) is None and name not in sys.builtin_module_names
+    return _is_user_file(path)
+
+
+def _is_user_file(path: str) -> bool:
+    """A module file of the user's (not in the standard library or site-packages)."""
     real = os.path.realpath(path)
     if os.sep + "site-packages" + os.sep in real or os.sep + "dist-packages" + os.sep in real:
         return False

@@ -14,10 +14,18 @@ callable object             ``package.module.Class.__call__``; the object is par
 nested function             ``package.module.outer.<locals>.inner``; the values its
                             closure holds at call time are part of every call's key
 lambda                      ``package.module.<lambda>-<line>-<column>``
-``__main__`` (a script)     ``__main__.<script stem>.func``, so two scripts with a
-                            function of the same name do not collide
-notebook cell / REPL        ``__main__.func``: the temporary cell file name is not
-                            used, so results survive a kernel restart
+``__main__`` (a script)     ``__main__.<script stem>.func@<script path>``: two
+                            scripts, or two copies of one script in two folders,
+                            never share results (joblib also keys by the path);
+                            spawn workers (``__mp_main__``) see the same name
+notebook cell               ``__main__.<notebook stem>.func@<notebook path>`` when
+                            the kernel says which notebook it runs (Jupyter's
+                            ``__session__``, VS Code's ``__vsc_ipynb_file__``),
+                            else ``__main__.func``; the temporary cell file name
+                            is never used, so results survive a kernel restart
+a plain decorator's         ``package.module.deco.<locals>.wrapper[<identity of
+wrapper (no functools.wraps) the function it wraps>]``: two functions under one
+                            decorator never share an identity
 ==========================  =====================================================
 
 The code version (which code the results came from) is :mod:`mlcache.deps`.
@@ -38,6 +46,7 @@ __all__ = [
     "call_state",
     "closure_digest",
     "func_identity",
+    "module_name",
     "slug",
     "target_function",
 ]
@@ -82,22 +91,40 @@ def target_function(func: Callable[..., Any]) -> Callable[..., Any]:
             return func
 
 
-def func_identity(func: Callable[..., Any]) -> str:
+def module_name(name: str | None) -> str:
+    """A module's name as identities and versions use it: the main script is
+    ``__main__`` also where multiprocessing's spawned children call it
+    ``__mp_main__``; code made by ``exec`` without a ``__name__`` is ``<exec>``."""
+    if not name:
+        return "<exec>"
+    return "__main__" if name == "__mp_main__" else name
+
+
+def _main_file(func: Any, code: types.CodeType | None) -> str | None:
+    """The file a ``__main__`` function comes from: the script, or the notebook
+    the kernel names; None for a REPL, an unnamed notebook or shipped code."""
+    if code is None or code.co_filename == "<dynamic-code>":  # shipped by value (cloudpickle)
+        return None
+    if not _is_notebook_file(code.co_filename):
+        return os.path.realpath(code.co_filename)
+    ns = getattr(func, "__globals__", None) or {}
+    for var in ("__vsc_ipynb_file__", "__session__"):
+        path = ns.get(var)
+        if isinstance(path, str) and path.endswith(".ipynb"):
+            return os.path.realpath(path)
+    return None
+
+
+def func_identity(func: Callable[..., Any], _seen: frozenset[int] = frozenset()) -> str:
     """The stable name under which ``func``'s results are stored."""
+    wrapper = func
     func = target_function(func)
-    module = getattr(func, "__module__", None) or "<unknown>"
-    if module == "__mp_main__":  # the main script as multiprocessing's spawned children see it
-        module = "__main__"
+    module = module_name(getattr(func, "__module__", None))
     qualname = str(getattr(func, "__qualname__", None) or getattr(type(func), "__qualname__", ""))
     code = getattr(func, "__code__", None)
-    if (
-        module == "__main__"
-        and code is not None
-        and not _is_notebook_file(code.co_filename)
-        and code.co_filename != "<dynamic-code>"  # shipped by value (cloudpickle)
-    ):
-        stem = os.path.splitext(os.path.basename(code.co_filename))[0]
-        module = f"__main__.{stem}"
+    where = _main_file(func, code) if module == "__main__" else None
+    if where is not None:
+        module = f"__main__.{os.path.splitext(os.path.basename(where))[0]}"
     if "<lambda>" in qualname and code is not None:
         qualname = f"{qualname}-{code.co_firstlineno}"
         # two lambdas on one line differ by column: the first instruction of the body
@@ -106,7 +133,26 @@ def func_identity(func: Callable[..., Any]) -> str:
         column = next(columns, None)
         if column is not None:
             qualname += f"-{column}"
-    return f"{module}.{qualname}"
+    if "<locals>" in qualname and getattr(wrapper, "__wrapped__", None) is None:
+        # a decorator's wrapper that does not say what it wraps: the functions its
+        # closure holds tell two decorated functions apart
+        seen = _seen | {id(func)}
+        held = sorted(func_identity(v, seen) for v in _closure_functions(func) if id(v) not in seen)
+        if held:
+            qualname += f"[{','.join(held)}]"
+    return f"{module}.{qualname}" + (f"@{where}" if where else "")
+
+
+def _closure_functions(func: Any) -> list[types.FunctionType]:
+    found = []
+    for cell in getattr(func, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if issubclass(type(value), types.FunctionType) and value is not func:
+            found.append(value)
+    return found
 
 
 def call_state(
