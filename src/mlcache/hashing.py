@@ -368,6 +368,14 @@ def _tree_digest(mv: memoryview) -> bytes:
     return b"T" + b"".join(digests)
 
 
+def parallel_map(func: Callable[[memoryview], Any], blocks: list[memoryview]) -> list[Any]:
+    """``[func(b) for b in blocks]``, run on the hashing threads (all cores) when
+    there are several blocks; ``func`` should release the GIL, as xxhash's do.
+    The entry reader checks large payloads' block tables with it."""
+    pool = _hash_pool() if len(blocks) > 1 else None
+    return list(pool.map(func, blocks)) if pool else [func(b) for b in blocks]
+
+
 def _tree_digest_chunks(chunks: Iterator[memoryview]) -> bytes:
     """:func:`_tree_digest` of the concatenation of ``chunks`` (fed sequentially)."""
     out = [b"T"]
