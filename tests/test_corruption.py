@@ -64,8 +64,11 @@ def _same(a, b) -> bool:
 def _meaningful(data: bytes) -> list[range]:
     """The byte ranges of an entry that a reader checks (all but the zero padding)."""
     f = HEADER.unpack_from(data)
-    flags, lay_n, info_n, p_off = f[2], f[3], f[4], f[6]
+    flags, lay_n, info_n, p_off, p_len = f[2], f[3], f[4], f[6], f[7]
     meta_end = 64 + lay_n + info_n + (40 if flags & 1 else 0)
+    if flags & 4:  # a block table: its block size, then one digest per block
+        block = int.from_bytes(data[64 + lay_n + info_n :][:8], "little")
+        meta_end += 8 + 8 * -(-p_len // block)
     return [range(0, meta_end), range(p_off, len(data))]
 
 

@@ -332,29 +332,126 @@ def test_truncated_or_extended_files_are_detected(tmp_path, mmap_mode):
             EntryReader(str(path), mmap_mode)
 
 
-def test_large_mapped_payloads_are_checked_by_verify_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(entry, "VERIFY_MAPPED_MAX", 1024)
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Entries of 1 KiB and more get a block table of 4 KiB blocks."""
+    monkeypatch.setattr(entry, "BLOCK_TABLE_MIN", 1024)
+    monkeypatch.setattr(entry, "BLOCK_SIZE", 4096)
+
+
+def table_end(data: bytes) -> int:
+    """Where the layout, info and block table (if any) end."""
+    h = fields(data)
+    end = 64 + h["L"] + h["I"]
+    if h["flags"] & entry.BLOCK_SUMS:
+        (block,) = struct.unpack_from("<Q", data, end)
+        end += 8 + 8 * -(-h["N"] // block)
+    return end
+
+
+def test_large_payloads_carry_a_block_table_as_specified(tmp_path, small_blocks):
     path = tmp_path / "e"
-    write(path, np.arange(1000.0))  # 8000 bytes > 1024
+    write(path, {"x": np.arange(2000.0), "b": b"tail"}, info={"func": "f"})
+    data = path.read_bytes()
+    h = fields(data)
+    assert h["version"] == 1 and h["flags"] == entry.BLOCK_SUMS
+    end = 64 + h["L"] + h["I"]
+    (block,) = struct.unpack_from("<Q", data, end)
+    n = -(-h["N"] // block)
+    assert block == 4096 and n == 4
+    payload = data[h["P"] :]
+    sums = struct.unpack_from(f"<{n}Q", data, end + 8)
+    assert list(sums) == [
+        xxhash.xxh3_64_intdigest(payload[i : i + block]) for i in range(0, len(payload), block)
+    ]
+    table = data[end : end + 8 + 8 * n]
+    assert h["psum"] == xxhash.xxh3_64_intdigest(table)  # the payload checksum is the table's
+    seed = xxhash.xxh3_64_intdigest(data[:48])
+    assert h["hsum"] == xxhash.xxh3_64_intdigest(data[64 : end + len(table)], seed=seed)
+    assert data[end + len(table) : h["P"]] == bytes(h["P"] - end - len(table))
+    for mode in (None, "r", "c", "r+"):
+        np.testing.assert_array_equal(read(path, mode)["x"], np.arange(2000.0))
+    verify_file(str(path))
+    # below the threshold: no table, the bytes of version 1 as before
+    write(path, np.arange(10.0))
+    assert fields(path.read_bytes())["flags"] == 0
+
+
+@pytest.mark.parametrize("mmap_mode", [None, "r", "c"])
+@pytest.mark.parametrize("codec", [NPY, PICKLE], ids=["npy", "pickle"])
+def test_any_flipped_byte_of_an_entry_with_a_block_table_is_detected(
+    tmp_path, small_blocks, mmap_mode, codec
+):
+    path = tmp_path / "e"
+    write(path, {"x": np.arange(700.0), "s": b"x" * 100}, codec=codec)
+    data = path.read_bytes()
+    h = fields(data)
+    assert h["flags"] & entry.BLOCK_SUMS
+    checked = [i for i in range(table_end(data)) if not 56 <= i < 64]
+    checked += list(range(h["P"], len(data), 7))
+    missed = []
+    for i, bad in damaged_copies(data, checked):
+        path.write_bytes(bad)
+        try:
+            EntryReader(str(path), mmap_mode)
+        except EntryCorrupted:
+            continue
+        missed.append(i)
+    assert not missed
+
+
+def test_mapped_payloads_of_any_size_are_checked_at_load(tmp_path, small_blocks):
+    path = tmp_path / "e"
+    write(path, np.arange(1000.0))  # 8000 bytes: a block table
     data = path.read_bytes()
     h = fields(data)
     bad = bytearray(data)
-    bad[h["P"] + 100] ^= 0xFF
+    bad[h["P"] + 5000] ^= 0xFF
     path.write_bytes(bytes(bad))
-    # a mapped read stays O(1): the payload is not read, the damage not seen
-    EntryReader(str(path), "r")
+    for mode in ("r", "c", None):
+        with pytest.raises(EntryCorrupted, match="checksum"):
+            EntryReader(str(path), mode)
     with pytest.raises(EntryCorrupted, match="checksum"):
         verify_file(str(path))
-    with pytest.raises(EntryCorrupted):
-        EntryReader(str(path), None)
-    # but damage to the header or the size is seen at load even then
-    for _, worse in damaged_copies(bytes(bad), [0, 9, 13, 30, 50, 70]):
-        path.write_bytes(worse)
+    EntryReader(str(path), "r+")  # the caller's to change: not checked (joblib's r+)
+
+
+def test_block_tables_of_other_block_sizes_are_read(tmp_path, small_blocks, monkeypatch):
+    path = tmp_path / "e"
+    value = {"x": np.arange(3000.0)}
+    for block in (64, 1 << 16, 1 << 24):  # one block larger than the payload
+        monkeypatch.setattr(entry, "BLOCK_SIZE", block)
+        write(path, value)
+        for mode in (None, "r"):
+            np.testing.assert_array_equal(read(path, mode)["x"], value["x"])
+
+
+@pytest.mark.parametrize("block", [0, 32, 100, 4097, 1 << 41])
+def test_bad_block_sizes_are_refused(tmp_path, small_blocks, block):
+    path = tmp_path / "e"
+    write(path, np.arange(1000.0))
+    data = bytearray(path.read_bytes())
+    h = fields(bytes(data))
+    struct.pack_into("<Q", data, 64 + h["L"] + h["I"], block)
+    path.write_bytes(bytes(data))
+    for call in (lambda: EntryReader(str(path), "r"), lambda: read_info(str(path))):
         with pytest.raises(EntryCorrupted):
-            EntryReader(str(path), "r")
-    path.write_bytes(bytes(bad)[:-1])
-    with pytest.raises(EntryCorrupted):
-        EntryReader(str(path), "r")
+            call()
+
+
+def test_a_block_table_beyond_the_first_read(tmp_path, small_blocks):
+    # layout and info longer than the reader's first read, then the table
+    path = tmp_path / "e"
+    value = [np.arange(300.0), *(bytes([i % 256]) * (i % 3) for i in range(6000))]
+    write(path, value, info={"k": "v"})
+    data = path.read_bytes()
+    assert fields(data)["flags"] & entry.BLOCK_SUMS
+    assert 64 + fields(data)["L"] > entry._FIRST_READ
+    for mode in (None, "r"):
+        out = read(path, mode)
+        np.testing.assert_array_equal(out[0], value[0])
+        assert out[1:] == value[1:]
+    assert read_info(str(path)) == {"k": "v"}
 
 
 def test_small_mapped_payloads_are_checked_at_load(tmp_path):
@@ -564,6 +661,36 @@ def test_fixture_v1_pickle_reads_back(mmap_mode):
     assert out["a"].dtype == np.dtype("<i8")
     assert out["b"] == {1, 2, 3} and out["c"] == frozenset({"x"})
     verify_file(str(path))
+
+
+@pytest.mark.parametrize("mmap_mode", [None, "r", "c"])
+def test_fixture_v1_block_table_reads_back(mmap_mode):
+    path = FIXTURES / "entry_v1_blocks_npy.mlc"
+    h = fields(path.read_bytes())
+    assert h["version"] == 1 and h["flags"] == entry.BLOCK_SUMS
+    reader = EntryReader(str(path), mmap_mode)
+    assert reader.info == FIXTURE_INFO
+    out = NPY.decode(reader.codec_layout, reader)
+    np.testing.assert_array_equal(out.pop("big"), np.arange(2500, dtype="<f8"))
+    check_fixture_npy(out)
+    verify_file(str(path))
+
+
+@pytest.mark.parametrize("mmap_mode", [None, "r"])
+def test_fixture_v1_signed_block_table_reads_back(mmap_mode):
+    from mlcache.signing import Signer
+
+    path = FIXTURES / "entry_v1_blocks_signed_pickle.mlc"
+    h = fields(path.read_bytes())
+    assert h["flags"] == entry.BLOCK_SUMS | entry.SIGNED | entry.CODE_SIGNED
+    signer = Signer(b"mlcache fixture key")
+    reader = EntryReader(str(path), mmap_mode, signer, "fixtures/0/blocks")
+    out = PICKLE.decode(reader.codec_layout, reader)
+    assert list(out) == ["a", "b", "c", "big"]
+    np.testing.assert_array_equal(out["big"], np.arange(2500, dtype="<f8"))
+    verify_file(str(path), signer, "fixtures/0/blocks")
+    with pytest.raises(EntryCorrupted):
+        EntryReader(str(path), mmap_mode, signer, "fixtures/0/other")
 
 
 def test_writer_still_produces_the_v1_fixture_bytes():

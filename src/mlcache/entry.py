@@ -8,44 +8,66 @@ offset    size    field
 ========  ======  ===========================================================
 0         8       magic ``b"\\x93MLCACHE"``
 8         2       format version (u16), currently 1
-10        2       flags (u16): 1 signed, 2 the signature covers segment 0 too
+10        2       flags (u16): 1 signed, 2 the signature covers segment 0 too,
+                  4 a block table follows the info
 12        4       layout length L (u32): JSON, how to decode the payload
 16        4       info length I (u32): JSON, metadata (time, duration, args)
 20        4       segment count (u32)
 24        8       payload offset P (u64), a multiple of 64
 32        8       payload length N (u64)
-40        8       xxh3-64 of the payload bytes [P, P+N)
-48        8       xxh3-64 of layout + info, seeded with the xxh3-64 of bytes [0, 48)
+40        8       xxh3-64 of the payload bytes [P, P+N); with flag 4, xxh3-64
+                  of the block table
+48        8       xxh3-64 of layout + info (+ block table), seeded with the
+                  xxh3-64 of bytes [0, 48)
 56        8       reserved, zero
 64        L       layout JSON: ``{"codec", "c": codec layout, "seg": [[off, len], ...],
                   "z": compression or null, "raw": [uncompressed len, ...]}``
 64+L      I       info JSON
-64+L+I    40      signed entries only: key id (8) and HMAC-SHA256 (32) of bytes
-                  [0, 48) + layout + info + the entry's name (+ SHA-256 of
-                  segment 0 when flag 2 is set)
+64+L+I    T       flag 4 only, the block table: block size B (u64, a power of
+                  two from 64 to 2**40), then ceil(N / B) xxh3-64 (u64), one per
+                  B-byte block of the payload (the last one shorter);
+                  T = 8 + 8 * ceil(N / B), else T = 0
+64+L+I+T  40      signed entries only: key id (8) and HMAC-SHA256 (32) of bytes
+                  [0, 48) + layout + info + block table + the entry's name
+                  (+ SHA-256 of segment 0 when flag 2 is set)
 ...               zero padding up to P
 P         N       segments, each at a 64-byte aligned offset (relative to P),
                   zero padding between them
 ========  ======  ===========================================================
 
+Writers add the block table (B = :data:`BLOCK_SIZE`, 4 MiB) to payloads of at
+least :data:`BLOCK_TABLE_MIN` (16 MiB); smaller entries are byte for byte as
+before. Readers read entries with and without it.
+
 When the payload is checked
-    The header checksum is always checked. The payload checksum is checked on
-    every read into memory (it costs ~4% of reading the bytes) and on
-    memory-mapped reads of payloads up to :data:`VERIFY_MAPPED_MAX`; for larger
-    memory-mapped payloads only the file size is checked at load, so a hit stays
-    O(1) in the array size, and :func:`verify_file` (``Memory.verify()``) checks
-    the bytes.
+    Before its first use in a process, whatever the size or the mode. The
+    header checksum (which covers the block table) is checked at every read.
+    A read into memory checks the payload as it reads it (it costs ~4% of
+    reading the bytes). A memory-mapped read (``"r"``, ``"c"``) checks the
+    mapped payload unless this process has already checked that file: each
+    block of a block table on all cores (:func:`mlcache.hashing.parallel_map`),
+    an older entry without one in one pass. A file that passed is remembered by
+    its identity (device, inode, size, mtime, ctime) once its last change is
+    :data:`SETTLED_NS` old, so a repeated mapped hit stays O(1) in the array
+    size; a file replaced or changed in place has another identity and is
+    checked again. ``"r+"`` maps are the caller's to change (as in joblib, edits
+    persist), so they are not checked; handing one out drops the file's mark,
+    and while one is alive in this process the file's other mapped reads are
+    checked every time (writes through a shared map need not change the mtime
+    at once). ``"c"`` maps are private: nothing reaches the file. A mismatch
+    raises :class:`EntryCorrupted`: a miss, recomputed.
+    :func:`verify_file` (``Memory.verify()``) reads and checks every byte.
 
 Signed entries (:mod:`mlcache.signing`)
     A reader given a signer refuses, before decoding anything, an entry that is
     unsigned or whose signature does not verify (:class:`EntrySignatureError`).
     The signature covers the header (with the payload's checksum), the layout,
-    the info and the entry's name, and the whole of segment 0 of entries whose
+    the info, the block table and the entry's name, and the whole of segment 0 of entries whose
     codec runs code when decoding (the pickle stream): it is read into private
     memory, checked there and decoded from there. Other segments (raw arrays,
     a pickle's out-of-band buffers) are bound to the signature only through
-    their signed xxh3 checksum, checked as above: a mapped hit stays O(1), and
-    altered array bytes can give wrong numbers but never run code.
+    their signed xxh3 checksums (of the payload, or of each block), checked as
+    above: altered array bytes can give wrong numbers but never run code.
 """
 
 from __future__ import annotations
@@ -58,6 +80,8 @@ import mmap
 import os
 import struct
 import sys
+import time
+import weakref
 from typing import Any, BinaryIO, Literal, NamedTuple
 
 import numpy as np
@@ -66,16 +90,20 @@ import xxhash
 from .codecs import Encoded, codecs
 from .compression import Compression
 from .errors import ConfigError, EntryCorrupted, EntrySignatureError
-from .hashing import REF_ATTR
+from .hashing import REF_ATTR, parallel_map
 from .signing import KEY_ID_SIZE, MAC_SIZE, Signer
 
 __all__ = [
+    "BLOCK_SIZE",
+    "BLOCK_SUMS",
+    "BLOCK_TABLE_MIN",
     "CODE_SIGNED",
     "FORMAT_VERSION",
     "MAGIC",
     "SIGNED",
     "EntryPlan",
     "EntryReader",
+    "forget_verified",
     "read_info",
     "verify_file",
     "write_entry",
@@ -86,13 +114,23 @@ FORMAT_VERSION = 1
 ALIGN = 64
 HEADER = struct.Struct("<8sHHIII QQQQQ")  # 64 bytes
 assert HEADER.size == 64
-#: header flags: the entry is signed; its segment 0 (code) is covered too
-SIGNED, CODE_SIGNED = 1, 2
-_KNOWN_FLAGS = SIGNED | CODE_SIGNED
+#: header flags: the entry is signed; its segment 0 (code) is covered too; a table
+#: of block checksums follows the info
+SIGNED, CODE_SIGNED, BLOCK_SUMS = 1, 2, 4
+_KNOWN_FLAGS = SIGNED | CODE_SIGNED | BLOCK_SUMS
 #: the signature that follows the info: the signing key's id, then the MAC
 SIGNATURE_SIZE = KEY_ID_SIZE + MAC_SIZE
-#: memory-mapped payloads up to this size are checksummed at load
-VERIFY_MAPPED_MAX = 16 << 20
+#: payloads of at least this many bytes are written with a table of block checksums
+BLOCK_TABLE_MIN = 16 << 20
+#: the block size of the tables this writer makes (readers take any power of two
+#: from ALIGN to 2**40)
+BLOCK_SIZE = 4 << 20
+_BLOCK_MAX = 1 << 40
+#: a mapped file is remembered as verified only when its last change (mtime,
+#: ctime) is at least this old: file times are coarse, and a change made within
+#: the same clock tick as the check would not show in them
+SETTLED_NS = 2_000_000_000
+_VERIFIED_MAX = 1 << 16
 _FIRST_READ = 1 << 16
 # checksum and copy in chunks that stay in the CPU cache between the two passes
 _CHUNK = 1 << 20
@@ -144,6 +182,56 @@ def _write_all(f: BinaryIO, data: memoryview) -> None:
         data = data[n:]
 
 
+class _BlockSums:
+    """xxh3-64 of each ``block``-byte block of a stream fed in pieces of any size
+    (of the whole stream, as one digest, when ``block`` is 0)."""
+
+    __slots__ = ("_block", "_filled", "_h", "_sums")
+
+    def __init__(self, block: int) -> None:
+        self._block, self._filled = block, 0
+        self._h = xxhash.xxh3_64()
+        self._sums: list[int] = []
+
+    def update(self, data: Any) -> None:
+        block = self._block
+        if not block:
+            self._h.update(data)
+            return
+        mv = memoryview(data)
+        while mv.nbytes:
+            take = mv[: block - self._filled]
+            self._h.update(take)
+            self._filled += take.nbytes
+            mv = mv[take.nbytes :]
+            if self._filled == block:
+                self._sums.append(self._h.intdigest())
+                self._h.reset()
+                self._filled = 0
+
+    def digests(self) -> list[int]:
+        """The digests so far, the last (partial) block included."""
+        if not self._block:
+            return [self._h.intdigest()]
+        if self._filled:
+            self._sums.append(self._h.intdigest())
+            self._h.reset()
+            self._filled = 0
+        return self._sums
+
+
+def _pack_sums(sums: list[int]) -> bytes:
+    return struct.pack(f"<{len(sums)}Q", *sums)
+
+
+def _n_blocks(payload_len: int, block: int) -> int:
+    return -(-payload_len // block)
+
+
+def _valid_block(block: int) -> bool:
+    return ALIGN <= block <= _BLOCK_MAX and not block & (block - 1)
+
+
 class EntryPlan:
     """One entry laid out and ready to write: :attr:`size` is its exact size in
     bytes (a size limit can make room for it first), :meth:`write` writes it.
@@ -186,8 +274,15 @@ class EntryPlan:
         if signer is not None:
             safe = codec in codecs and codecs[codec].safe
             self._flags = SIGNED if safe or not datas else SIGNED | CODE_SIGNED
+        # a large payload gets a table of block checksums, so that a mapped read
+        # can check it on all cores; read as globals, so that fixtures can be small
+        self._block = BLOCK_SIZE if pos >= BLOCK_TABLE_MIN else 0
         self._meta_end = HEADER.size + len(self._layout_b) + len(self._info_b)
-        sig_end = self._meta_end + (SIGNATURE_SIZE if self._flags else 0)
+        self._table_end = self._meta_end
+        if self._block:
+            self._flags |= BLOCK_SUMS
+            self._table_end += 8 + 8 * _n_blocks(pos, self._block)
+        sig_end = self._table_end + (SIGNATURE_SIZE if self._flags & SIGNED else 0)
         self._payload_off = sig_end + _pad(sig_end)
         self._payload_len = pos
         #: the entry's size in bytes
@@ -199,26 +294,39 @@ class EntryPlan:
         if self._payload_len >= _PREALLOCATE_MIN:
             _preallocate(f, self.size)
         f.write(bytes(HEADER.size))
+        # zeros where the block table and the signature go, then up to the payload
         f.write(layout_b + info_b + bytes(self._payload_off - self._meta_end))
-        h = xxhash.xxh3_64()
+        sums = _BlockSums(self._block)
         zeros = bytes(ALIGN)
         for d in datas:
             for start in range(0, d.nbytes, _CHUNK):
                 chunk = d[start : start + _CHUNK]
-                h.update(chunk)  # hash then write while the chunk is in the CPU cache
+                sums.update(chunk)  # hash then write while the chunk is in the CPU cache
                 _write_all(f, chunk)
             pad = zeros[: _pad(d.nbytes)]
-            h.update(pad)
+            sums.update(pad)
             f.write(pad)
+        table = b""
+        if self._block:
+            # the payload checksum is then the xxh3-64 of the table: each byte of
+            # the payload is hashed once, as without a table
+            table = struct.pack("<Q", self._block) + _pack_sums(sums.digests())
+            payload_sum = xxhash.xxh3_64_intdigest(table)
+        else:
+            payload_sum = sums.digests()[0]
         fields = [MAGIC, FORMAT_VERSION, self._flags, len(layout_b), len(info_b), len(datas)]
-        fields += [self._payload_off, self._payload_len, h.intdigest()]
+        fields += [self._payload_off, self._payload_len, payload_sum]
         head = HEADER.pack(*fields, 0, 0)
+        meta = layout_b + info_b + table
         f.seek(0)
-        f.write(HEADER.pack(*fields, _header_sum(head[:48], layout_b + info_b), 0))
+        f.write(HEADER.pack(*fields, _header_sum(head[:48], meta), 0))
+        if table:
+            f.seek(self._meta_end)
+            f.write(table)
         if self._signer is not None:
             code = hashlib.sha256(datas[0]).digest() if self._flags & CODE_SIGNED else b""
-            mac = self._signer.sign(_signed_message(head[:48], layout_b + info_b, self._name, code))
-            f.seek(self._meta_end)
+            mac = self._signer.sign(_signed_message(head[:48], meta, self._name, code))
+            f.seek(self._table_end)
             f.write(self._signer.key_id + mac)
         return self.size
 
@@ -244,7 +352,8 @@ def _signed_message(head48: bytes, meta: Any, name: str, code: bytes) -> bytes:
 
 
 def _header_sum(fixed: Any, body: Any) -> int:
-    """xxh3-64 of the layout and info, seeded with xxh3-64 of the first 48 bytes."""
+    """xxh3-64 of the layout, info (and block table), seeded with xxh3-64 of the
+    first 48 bytes."""
     return xxhash.xxh3_64_intdigest(body, seed=xxhash.xxh3_64_intdigest(fixed))
 
 
@@ -300,6 +409,7 @@ _parse_small_layout = functools.lru_cache(maxsize=1024)(_parse_layout_uncached)
 
 class _Header:
     __slots__ = (
+        "block",
         "flags",
         "head",
         "info_b",
@@ -309,6 +419,7 @@ class _Header:
         "payload_len",
         "payload_off",
         "payload_sum",
+        "sums",
     )
 
     def __init__(self, head: bytes, where: str) -> None:
@@ -323,14 +434,28 @@ class _Header:
             raise EntryCorrupted(f"{where}: unsupported entry format version {version}")
         if _r != 0:
             raise EntryCorrupted(f"{where}: reserved header bytes are not zero")
-        if flags & ~_KNOWN_FLAGS or flags == CODE_SIGNED:
+        if flags & ~_KNOWN_FLAGS or flags & (SIGNED | CODE_SIGNED) == CODE_SIGNED:
             raise EntryCorrupted(f"{where}: unknown header flags {flags:#x}")
-        end = HEADER.size + lay_n + info_n
-        if end + (SIGNATURE_SIZE if flags else 0) > min(len(head), p_off):
+        end = meta_end = HEADER.size + lay_n + info_n
+        limit = min(len(head), p_off)
+        self.block, self.sums = 0, b""
+        if flags & BLOCK_SUMS:
+            if end + 8 > limit:
+                raise EntryCorrupted(f"{where}: header longer than the data read")
+            (block,) = struct.unpack_from("<Q", head, end)
+            if not _valid_block(block):
+                raise EntryCorrupted(f"{where}: bad block size {block}")
+            meta_end += 8 + 8 * _n_blocks(p_len, block)
+            self.block = block
+        if meta_end + (SIGNATURE_SIZE if flags & SIGNED else 0) > limit:
             raise EntryCorrupted(f"{where}: header longer than the data read")
         mv = memoryview(head)
-        if _header_sum(mv[:48], mv[HEADER.size : end]) != h_sum:
+        if _header_sum(mv[:48], mv[HEADER.size : meta_end]) != h_sum:
             raise EntryCorrupted(f"{where}: header checksum mismatch")
+        if self.block:
+            if xxhash.xxh3_64_intdigest(mv[end:meta_end]) != p_sum:
+                raise EntryCorrupted(f"{where}: the block table does not match the checksum")
+            self.sums = head[end + 8 : meta_end]
         try:
             self.layout = _parse_layout(head[HEADER.size : HEADER.size + lay_n])
         except (ValueError, ConfigError) as exc:
@@ -338,24 +463,43 @@ class _Header:
         if len(self.layout.seg) != n_seg or self.layout.end > p_len:
             raise EntryCorrupted(f"{where}: segment table does not match the header")
         self.info_b = head[HEADER.size + lay_n : end]
-        self.head, self.meta_end, self.flags = head, end, flags
+        #: where the layout, info and block table end (the signature starts there)
+        self.head, self.meta_end, self.flags = head, meta_end, flags
         self.n_seg = n_seg
         self.payload_off = p_off
         self.payload_len = p_len
         self.payload_sum = p_sum
 
 
+def _head_need(head: bytes) -> int:
+    """How many bytes the header, layout, info, block table and signature take, as
+    far as ``head`` (at least the fixed header) tells: a block table's length is
+    known once its first 8 bytes (the block size) are in ``head``."""
+    flags, lay_n, info_n = struct.unpack_from("<HII", head, 10)
+    need = HEADER.size + lay_n + info_n
+    if flags & BLOCK_SUMS:
+        if len(head) < need + 8:
+            return need + 8
+        (block,) = struct.unpack_from("<Q", head, need)
+        if _valid_block(block):  # else the header check refuses it
+            need += 8 + 8 * _n_blocks(struct.unpack_from("<Q", head, 32)[0], block)
+    return need + (SIGNATURE_SIZE if flags & SIGNED else 0)
+
+
 def _complete_head(head: bytes, size: int, fd: int, f: BinaryIO | None) -> bytes:
-    """``head`` plus the rest of the layout and info when they are longer than the
-    first read."""
-    if len(head) >= HEADER.size:
-        flags, lay_n, info_n = struct.unpack_from("<HII", head, 10)
-        need = HEADER.size + lay_n + info_n + (SIGNATURE_SIZE if flags & SIGNED else 0)
-        if len(head) < need <= size:
-            if f is None:
-                return head + os.pread(fd, need - len(head), len(head))
+    """``head`` plus the rest of the layout, info, block table and signature when
+    they are longer than the first read."""
+    if len(head) < HEADER.size:
+        return head
+    for _ in range(2):  # twice when the block size itself was beyond the first read
+        need = _head_need(head)
+        if not len(head) < need <= size:
+            break
+        if f is None:
+            head += os.pread(fd, need - len(head), len(head))
+        else:
             f.seek(len(head))
-            return head + f.read(need - len(head))
+            head += f.read(need - len(head))
     return head
 
 
@@ -447,10 +591,7 @@ class EntryReader:
             # see a newer entry published under the same name meanwhile
             self._mm = mmap.mmap(fd, 0, access=_MMAP_ACCESS[self._mode])
             self._payload = memoryview(self._mm)[h.payload_off :]
-            # "r+" writes through to the file, as in joblib: a changed payload is
-            # the user's intent, not damage, so it is not checked at load
-            if h.payload_len <= VERIFY_MAPPED_MAX and self._mode != "r+":
-                self._check(self._payload)
+            self._check_mapped(fd)
         elif end <= len(head):
             # small: already read. A private writable copy when not mapping, so
             # that arrays come back writable as they would from a fresh compute.
@@ -468,7 +609,7 @@ class EntryReader:
         h = self._h
         buf = np.empty(h.payload_len, dtype=np.uint8)  # no zero-fill pass
         mv = memoryview(buf)  # type: ignore[arg-type]
-        digest = xxhash.xxh3_64()
+        sums = _BlockSums(h.block)
         got = 0
         while got < h.payload_len:
             chunk = mv[got : got + _CHUNK]
@@ -479,15 +620,63 @@ class EntryReader:
                 n = f.readinto(chunk)  # type: ignore[attr-defined]
             if not n:
                 raise EntryCorrupted(f"{self.path}: truncated payload")
-            digest.update(chunk[:n])
+            sums.update(chunk[:n])
             got += n
-        if digest.intdigest() != h.payload_sum:
-            raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
+        self._compare(sums.digests())
         return buf
 
-    def _check(self, payload: Any) -> None:
-        if xxhash.xxh3_64_intdigest(payload) != self._h.payload_sum:
+    def _compare(self, digests: list[int]) -> None:
+        """Raise unless ``digests`` (one per block, or one of the whole payload) are
+        the entry's."""
+        h = self._h
+        if h.block:
+            if _pack_sums(digests) != h.sums:
+                raise EntryCorrupted(f"{self.path}: payload checksum mismatch (block table)")
+        elif digests != [h.payload_sum]:
             raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
+
+    def _check(self, payload: Any) -> None:
+        """Check the whole ``payload`` (in memory or mapped): the blocks of an entry
+        with a block table on all cores, other entries in one pass."""
+        block = self._h.block
+        if block:
+            mv = memoryview(payload)
+            blocks = [mv[i : i + block] for i in range(0, mv.nbytes, block)]
+            self._compare(parallel_map(xxhash.xxh3_64_intdigest, blocks))
+        else:
+            self._compare([xxhash.xxh3_64_intdigest(payload)])
+
+    def _check_mapped(self, fd: int) -> None:
+        """Check a mapped payload before its first use in this process.
+
+        A file that passed is remembered by its identity (device, inode, size,
+        mtime, ctime), so that later mapped reads of it stay O(1) in its size; a
+        file replaced or changed has another identity and is checked again. An
+        ``"r+"`` map is the caller's to change (joblib's semantics: edits persist),
+        so it is not checked; while one is alive in this process, the file's other
+        mapped reads are checked every time (writes through a shared map need not
+        update the mtime at once), and its mark is dropped. Copy-on-write maps
+        (``"c"``) never reach the file: they are checked and marked as ``"r"``."""
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        inode = ident[:2]
+        if self._mode == "r+":
+            _verified.pop(ident, None)
+            assert self._mm is not None
+            _writable.setdefault(inode, weakref.WeakSet()).add(self._mm)
+            return
+        live = _writable.get(inode)
+        if live is not None and not live:  # its writable maps are all gone
+            _writable.pop(inode, None)
+            live = None
+        if live is None and ident in _verified:
+            return
+        self._check(self._payload)
+        changed = max(st.st_mtime_ns, st.st_ctime_ns)
+        if live is None and time.time_ns() - changed >= SETTLED_NS:
+            if len(_verified) >= _VERIFIED_MAX:
+                _verified.clear()
+            _verified[ident] = None
 
     def _check_signable(self, codec: str) -> None:
         """Refuse, before reading the payload, an entry that cannot carry a valid
@@ -625,6 +814,18 @@ class EntryReader:
         return flat.reshape(shape, order=order_)
 
 
+#: identities of the mapped files this process has checked (see _check_mapped)
+_verified: dict[tuple[int, int, int, int, int], None] = {}
+#: (device, inode) -> the "r+" maps of that file this process has handed out
+_writable: dict[tuple[int, int], weakref.WeakSet[mmap.mmap]] = {}
+
+
+def forget_verified() -> None:
+    """Forget which files this process has verified: the next mapped read of each
+    checks its payload again (tests, benchmarks of a first hit)."""
+    _verified.clear()
+
+
 def read_info(path: str) -> dict[str, Any]:
     """The metadata of the entry at ``path``, reading only its header."""
     fd = os.open(path, os.O_RDONLY)
@@ -642,5 +843,6 @@ def read_info(path: str) -> dict[str, Any]:
 
 def verify_file(path: str, signer: Signer | None = None, name: str = "") -> None:
     """Check every byte of the entry at ``path`` (and its signature for the store
-    name ``name``, with ``signer``); raise :class:`EntryCorrupted` if damaged."""
+    name ``name``, with ``signer``), reading it into memory whatever this process
+    verified before; raise :class:`EntryCorrupted` if damaged."""
     EntryReader(path, None, signer, name)
