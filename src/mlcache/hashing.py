@@ -20,7 +20,32 @@ Decisions (tested in ``tests/test_hashing.py``):
   ``__reduce_ex__``, i.e. the same information pickle would save, walked by this
   same canonical stream, so their dicts and sets are canonical too and their
   arrays are hashed from their buffers.
-* A value that cannot be reduced raises ``TypeError``.
+* **What a function can see of a value is in its key**: an ndarray subclass's
+  attributes (its ``__dict__`` and slots), a masked array's mask, fill value and
+  hard-mask flag, a dtype's metadata, a pandas index's ``freq``, a RangeIndex's
+  start, stop and step, a MultiIndex's levels and codes, ``.attrs`` and
+  ``.flags`` of frames and series. All of them are still hashed from buffers.
+* **Functions and classes are keyed by what they run.** A user function or
+  class (an argument, a default, a captured value) is its identity plus its
+  code version (:func:`mlcache.deps.code_version`: the helpers and methods it
+  reaches), so editing ``_inner`` that a passed ``transform`` calls is a miss.
+  While a code walk is in progress (:func:`code_walk`: the walk hashes
+  constants, which may hold functions) a function is its identity and its own
+  normalised bytecode only, so the walk cannot recurse into itself and a code
+  version never depends on what was hashed before it. Library functions and
+  classes are their qualified name and the library's version; they are not
+  walked.
+* **Probes are type-level.** Whether a value is an array, a frame, a tensor, a
+  wrapper or carries ``__mlcache_token__`` is decided from its type (and its
+  instance ``__dict__``), never by ``hasattr`` on the instance, so a
+  ``__getattr__`` that raises ``KeyError`` (``class dotdict(dict)``) or a lazy
+  proxy raising ``RuntimeError`` is not run by a probe. Torch meta tensors are
+  keyed by dtype, shape, strides and device (they hold no data), nested tensors
+  by their components.
+* A value that cannot be hashed raises ``TypeError``: whatever the failure
+  (an object whose ``__reduce_ex__`` refuses, a proxy that raises
+  ``RuntimeError``), the public entry points turn it into ``TypeError`` naming
+  the type and the original error, and the caller makes the call uncached.
 * **Values that came out of the cache are not hashed again.** A read-only
   memory-mapped array that a memoized function returned carries the name of its
   entry and its place in it (:data:`REF_ATTR`); it is keyed by that name, so
@@ -34,6 +59,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import os
 import pathlib
 import struct
@@ -47,10 +73,13 @@ from typing import Any
 import numpy as np
 import xxhash
 
-__all__ = ["HASH_SCHEME", "REF_ATTR", "Hasher", "bytes_hashed", "hash_value"]
+__all__ = ["HASH_SCHEME", "REF_ATTR", "Hasher", "bytes_hashed", "code_walk", "hash_value"]
 
 #: Version of the canonical stream; part of every key, bump it on any change here.
-HASH_SCHEME = 4
+#: 5: subclass attributes, pandas freq/flags/RangeIndex/MultiIndex levels, masked
+#: arrays from buffers, dtype metadata, code versions of functions and classes,
+#: library versions, torch meta and nested tensors
+HASH_SCHEME = 5
 
 _BIG = 1 << 16  # buffers at least this large bypass the staging buffer
 _CHUNK = 1 << 24  # copy size when hashing a non-contiguous array
@@ -83,8 +112,44 @@ def hash_value(obj: Any) -> str:
     False
     """
     h = Hasher()
-    h.update(obj)
+    try:
+        h.update(obj)
+    except TypeError:
+        raise
+    except Exception as exc:  # whatever a value raises while it is read
+        raise _unhashable(obj, exc) from exc
     return h.hexdigest()
+
+
+def _unhashable(obj: Any, exc: BaseException) -> TypeError:
+    """The ``TypeError`` that says ``obj`` could not be hashed because of ``exc``."""
+    return TypeError(f"cannot hash object of type {_typename(obj)}: {type(exc).__name__}: {exc}")
+
+
+_walk_state = threading.local()
+
+
+@contextlib.contextmanager
+def code_walk() -> Iterator[None]:
+    """Mark a code walk in progress on this thread (see the module docstring):
+    inside it, functions and classes are hashed by identity and their own code
+    only, never by :func:`mlcache.deps.code_version`.
+
+    Examples
+    --------
+    >>> with code_walk():
+    ...     key = hash_value(len)
+    """
+    depth = getattr(_walk_state, "depth", 0)
+    _walk_state.depth = depth + 1
+    try:
+        yield
+    finally:
+        _walk_state.depth = depth
+
+
+def _in_code_walk() -> bool:
+    return getattr(_walk_state, "depth", 0) > 0
 
 
 class Hasher:
@@ -118,7 +183,12 @@ class Hasher:
         self._buf.clear()
         if self._memo:
             self._memo.clear()
-        self.update(obj)
+        try:
+            self.update(obj)
+        except TypeError:
+            raise
+        except Exception as exc:  # whatever a value raises while it is read
+            raise _unhashable(obj, exc) from exc
         self._h.update(self._buf)
         return self._h.digest()
 
@@ -152,7 +222,9 @@ class Hasher:
 
     # -- the walk ----------------------------------------------------------
     def update(self, obj: Any) -> None:
-        """Add ``obj`` to the stream. Raises ``TypeError`` if it cannot be hashed."""
+        """Add ``obj`` to the stream. Raises ``TypeError`` if it cannot be hashed (and
+        may raise what reading ``obj`` raises: :func:`hash_value` and
+        :meth:`digest_of` turn that into ``TypeError``)."""
         handler = _DISPATCH.get(type(obj))
         if handler is not None:
             handler(self, obj)
@@ -162,8 +234,8 @@ class Hasher:
         t = type(obj)
         special = _SPECIAL_BY_TYPE.get(t, _UNKNOWN)
         if special is _UNKNOWN:  # every check depends on the type only: decide once
-            special = _SPECIAL_BY_TYPE[t] = next((s for c, s in _SPECIAL if c(obj)), None)
-        if special is None and _is_wrapper(obj):  # __wrapped__ is set per instance
+            special = _SPECIAL_BY_TYPE[t] = next((s for c, s in _SPECIAL if c(t)), None)
+        if special is None and _is_wrapper(obj, t):  # __wrapped__ is set per instance
             special = _wrapper
         if special is not None:
             special(self, obj)
@@ -214,6 +286,9 @@ class Hasher:
         dt = a.dtype
         self._buf += b"A"
         self._str(str(dt) if dt.fields is not None else dt.str)
+        if dt.metadata:  # np.dtype(..., metadata={"unit": "m"}): a function can read it
+            self._buf += b"d"
+            self.update(dict(dt.metadata))
         self._buf += _pack_Q(a.ndim) + b"".join(_pack_Q(n) for n in a.shape)
         if dt.hasobject:
             self._buf += b"O"
@@ -259,6 +334,15 @@ class Hasher:
         self._buf += b"G"
         self._str(module)
         self._str(qualname)
+        if not _is_user(module):
+            if module != "builtins":  # a library's class or function: by its version
+                self._buf += b"v"
+                self._str(_library_version(module))
+            return
+        if isinstance(obj, type) and not _in_code_walk():
+            # a user class: what its methods run (and the helpers they reach)
+            self._buf += b"V"
+            self._str(_class_version(obj))
         if isinstance(obj, type) and not _resolves(obj):
             # a class that is not importable by its name (defined in a function, or
             # shipped by value to a worker): what it does is its bases and its
@@ -277,17 +361,15 @@ class Hasher:
         """A Python function: its name, the code that runs, and its closure's values."""
         if self._seen(obj):  # also ends cycles of functions reaching each other
             return
-        token = _FUNCTION_TOKENS.get(obj)
-        if token is None or _FUNCTION_CODES.get(obj) is not obj.__code__:
+        deep = not _in_code_walk()
+        cached = _FUNCTION_TOKENS.get(obj)
+        if cached is None or cached[0] is not obj.__code__:
             # a function's name and code change only if __code__ is replaced: its
-            # token is made once per function (and again after such a replacement)
-            from .deps import _code_digest
-
-            parts = (obj.__module__ or "", obj.__qualname__, _code_digest(obj.__code__))
-            token = b"Fn" + b"".join(
-                _pack_Q(len(b)) + b for b in (p.encode("utf-8", "surrogatepass") for p in parts)
-            )
-            _FUNCTION_TOKENS[obj], _FUNCTION_CODES[obj] = token, obj.__code__
+            # tokens are made once per function (and again after such a replacement)
+            cached = _FUNCTION_TOKENS[obj] = [obj.__code__, None, None]
+        token = cached[2 if deep else 1]
+        if token is None:
+            token = cached[2 if deep else 1] = _function_token(obj, deep)
         self._buf += token
         self.update(obj.__defaults__)
         self.update(obj.__kwdefaults__)
@@ -304,10 +386,10 @@ class Hasher:
         try:
             rv = obj.__reduce_ex__(4)
         except Exception as exc:
-            raise TypeError(f"cannot hash object of type {_typename(obj)}: {exc}") from None
+            raise _unhashable(obj, exc) from None
         if isinstance(rv, str):  # a global reference
             self._buf += b"g"
-            self._str(getattr(obj, "__module__", "") or "")
+            self._str(str(getattr(type(obj), "__module__", "") or ""))
             self._str(rv)
             return
         if not isinstance(rv, tuple) or len(rv) < 2:
@@ -324,7 +406,7 @@ class Hasher:
         if dictitems is not None:
             # dict subclasses: keep their order only if equality depends on it
             self._buf += b"D"
-            if isinstance(obj, collections.OrderedDict):
+            if issubclass(type(obj), collections.OrderedDict):
                 self.update(list(dictitems))
             else:
                 d = dict(dictitems)
@@ -397,10 +479,64 @@ def _tree_digest_chunks(chunks: Iterator[memoryview]) -> bytes:
 
 _UNKNOWN = object()
 _SPECIAL_BY_TYPE: dict[type, Any] = {}
-_FUNCTION_TOKENS: weakref.WeakKeyDictionary[types.FunctionType, bytes] = weakref.WeakKeyDictionary()
-_FUNCTION_CODES: weakref.WeakKeyDictionary[types.FunctionType, types.CodeType] = (
+#: function -> [its __code__, its token inside a code walk, its token outside]
+_FUNCTION_TOKENS: weakref.WeakKeyDictionary[types.FunctionType, list[Any]] = (
     weakref.WeakKeyDictionary()
 )
+#: user class -> its code version digest
+_CLASS_VERSIONS: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
+
+
+def _is_user(module: str | None) -> bool:
+    """User code (walked for its code version), as :mod:`mlcache.deps` decides;
+    code without a module (``exec`` without ``__name__``) is the user's."""
+    from .deps import is_user_module
+
+    return not module or is_user_module(module)
+
+
+def _library_version(module: str) -> str:
+    from .deps import library_version
+
+    return library_version(module)
+
+
+def _code_version(obj: Any) -> str:
+    """``code_version(obj).digest``, computed inside :func:`code_walk` (so the
+    constants it hashes do not start walks of their own)."""
+    from .deps import code_version
+
+    with code_walk():
+        return code_version(obj).digest
+
+
+def _class_version(cls: type) -> str:
+    found = _CLASS_VERSIONS.get(cls)
+    if found is None:
+        found = _code_version(cls)
+        with contextlib.suppress(TypeError):  # not weakly referenceable: not cached
+            _CLASS_VERSIONS[cls] = found
+    return found
+
+
+def _function_token(f: types.FunctionType, deep: bool) -> bytes:
+    """A function's token: ``Fl`` module, name and library version for a library's
+    function; ``Fn`` module, name and own normalised code for a user function in a
+    code walk; ``Fv`` module, name and code version (what it reaches) otherwise."""
+    from .deps import _code_digest
+
+    module = f.__module__ or ""
+    if not _is_user(module):
+        tag, version = b"Fl", _library_version(module)
+    elif deep:
+        tag, version = b"Fv", _code_version(f)
+    else:
+        tag, version = b"Fn", _code_digest(f.__code__)
+    parts = (module, f.__qualname__, version)
+    return tag + b"".join(
+        _pack_Q(len(b)) + b for b in (p.encode("utf-8", "surrogatepass") for p in parts)
+    )
+
 
 _CLASS_HOUSEKEEPING = frozenset(
     {
@@ -522,6 +658,9 @@ def _ndarray(h: Hasher, obj: np.ndarray) -> None:
 def _dtype(h: Hasher, obj: np.dtype) -> None:
     h._buf += b"d"
     h._str(str(obj) if obj.fields is not None else obj.str)
+    if obj.metadata:
+        h._buf += b"d"
+        h.update(dict(obj.metadata))
 
 
 def _global(h: Hasher, obj: Any) -> None:
@@ -573,9 +712,12 @@ for _cls in (
     _DISPATCH[_cls] = _path
 
 
-# -- handlers found by isinstance checks (after the memo) ---------------------
-def _is_np_scalar(obj: Any) -> bool:
-    return isinstance(obj, np.generic)
+# -- handlers found by checks of the type (after the memo) -------------------
+# Every check looks at the type only, never at the instance: an instance's
+# __getattr__ (or a __class__ property) may raise anything, and the answer is
+# cached per type.
+def _is_np_scalar(t: type) -> bool:
+    return issubclass(t, np.generic)
 
 
 def _np_scalar(h: Hasher, obj: np.generic) -> None:
@@ -588,8 +730,8 @@ def _np_scalar(h: Hasher, obj: np.generic) -> None:
     h._raw(np.asarray(obj).tobytes())
 
 
-def _is_ndarray(obj: Any) -> bool:  # subclasses: np.memmap, np.matrix, ...
-    return isinstance(obj, np.ndarray)
+def _is_ndarray(t: type) -> bool:  # subclasses: np.memmap, np.matrix, ...
+    return issubclass(t, np.ndarray)
 
 
 def _ndarray_subclass(h: Hasher, obj: np.ndarray) -> None:
@@ -605,16 +747,98 @@ def _ndarray_subclass(h: Hasher, obj: np.ndarray) -> None:
             return
         h._ndarray(obj.view(np.ndarray))
         return
-    if type(obj) is not np.ndarray:
-        h._reduce(obj)
-        return
+    # a subclass: its type, what its instances carry (astropy-like units, metadata
+    # in __dict__ or slots) and its buffer, never pickled
     h._buf += b"X"
     h._str(_typename(obj))
+    attrs, slots = _instance_state(obj)
+    if isinstance(obj, np.ma.MaskedArray):
+        # the mask, the fill value and the hard-mask flag change what the array
+        # does; the other bookkeeping (_sharedmask, _optinfo, ...) does not
+        attrs = attrs or {}
+        h._buf += b"m"
+        h.update(attrs.get("_mask"))
+        fill = attrs.get("_fill_value")  # None until read: then the dtype's default
+        h.update(np.ma.default_fill_value(obj) if fill is None else fill)
+        h._buf += b"T" if attrs.get("_hardmask") else b"F"
+        h.update(attrs.get("_baseclass"))
+        attrs = {k: v for k, v in attrs.items() if k not in _MASKED_INTERNALS}
+    h.update(attrs or None)
+    if slots:
+        h.update(slots)
     h._ndarray(obj.view(np.ndarray))
 
 
-def _is_wrapper(obj: Any) -> bool:
-    return hasattr(obj, "__wrapped__") and callable(obj) and not isinstance(obj, type)
+_MASKED_INTERNALS = frozenset(
+    {"_mask", "_fill_value", "_hardmask", "_sharedmask", "_isfield", "_baseclass"}
+    | {"_optinfo", "_basedict"}
+)
+_NO_SLOTS: tuple[str, ...] = ()
+_SLOTS_BY_TYPE: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def _slot_names(t: type) -> tuple[str, ...]:
+    """The names of the slots of ``t``'s instances (private names mangled)."""
+    found = _SLOTS_BY_TYPE.get(t)
+    if found is None:
+        names = []
+        for klass in t.__mro__:
+            slots = vars(klass).get("__slots__", ())
+            for name in (slots,) if isinstance(slots, str) else slots:
+                if name in ("__dict__", "__weakref__"):
+                    continue
+                if name.startswith("__") and not name.endswith("__"):
+                    name = f"_{klass.__name__.lstrip('_')}{name}"
+                names.append(name)
+        found = tuple(sorted(set(names))) or _NO_SLOTS
+        _SLOTS_BY_TYPE[t] = found
+    return found
+
+
+def _instance_state(obj: Any) -> tuple[dict[str, Any] | None, list[tuple[str, Any]]]:
+    """An instance's ``__dict__`` (or None) and its slots' ``(name, value)``, read
+    without running its ``__getattr__`` or ``__getattribute__``."""
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        attrs = None
+    slots = []
+    for name in _slot_names(type(obj)):
+        try:
+            slots.append((name, object.__getattribute__(obj, name)))
+        except AttributeError:  # an unset slot
+            slots.append((name, _UNSET_SLOT))
+    return attrs, slots
+
+
+class _UnsetSlot:
+    """Stands for an unset slot in the stream."""
+
+    def __reduce__(self) -> str:
+        return "_UNSET_SLOT"
+
+
+_UNSET_SLOT = _UnsetSlot()
+
+
+def _is_wrapper(obj: Any, t: type) -> bool:
+    """A wrapper object (``functools.lru_cache``, a ``functools.wraps`` callable
+    object): ``__wrapped__`` in its instance dict or on its type. Looked up there,
+    never through the instance's ``__getattr__``."""
+    if not callable(obj) or issubclass(t, type):
+        return False
+    if _type_has(t, "__wrapped__"):
+        return True
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return False
+    return isinstance(attrs, dict) and "__wrapped__" in attrs
+
+
+def _type_has(t: type, name: str) -> bool:
+    """Whether ``name`` is defined on ``t`` or a base (no metaclass, no instance)."""
+    return any(name in vars(klass) for klass in t.__mro__)
 
 
 def _wrapper(h: Hasher, obj: Any) -> None:
@@ -624,21 +848,22 @@ def _wrapper(h: Hasher, obj: Any) -> None:
     h.update(obj.__wrapped__)
 
 
-def _is_ufunc(obj: Any) -> bool:
-    return isinstance(obj, np.ufunc)
+def _is_ufunc(t: type) -> bool:
+    return issubclass(t, np.ufunc)
 
 
 def _ufunc(h: Hasher, obj: np.ufunc) -> None:
     h._buf += b"U"
     h._str(obj.__name__)
+    h._str(_library_version("numpy"))
 
 
-def _is_dtype(obj: Any) -> bool:
-    return isinstance(obj, np.dtype)
+def _is_dtype(t: type) -> bool:
+    return issubclass(t, np.dtype)
 
 
-def _has_token(obj: Any) -> bool:
-    return hasattr(type(obj), "__mlcache_token__")
+def _has_token(t: type) -> bool:
+    return _type_has(t, "__mlcache_token__")
 
 
 def _token(h: Hasher, obj: Any) -> None:
@@ -648,12 +873,12 @@ def _token(h: Hasher, obj: Any) -> None:
     h.update(obj.__mlcache_token__())
 
 
-def _is_callable_global(obj: Any) -> bool:
-    return isinstance(obj, (type, types.BuiltinFunctionType))
+def _is_callable_global(t: type) -> bool:
+    return issubclass(t, (type, types.BuiltinFunctionType))
 
 
-def _is_method(obj: Any) -> bool:
-    return isinstance(obj, types.MethodType)
+def _is_method(t: type) -> bool:
+    return issubclass(t, types.MethodType)
 
 
 def _method(h: Hasher, obj: types.MethodType) -> None:
@@ -662,8 +887,8 @@ def _method(h: Hasher, obj: types.MethodType) -> None:
     h.update(obj.__func__)
 
 
-def _is_pandas(obj: Any) -> bool:
-    mod = type(obj).__module__
+def _is_pandas(t: type) -> bool:
+    mod = str(t.__module__)
     return (mod == "pandas" or mod.startswith("pandas.")) and "pandas" in sys.modules
 
 
@@ -675,43 +900,69 @@ def _pandas(h: Hasher, obj: Any) -> None:
         h.update(obj.columns)
         h.update(obj.index)
         h._buf += _pack_Q(obj.shape[1])
-        for i in range(obj.shape[1]):
-            _pandas_values(h, obj.iloc[:, i])
+        for _, column in obj.items():  # items(): much cheaper than iloc[:, i]
+            _pandas_values(h, column)
         h.update(dict(obj.attrs))
+        h._buf += b"T" if obj.flags.allows_duplicate_labels else b"F"
     elif isinstance(obj, pd.Series):
         h._buf += b"pS"
         h.update(obj.name)
         h.update(obj.index)
         _pandas_values(h, obj)
         h.update(dict(obj.attrs))
+        h._buf += b"T" if obj.flags.allows_duplicate_labels else b"F"
     elif isinstance(obj, pd.Index):
-        h._buf += b"pI"
-        h._str(_typename(obj))
-        h.update(obj.names if isinstance(obj, pd.MultiIndex) else obj.name)
-        _pandas_values(h, obj)
+        _pandas_index(h, obj, pd)
     else:
         h._reduce(obj)
 
 
+def _pandas_index(h: Hasher, obj: Any, pd: Any) -> None:
+    h._buf += b"pI"
+    h._str(_typename(obj))
+    if isinstance(obj, pd.MultiIndex):
+        # levels and codes: what .levels shows (unused levels too), without
+        # building a tuple per row
+        h.update(list(obj.names))
+        h._buf += _pack_Q(obj.nlevels)
+        for level, codes in zip(obj.levels, obj.codes):
+            h.update(level)
+            h.update(np.asarray(codes))
+        return
+    h.update(obj.name)
+    if isinstance(obj, pd.RangeIndex):  # its start, stop and step are what it is
+        h._buf += b"r" + _pack_q(obj.start) + _pack_q(obj.stop) + _pack_q(obj.step)
+        return
+    if isinstance(obj, (pd.DatetimeIndex, pd.TimedeltaIndex)):
+        h._buf += b"q"  # .freq: a function can read it (asfreq, shift, resample)
+        h.update(obj.freq)
+    _pandas_values(h, obj)
+
+
 def _pandas_values(h: Hasher, obj: Any) -> None:
+    import pandas as pd
+
     # repr(dtype) names categories, timezones and the storage of string dtypes
-    h._str(repr(obj.dtype))
-    if hasattr(obj.dtype, "categories"):
-        h.update(obj.dtype.categories)
-    values = (
-        obj.to_numpy() if not hasattr(obj, "levels") else np.asarray(obj.tolist(), dtype=object)
-    )
-    h.update(np.asarray(values))
+    dtype = obj.dtype
+    h._str(repr(dtype))
+    if isinstance(dtype, pd.CategoricalDtype):
+        h.update(dtype.categories)
+        h.update(np.asarray(obj.array.codes))  # codes, not an object array of values
+        return
+    h.update(np.asarray(obj.to_numpy()))
 
 
-def _is_torch(obj: Any) -> bool:
-    return type(obj).__module__.startswith("torch") and "torch" in sys.modules
+def _is_torch(t: type) -> bool:
+    if "torch" not in sys.modules:
+        return False
+    # a user's Tensor subclass too: by buffers, not through pickle
+    return str(t.__module__).startswith("torch") or issubclass(t, sys.modules["torch"].Tensor)
 
 
 def _torch(h: Hasher, obj: Any) -> None:
     import torch
 
-    if not isinstance(obj, torch.Tensor):
+    if not issubclass(type(obj), torch.Tensor):
         h._reduce(obj)
         return
     t = obj.detach()
@@ -720,7 +971,22 @@ def _torch(h: Hasher, obj: Any) -> None:
     h._str(str(t.dtype))
     h._str(t.device.type)
     h._buf += b"1" if obj.requires_grad else b"0"
+    if t.is_nested:  # a nested tensor is its components (its shape is not a tuple of ints)
+        parts = t.unbind()
+        h._buf += b"J"
+        h._str(str(t.layout))
+        h._buf += _pack_Q(len(parts))
+        for part in parts:
+            _torch(h, part)
+        return
+    attrs, slots = _instance_state(obj)  # attributes set on it: a function can read them
+    h.update(attrs or None)
+    if slots:
+        h.update(slots)
     h._buf += _pack_Q(t.dim()) + b"".join(_pack_Q(n) for n in t.shape)
+    if t.is_meta:  # no data: what it is, as a function sees it
+        h._buf += b"m" + b"".join(_pack_q(n) for n in (*t.stride(), t.storage_offset()))
+        return
     if t.layout != torch.strided:
         h._reduce(t.cpu())
         return
@@ -728,7 +994,7 @@ def _torch(h: Hasher, obj: Any) -> None:
     h._raw(t.reshape(-1).view(torch.uint8).numpy())
 
 
-_SPECIAL: list[tuple[Callable[[Any], bool], Callable[[Hasher, Any], None]]] = [
+_SPECIAL: list[tuple[Callable[[type], bool], Callable[[Hasher, Any], None]]] = [
     (_is_np_scalar, _np_scalar),
     (_is_ndarray, _ndarray_subclass),
     (_is_dtype, _dtype),
