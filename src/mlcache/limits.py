@@ -57,12 +57,14 @@ class UsageLog:
     be lost: both are advisory.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, read_only: bool = False) -> None:
         from .stats import StatsLog
 
         self._store = store
+        #: nothing can be written to the store: last-use times are not kept
+        self._read_only = read_only
         self._hits: dict[str, tuple[int, bytes]] = {}
-        self.stats = StatsLog(store)
+        self.stats = StatsLog(store, read_only=read_only)
         self._last = time.monotonic()
         self._lock = threading.Lock()
         _LOGS.add(self)
@@ -95,7 +97,7 @@ class UsageLog:
         with self._lock:
             hits, self._hits = self._hits, {}
             self._last = time.monotonic()
-        if hits:
+        if hits and not self._read_only:
             try:
                 self._store.touch(list(hits))
             except (OSError, ValueError):

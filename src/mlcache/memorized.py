@@ -383,6 +383,8 @@ class MemorizedFunc(Generic[P, R]):
         assert self._keyer is not None
         name, digests = keyed
         codec = select_codec(value, allow_pickle=self.memory.allow_pickle)
+        if self.memory._refuses_writes():  # a read-only cache (said once, by the Memory)
+            return None
         info = {
             "func": self.func_id,
             "time": time.time(),

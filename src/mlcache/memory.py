@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar, overload
 
+from ._log import logger_for
 from .config import MemoryConfig, check_mmap_mode, parse_bytes, parse_duration
 from .errors import ConfigError, ConfigTypeError, EntryCorrupted, EntryNotFound, warn
 from .limits import SizeGuard, UsageLog, enforce_limits
@@ -154,13 +155,34 @@ class Memory:
         if self.store is not None:
             local = str(self.store.location) if isinstance(self.store, LocalPaths) else None
             self._signer = resolve_signer(secret, local)
-        self._usage = UsageLog(self.store) if self.store is not None else None
+        # a store that can say it is read-only (the local store on a read-only
+        # mount): its hits are read, what is computed is returned unstored
+        self._read_only = getattr(self.store, "read_only", False) is True
+        self._read_only_said = False
+        self._usage = (
+            UsageLog(self.store, read_only=self._read_only) if self.store is not None else None
+        )
         self.timestamp = time.time()  # joblib's attribute
         self._guard = (
             SizeGuard(self.store, self.bytes_limit, self._usage)
             if self.store is not None and self._usage is not None and self.bytes_limit is not None
             else None
         )
+
+    def _refuses_writes(self) -> bool:
+        """True when nothing can be stored here (a read-only cache); the first time,
+        one warning says so (not one per call)."""
+        if not self._read_only:
+            return False
+        if not self._read_only_said:
+            self._read_only_said = True
+            warn(
+                f"mlcache: the cache at {self.store.location if self.store else None} is "
+                "read-only: its results are read, and what is computed is returned "
+                "without being stored",
+                stacklevel=5,
+            )
+        return True
 
     # joblib-compatible attributes
     @property
@@ -326,7 +348,7 @@ class Memory:
         if self.store is None:
             return
         if warn and self._verbose:
-            logger.info("[Memory] clearing the whole cache at %s", self.location)
+            logger_for(self._verbose).info("[Memory] clearing the whole cache at %s", self.location)
         for folder in {entry_folder(e.name) for e in cached_objects(self.store)}:
             self.store.delete(folder)
         assert self._usage is not None
@@ -361,7 +383,7 @@ class Memory:
             self.store, bytes_limit=limit, items_limit=items_limit, age_limit=age
         )
         if removed and self._verbose:
-            logger.info(
+            logger_for(self._verbose).info(
                 "[Memory] removed %d entries (%d bytes)", len(removed), sum(e.size for e in removed)
             )
 

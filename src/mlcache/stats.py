@@ -73,8 +73,10 @@ def _process_name() -> str:
 class StatsLog:
     """This process's running totals per function, written at each flush."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, read_only: bool = False) -> None:
         self._store = store
+        #: nothing can be written to the store: the totals stay in this process
+        self._read_only = read_only
         self._totals: dict[str, dict[str, Any]] = {}
         self._dirty: set[str] = set()
         self._lock = threading.Lock()
@@ -120,6 +122,8 @@ class StatsLog:
                 self._dirty.discard(folder)
 
     def flush(self) -> None:
+        if self._read_only:
+            return
         with self._lock:
             dirty, self._dirty = self._dirty, set()
             totals = {folder: dict(self._totals[folder]) for folder in dirty}

@@ -70,7 +70,9 @@ WORKLOAD = textwrap.dedent(
 )
 
 
-def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _run(
+    script: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(script), *args],
         capture_output=True,
@@ -192,3 +194,84 @@ def test_removing_never_follows_a_link_out_of_the_cache(workload, tmp_path):
         )
         assert cli.returncode == 0, cli.stderr
     assert _snapshot(outside) == before
+
+
+# -- a read-only cache serves its hits ------------------------------------------------
+READ_ONLY_JOB = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import numpy as np
+    from mlcache import CacheWarning, Memory
+    from mlcache.data import CachedDataset
+
+    loc, calls = sys.argv[1], sys.argv[2]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        mem = Memory(loc, verbose=0, bytes_limit="20MB")
+
+        @mem.cache
+        def ramp(n):
+            with open(calls, "a") as f:
+                f.write(f"{n}\\n")
+            return np.arange(n)
+
+        results = [ramp(n).tolist() == list(range(n)) for n in (5, 6, 7, 7, 8)]
+        shelved = ramp.call_and_shelve(9).get().tolist() == list(range(9))
+        mem.stats()
+
+        class Squares(CachedDataset):
+            def load_source(self):
+                for i in range(4):
+                    yield {"y": i * i}
+
+        ds = Squares(cache_dir=loc + "/datasets", progress=False)
+        packed = [ds[i]["y"] for i in range(4)] == [0, 1, 4, 9]
+    found = [str(w.message) for w in seen if issubclass(w.category, CacheWarning)]
+    print(json.dumps({"ok": all(results) and shelved and packed, "warnings": found}))
+    """
+)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs of our own (so that it can be remounted read-only); unmounted after."""
+    where = tmp_path / "mount"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_cache_on_a_read_only_mount_serves_its_hits(tmpfs, tmp_path):
+    """A team's cache, filled then mounted read-only: a fresh process reads the hits
+    (never computes them), computes the misses and returns them, with one warning
+    that nothing is stored; nothing it tries to write (locks, size counter,
+    statistics, last-use times) fails a call. A dataset pack there is read too."""
+    import json
+
+    script = tmp_path / "job.py"
+    script.write_text(READ_ONLY_JOB)
+    cache = tmpfs / "cache"
+    calls = tmp_path / "calls.txt"
+    done = _run(script, str(cache), str(calls))
+    assert done.returncode == 0, done.stderr
+    fill = json.loads(done.stdout)
+    assert fill["ok"] and fill["warnings"] == []
+    # 5, 6, 7, 8 and 9 are cached now; the read-only run misses 10 instead of 9
+    READ = READ_ONLY_JOB.replace(
+        "call_and_shelve(9).get().tolist() == list(range(9))",
+        "call_and_shelve(10).get().tolist() == list(range(10))",
+    )
+    script.write_text(READ)
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    calls.write_text("")
+    done = _run(script, str(cache), str(calls))
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["ok"], done.stderr
+    assert calls.read_text().split() == ["10"]  # every other call was a hit
+    assert len(out["warnings"]) == 1, out["warnings"]
+    assert "read-only" in out["warnings"][0]
+    assert "Traceback" not in done.stderr

@@ -11,6 +11,7 @@ it points to) and made anew, or passed over.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -76,6 +77,8 @@ class LocalStore:
     location:
         The folder; created (mode 0o700) if missing. A ``.gitignore`` is added
         unless one exists, so a cache inside a repository is never committed.
+        A folder this user cannot write (a read-only mount, a team's shared
+        cache) is opened read-only: see :attr:`read_only`.
     durable:
         fsync each entry and its folder before publishing (default True), so a
         power loss cannot leave a published but empty entry.
@@ -91,6 +94,10 @@ class LocalStore:
         self.location = root
         self.durable = durable
         self.mode = mode
+        #: True when nothing can be written here (a read-only file system, or a
+        #: folder of someone else's): entries are read, and every write, lock or
+        #: counter raises ``StoreError`` (an ``OSError``) at once
+        self.read_only = False
         try:
             os.makedirs(root, mode=mode, exist_ok=True)
         except OSError as exc:
@@ -98,11 +105,19 @@ class LocalStore:
         if not os.path.isdir(root):
             raise StoreError(f"the cache location {root!r} exists and is not a folder")
         if not os.access(root, os.W_OK | os.X_OK):
-            raise StoreError(f"the cache folder {root!r} is not writable by this user")
+            self.read_only = True
+            return
         try:
             _write_gitignore(root)
         except OSError as exc:
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                self.read_only = True  # allowed by the mode bits, refused all the same
+                return
             raise StoreError(f"cannot write in the cache folder {root!r}: {exc.strerror}") from exc
+
+    def _refuse(self) -> None:
+        """Raise for a write to a read-only store."""
+        raise StoreError(errno.EROFS, f"the cache folder {self.location} is read-only")
 
     def __repr__(self) -> str:
         return f"LocalStore({self.location!r})"
@@ -132,6 +147,8 @@ class LocalStore:
     @contextlib.contextmanager
     def write(self, name: str) -> Iterator[BinaryIO]:
         path = os.path.join(self.location, check_name(name))
+        if self.read_only:
+            self._refuse()
         with atomic_file(
             path, durable=self.durable, root=self.location, folder_mode=self.mode
         ) as f:
@@ -164,6 +181,8 @@ class LocalStore:
         locked a file removed meanwhile notices (another inode) and tries again.
         """
         folder, base = os.path.split(check_name(name))
+        if self.read_only:  # nothing is computed into it: no one to wait for
+            self._refuse()
         lock = f".{base}{_LOCK_SUFFIX}"
         dfd = open_folder(self.location, folder, mode=self.mode)
         try:
@@ -260,6 +279,8 @@ class LocalStore:
         child forked meanwhile, unlike ``flock``). Yields None when it could not
         be had within ``timeout`` seconds (a holder stopped, not dead)."""
         path = os.path.join(self.location, f".{check_name(name)}.counter")
+        if self.read_only:
+            self._refuse()
         with _counter_lock(path):
             fd = open_regular(path, os.O_RDWR | os.O_CREAT)
             try:
@@ -293,6 +314,8 @@ class LocalStore:
     def touch(self, names: Iterable[str]) -> None:
         # last use is the file's mtime: atime is unreliable (noatime, relatime);
         # never through a link, whose target may be anything of the user's
+        if self.read_only:
+            return
         now = time.time()
         by_folder: dict[str, list[str]] = {}
         for name in names:
