@@ -279,6 +279,8 @@ class MemorizedFunc(Generic[P, R]):
                 "count in ignore=",
                 stacklevel=5,
             )
+        else:  # warned once; later causes (another argument) are still logged
+            logger.debug("mlcache: %s is called uncached: %s", self.func_id, why)
 
     def _name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         keyed = self._key(args, kwargs)

@@ -368,7 +368,13 @@ def test_library_functions_and_classes_are_keyed_by_name_and_library_version():
     from mlcache.deps import library_version
 
     assert library_version("numpy") in repr_of_stream(np.mean)
+    assert library_version("numpy") in repr_of_stream(np.add)
     distinct(np.mean, np.median, np.ndarray, np.float32)
+    linear = pytest.importorskip("sklearn.linear_model")
+    assert library_version("sklearn") in repr_of_stream(linear.LinearRegression)
+    assert library_version("sklearn") in repr_of_stream(
+        linear.LinearRegression(fit_intercept=False)
+    )
 
 
 def repr_of_stream(obj: object) -> str:
@@ -418,3 +424,16 @@ def test_a_function_passed_as_argument_is_keyed_by_its_helpers_in_process(tmp_pa
 
     table["step"] = step
     assert len(hash_value(step)) == 32 and hash_value(step) == hash_value(step)
+
+
+def test_later_uncached_calls_are_logged_not_silent(mem, caplog):
+    def f(x):
+        return 1
+
+    g = mem.cache(f)
+    with pytest.warns(CacheWarning, match="argument 'x'"):
+        assert g(ForwardingProxy()) == 1
+    with caplog.at_level("DEBUG", logger="mlcache"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning per function
+        assert g(ForwardingProxy()) == 1
+    assert any("cannot hash argument 'x'" in r.getMessage() for r in caplog.records)
