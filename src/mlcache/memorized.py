@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from ._log import logger_for
 from .callkey import CallKeyer, UnhashableArgument
 from .codecs import select_codec
 from .deps import code_version
@@ -203,7 +204,7 @@ class MemorizedFunc(Generic[P, R]):
                 changed = self._changed_code(others, parts)
                 self._code_changes = changed
                 if self._verbose:
-                    logger.info(
+                    logger_for(self._verbose).info(
                         "[Memory] %s: code changed%s, removing old results",
                         self.func_id,
                         f" ({', '.join(changed)})" if changed else "",
@@ -428,10 +429,10 @@ class MemorizedFunc(Generic[P, R]):
         warn(f"mlcache: the result of {self.func_id} {why}; it is returned uncached", stacklevel=5)
 
     def _log_call(self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._verbose > 0 and logger.isEnabledFor(logging.INFO):
+        if self._verbose > 0 and (log := logger_for(self._verbose)).isEnabledFor(logging.INFO):
             assert self._keyer is not None
             shown = ", ".join(f"{k}={v}" for k, v in self._keyer.describe(args, kwargs).items())
-            logger.info(
+            log.info(
                 "[Memory] calling %s(%s): %s", self.func_id, shown, self._miss_reason(keyed[1])
             )
 
@@ -463,7 +464,7 @@ class MemorizedFunc(Generic[P, R]):
     ) -> tuple[Any, dict[str, Any] | None]:
         duration = time.perf_counter() - t0
         if self._verbose > 0:
-            logger.info("[Memory] %s computed in %.3fs", self.func_id, duration)
+            logger_for(self._verbose).info("[Memory] %s computed in %.3fs", self.func_id, duration)
         self.memory._usage.miss(keyed[0], self.func_id, duration)  # type: ignore[union-attr]
         meta = self._store_result(keyed, out, duration, args, kwargs)
         if meta is not None and self.mmap_mode is not None:
@@ -487,7 +488,7 @@ class MemorizedFunc(Generic[P, R]):
             return None, _MISS
         value = self._load(keyed[0], self.mmap_mode)
         if value is not _MISS and self._verbose >= 10:
-            logger.info("[Memory] %s: loaded from cache", self.func_id)
+            logger_for(self._verbose).info("[Memory] %s: loaded from cache", self.func_id)
         return keyed, value
 
     def _shelved(self, name: str, out: Any, meta: dict[str, Any] | None) -> Any:
@@ -558,7 +559,7 @@ class MemorizedFunc(Generic[P, R]):
     def clear(self, warn: bool = True) -> None:
         """Remove every cached result of this function (all code versions)."""
         if warn and self._verbose:
-            logger.info("[Memory] clearing the cache of %s", self.func_id)
+            logger_for(self._verbose).info("[Memory] clearing the cache of %s", self.func_id)
         self._store.delete(self._folder)
         self.memory._usage.forget(self._folder)  # type: ignore[union-attr]
 

@@ -10,6 +10,10 @@ user's script does: logging configuration is per process.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from mlcache import CacheError, ConfigError, Memory, RegistryError, errors, register_store_backend
@@ -159,3 +163,89 @@ def test_reduce_size_bad_items_limit_is_a_config_error(mem, items):
     with pytest.raises(ConfigError, match="items_limit") as info:
         mem.reduce_size(items_limit=items)
     assert isinstance(info.value, ValueError)
+
+
+# -- verbose ------------------------------------------------------------------------------
+SCRIPT = """
+import logging, sys, time
+{setup}
+from mlcache import Memory
+mem = Memory(sys.argv[1]{verbose})
+
+@mem.cache
+def slow_square(x):
+    time.sleep(0.01)
+    return x * x
+
+print(slow_square(3), slow_square(3), slow_square(4))
+"""
+
+
+def run(tmp_path, verbose: str = "", setup: str = "") -> subprocess.CompletedProcess[str]:
+    code = SCRIPT.format(setup=textwrap.dedent(setup), verbose=verbose)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "9 9 16\n"  # nothing of mlcache's on stdout
+    return done
+
+
+def computed_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "slow_square" in line]
+
+
+def test_verbose_1_shows_each_computed_call_with_its_timing_on_stderr(tmp_path):
+    done = run(tmp_path)  # verbose=1 is the default, as in joblib
+    lines = computed_lines(done.stderr)
+    calling = [line for line in lines if "calling" in line]
+    timed = [line for line in lines if "computed in" in line]
+    assert len(calling) == 2 and len(timed) == 2, done.stderr  # two misses, one hit
+    assert "x=3" in calling[0] and "x=4" in calling[1]
+    assert all(line.rstrip().endswith("s") for line in timed)  # "... computed in 0.010s"
+    assert not any("loaded" in line for line in lines)  # hits are shown from verbose=10
+    # a second run only hits: nothing to show
+    again = run(tmp_path)
+    assert computed_lines(again.stderr) == [], again.stderr
+
+
+def test_verbose_10_shows_loads_too(tmp_path):
+    done = run(tmp_path, verbose=", verbose=10")
+    lines = computed_lines(done.stderr)
+    assert sum("loaded" in line for line in lines) == 1, done.stderr
+    assert sum("computed in" in line for line in lines) == 2, done.stderr
+
+
+def test_verbose_0_is_silent(tmp_path):
+    done = run(tmp_path, verbose=", verbose=0")
+    assert done.stderr == ""
+
+
+def test_configured_logging_gets_each_message_once(tmp_path):
+    done = run(tmp_path, setup="logging.basicConfig(level=logging.INFO)")
+    lines = computed_lines(done.stderr)
+    timed = [line for line in lines if "computed in" in line]
+    assert len(timed) == 2, done.stderr  # not printed a second time besides logging
+    assert all(line.startswith("INFO:mlcache:") for line in lines), done.stderr
+
+
+def test_configured_logging_is_left_alone(tmp_path):
+    # the application asked for warnings only: INFO records are not shown
+    done = run(tmp_path, setup="logging.basicConfig(level=logging.WARNING)")
+    assert computed_lines(done.stderr) == [], done.stderr
+    # a handler on the mlcache logger itself counts as configured too
+    setup = """
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setLevel(logging.WARNING)
+    logging.getLogger("mlcache").addHandler(handler)
+    """
+    done = run(tmp_path / "2", setup=setup)
+    assert computed_lines(done.stderr) == [], done.stderr
+
+
+def test_a_level_set_on_the_mlcache_logger_is_respected(tmp_path):
+    done = run(tmp_path, setup='logging.getLogger("mlcache").setLevel(logging.WARNING)')
+    assert computed_lines(done.stderr) == [], done.stderr
