@@ -549,8 +549,9 @@ def _immutable(obj: Any, depth: int = 0) -> bool:
 
 
 def _is_code(obj: Any) -> bool:
-    """A module, class or function: something whose code, not value, matters."""
-    return isinstance(obj, (types.ModuleType, type, types.FunctionType, types.MethodType))
+    """A module, class or function: something whose code, not value, matters (by
+    its type: isinstance would read a proxy's ``__class__``, which may raise)."""
+    return issubclass(type(obj), (types.ModuleType, type, types.FunctionType, types.MethodType))
 
 
 def _has_python_code(cls: type) -> bool:
