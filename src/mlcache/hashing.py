@@ -725,8 +725,14 @@ def _np_scalar(h: Hasher, obj: np.generic) -> None:
         h._buf += b"o"
         h.update(obj.item())
         return
+    dt = obj.dtype
     h._buf += b"n"
-    h._str(obj.dtype.str)
+    # a record (np.void) of a structured array: its fields, as for arrays ("|V8"
+    # would not tell ('a', i4), ('b', i4) from ('x', f4), ('y', i4))
+    h._str(str(dt) if dt.fields is not None else dt.str)
+    if dt.metadata:
+        h._buf += b"d"
+        h.update(dict(dt.metadata))
     h._raw(np.asarray(obj).tobytes())
 
 

@@ -101,7 +101,7 @@ def test_ndarray_subclasses_that_differ_only_in_their_attributes_are_distinct():
     distinct(x, np.arange(5.0).view(NoPickle), np.arange(4.0))
 
 
-def test_masked_arrays_hard_mask_and_dtype_metadata_are_in_the_key():
+def test_masked_arrays_dtype_metadata_and_structured_records_are_in_the_key():
     data = [1.0, 2.0, 3.0]
     soft = np.ma.array(data, mask=[False, True, False])
     hard = np.ma.array(data, mask=[False, True, False], hard_mask=True)
@@ -109,6 +109,12 @@ def test_masked_arrays_hard_mask_and_dtype_metadata_are_in_the_key():
     same(soft, np.ma.array(data, mask=[False, True, False]))
     tagged = np.dtype("f8", metadata={"unit": "m"})
     distinct(np.zeros(2), np.zeros(2, dtype=tagged))
+    # records of structured arrays: their fields, not only their size
+    pairs = np.zeros(1, dtype=[("a", "<i4"), ("b", "<i4")])
+    renamed = np.zeros(1, dtype=[("x", "<i4"), ("y", "<i4")])
+    retyped = np.zeros(1, dtype=[("a", "<f4"), ("b", "<i4")])
+    distinct(pairs[0], renamed[0], retyped[0])
+    same(pairs[0], np.zeros(1, dtype=[("a", "<i4"), ("b", "<i4")])[0])
 
 
 # -- 2. nothing raised while hashing reaches the call --------------------------------
