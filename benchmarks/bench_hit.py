@@ -6,9 +6,10 @@
     ``diskcache.Cache.memoize`` and a bare ``open()`` + ``pickle.loads`` of a
     tiny file as the floor, and mlcache with signing off beside it.
 
-(b) also times a full check of the mapped entry (``verify_file``): what checking
-the payload at load would add to a mapped hit, which is why mapped payloads
-over 16 MiB are checked by ``verify`` instead.
+(b) also times a full check of the mapped entry read into memory
+(``verify_file``); the first mapped hit in a process checks the mapped payload on
+all cores instead, and later hits of the same file skip it
+(``bench_first_hit.py`` times that first hit).
 
 Targets: (a) joblib / mlcache >= 6; (b) >= 25; (c) joblib / mlcache >= 7 and
 diskcache / mlcache >= 1.2.

@@ -541,6 +541,41 @@ def test_property_damaged_entries_only_raise_entry_corrupted(scratch, edits, cut
     only_entry_corrupted(scratch)
 
 
+def valid_blocked_entry() -> bytes:
+    """A valid entry with a block table of 256-byte blocks (made once)."""
+    if "blocks" not in _VALID:
+        saved = entry.BLOCK_TABLE_MIN, entry.BLOCK_SIZE
+        entry.BLOCK_TABLE_MIN, entry.BLOCK_SIZE = 512, 256
+        try:
+            buf = io.BytesIO()
+            write_entry(buf, "npy", NPY.encode({**sample(), "y": np.arange(150.0)}), {"k": 1})
+        finally:
+            entry.BLOCK_TABLE_MIN, entry.BLOCK_SIZE = saved
+        _VALID["blocks"] = buf.getvalue()
+    return _VALID["blocks"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
+    st.integers(0, 10_000) | st.none(),
+)
+def test_property_damaged_block_tables_only_raise_entry_corrupted(scratch, edits, cut):
+    valid = valid_blocked_entry()
+    assert fields(valid)["flags"] & entry.BLOCK_SUMS
+    data = bytearray(valid)
+    h = fields(valid)
+    table = 64 + h["L"] + h["I"]
+    for pos, value in edits:  # mostly the header and the table, where lengths live
+        data[(table + pos % 80 - 40 if pos % 2 else pos) % len(data)] = value
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    assume(bytes(data) != valid)
+    scratch.write_bytes(bytes(data))
+    entry.forget_verified()
+    only_entry_corrupted(scratch)
+
+
 def craft(layout: Any, payload: bytes, nseg: int | None = None, info: bytes = b"{}") -> bytes:
     """An entry with correct checksums around an arbitrary layout and payload."""
     lay = json.dumps(layout).encode()

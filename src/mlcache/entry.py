@@ -48,23 +48,26 @@ When the payload is checked
     block of a block table on all cores (:func:`mlcache.hashing.parallel_map`),
     an older entry without one in one pass. A file that passed is remembered by
     its identity (device, inode, size, mtime, ctime) once its last change is
-    :data:`SETTLED_NS` old, so a repeated mapped hit stays O(1) in the array
-    size; a file replaced or changed in place has another identity and is
-    checked again. ``"r+"`` maps are the caller's to change (as in joblib, edits
-    persist), so they are not checked; handing one out drops the file's mark,
-    and while one is alive in this process the file's other mapped reads are
-    checked every time (writes through a shared map need not change the mtime
-    at once). ``"c"`` maps are private: nothing reaches the file. A mismatch
-    raises :class:`EntryCorrupted`: a miss, recomputed.
-    :func:`verify_file` (``Memory.verify()``) reads and checks every byte.
+    :data:`SETTLED_NS` old (:data:`COARSE_SETTLED_NS` for whole-second file
+    times), so a repeated mapped hit stays O(1) in the array size; a file
+    replaced or changed in place has another identity and is checked again.
+    mlcache's own last-use touch (which sets the mtime) keeps the mark
+    (:func:`keep_verified`); another process's touch makes one new check.
+    ``"r+"`` maps are the caller's to change (as in joblib, edits persist), so
+    they are not checked; handing one out drops the file's mark, and while one
+    is alive in this process the file's other mapped reads are checked every
+    time (writes through a shared map need not change the mtime at once).
+    ``"c"`` maps are private: nothing reaches the file. A mismatch raises
+    :class:`EntryCorrupted`: a miss, recomputed. :func:`verify_file`
+    (``Memory.verify()``) reads and checks every byte.
 
 Signed entries (:mod:`mlcache.signing`)
     A reader given a signer refuses, before decoding anything, an entry that is
     unsigned or whose signature does not verify (:class:`EntrySignatureError`).
     The signature covers the header (with the payload's checksum), the layout,
-    the info, the block table and the entry's name, and the whole of segment 0 of entries whose
-    codec runs code when decoding (the pickle stream): it is read into private
-    memory, checked there and decoded from there. Other segments (raw arrays,
+    the info, the block table and the entry's name, and the whole of segment 0
+    of entries whose codec runs code when decoding (the pickle stream): it is
+    read into private memory, checked there and decoded from there. Other segments (raw arrays,
     a pickle's out-of-band buffers) are bound to the signature only through
     their signed xxh3 checksums (of the payload, or of each block), checked as
     above: altered array bytes can give wrong numbers but never run code.
@@ -82,6 +85,7 @@ import struct
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, BinaryIO, Literal, NamedTuple
 
 import numpy as np
@@ -104,6 +108,7 @@ __all__ = [
     "EntryPlan",
     "EntryReader",
     "forget_verified",
+    "keep_verified",
     "read_info",
     "verify_file",
     "write_entry",
@@ -127,9 +132,12 @@ BLOCK_TABLE_MIN = 16 << 20
 BLOCK_SIZE = 4 << 20
 _BLOCK_MAX = 1 << 40
 #: a mapped file is remembered as verified only when its last change (mtime,
-#: ctime) is at least this old: file times are coarse, and a change made within
-#: the same clock tick as the check would not show in them
-SETTLED_NS = 2_000_000_000
+#: ctime) is at least this old: file times are coarse (a clock tick, 1 to 10 ms
+#: on Linux), and a change made within the same tick as the check would not show
+#: in them. Files whose times are whole seconds (FAT, HFS+, some network file
+#: systems) need COARSE_SETTLED_NS.
+SETTLED_NS = 50_000_000
+COARSE_SETTLED_NS = 2_000_000_000
 _VERIFIED_MAX = 1 << 16
 _FIRST_READ = 1 << 16
 # checksum and copy in chunks that stay in the CPU cache between the two passes
@@ -658,7 +666,7 @@ class EntryReader:
         update the mtime at once), and its mark is dropped. Copy-on-write maps
         (``"c"``) never reach the file: they are checked and marked as ``"r"``."""
         st = os.fstat(fd)
-        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        ident = _identity(st)
         inode = ident[:2]
         if self._mode == "r+":
             _verified.pop(ident, None)
@@ -672,11 +680,8 @@ class EntryReader:
         if live is None and ident in _verified:
             return
         self._check(self._payload)
-        changed = max(st.st_mtime_ns, st.st_ctime_ns)
-        if live is None and time.time_ns() - changed >= SETTLED_NS:
-            if len(_verified) >= _VERIFIED_MAX:
-                _verified.clear()
-            _verified[ident] = None
+        if live is None and _settled(st):
+            _remember(ident)
 
     def _check_signable(self, codec: str) -> None:
         """Refuse, before reading the payload, an entry that cannot carry a valid
@@ -818,6 +823,47 @@ class EntryReader:
 _verified: dict[tuple[int, int, int, int, int], None] = {}
 #: (device, inode) -> the "r+" maps of that file this process has handed out
 _writable: dict[tuple[int, int], weakref.WeakSet[mmap.mmap]] = {}
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _settled(st: os.stat_result) -> bool:
+    """The file's last change is old enough that a new one would show in its times."""
+    coarse = not (st.st_mtime_ns % 1_000_000_000 or st.st_ctime_ns % 1_000_000_000)
+    margin = COARSE_SETTLED_NS if coarse else SETTLED_NS
+    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= margin
+
+
+def _remember(ident: tuple[int, int, int, int, int]) -> None:
+    if len(_verified) >= _VERIFIED_MAX:
+        _verified.clear()
+    _verified[ident] = None
+
+
+def keep_verified(paths: list[str], change: Callable[[], Any]) -> None:
+    """Run ``change()``, which changes only the times of the entry files ``paths``
+    (mlcache's last-use touch sets their mtime), keeping the marks of those this
+    process has verified, so that recording use does not make the next mapped
+    hit check the payload again. A file whose device, inode or size differs
+    afterwards is not carried over."""
+    before = {}
+    for path in paths:
+        try:
+            ident = _identity(os.stat(path, follow_symlinks=False))
+        except (OSError, ValueError):
+            continue
+        if ident in _verified:
+            before[path] = ident
+    change()
+    for path, old in before.items():
+        try:
+            new = _identity(os.stat(path, follow_symlinks=False))
+        except (OSError, ValueError):
+            continue
+        if new[:3] == old[:3] and not _writable.get(new[:2]):
+            _remember(new)
 
 
 def forget_verified() -> None:

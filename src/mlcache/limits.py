@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
+from .entry import keep_verified
 from .errors import warn
 from .names import entries as result_entries
 from .names import entry_folder
@@ -99,7 +100,11 @@ class UsageLog:
             self._last = time.monotonic()
         if hits and not self._read_only:
             try:
-                self._store.touch(list(hits))
+                # the touch sets the entries' mtime: keep this process's marks of
+                # verified files (mlcache.entry), or the next mapped hit re-checks
+                local = getattr(self._store, "local_path", None)
+                paths = [local(n) for n in hits] if local is not None else []
+                keep_verified(paths, lambda: self._store.touch(list(hits)))
             except (OSError, ValueError):
                 pass  # last-use times are advisory
             for name, (count, info) in list(hits.items()):  # a late note may still land
