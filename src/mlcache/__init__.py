@@ -13,12 +13,16 @@ from .codecs import register_codec
 from .errors import (
     CacheError,
     CacheWarning,
+    CallArgumentsError,
     ConfigError,
+    ConfigTypeError,
     EntryCorrupted,
     EntryNotFound,
     EntrySignatureError,
+    InvalidRegistration,
     RegistryError,
     StoreError,
+    UnknownBackend,
     UnsupportedValue,
 )
 from .hashing import hash_value
@@ -41,10 +45,13 @@ _logging.getLogger("mlcache").addHandler(_logging.NullHandler())
 __all__ = [
     "CacheError",
     "CacheWarning",
+    "CallArgumentsError",
     "ConfigError",
+    "ConfigTypeError",
     "EntryCorrupted",
     "EntryNotFound",
     "EntrySignatureError",
+    "InvalidRegistration",
     "MemorizedFunc",
     "MemorizedResult",
     "Memory",
@@ -52,6 +59,7 @@ __all__ = [
     "NotMemorizedResult",
     "RegistryError",
     "StoreError",
+    "UnknownBackend",
     "UnsupportedValue",
     "__version__",
     "cache",

@@ -38,6 +38,10 @@ class Registry(Generic[T], Mapping[str, T]):
     unknown:
         The error a lookup of an unknown name raises (a subclass of
         :class:`~mlcache.errors.RegistryError`).
+    names:
+        The names accepted, and how to say so when one is not (default: short
+        lowercase identifiers; a registry whose names are never written
+        anywhere may accept more).
     """
 
     def __init__(
@@ -45,10 +49,16 @@ class Registry(Generic[T], Mapping[str, T]):
         kind: str,
         check: Callable[[object], None],
         unknown: type[RegistryError] = RegistryError,
+        names: tuple[re.Pattern[str], str] | None = None,
     ) -> None:
         self._kind = kind
         self._check = check
         self._unknown = unknown
+        self._names = names or (
+            _NAME,
+            "a short lowercase identifier such as 'local' or 's3' "
+            "(letters, digits, '_', '-', '.', '+')",
+        )
         # one ordered dict: iteration follows registration order (codec selection
         # relies on it); a lazy entry is a (target, install hint) tuple until used
         self._entries: dict[str, T | _Lazy] = {}
@@ -61,11 +71,9 @@ class Registry(Generic[T], Mapping[str, T]):
         holds (unless ``replace``); the same class again (same module and name:
         a reload) replaces the old one.
         """
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise InvalidRegistration(
-                f"invalid {self._kind} name {name!r}: expected a short lowercase identifier "
-                "such as 'local' or 's3' (letters, digits, '_', '-', '.', '+')"
-            )
+        pattern, expected = self._names
+        if not isinstance(name, str) or not pattern.fullmatch(name):
+            raise InvalidRegistration(f"invalid {self._kind} name {name!r}: expected {expected}")
         if isinstance(impl, str):
             self._refuse_taken(name, _Lazy(impl, hint), replace)
             self._entries[name] = _Lazy(impl, hint)

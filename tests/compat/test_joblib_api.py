@@ -74,6 +74,30 @@ def test_registering_the_same_backend_again_works_as_in_joblib(backend_name):
     assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize("name", ["GCS", "My Backend", "s3_v2"])
+def test_any_str_joblib_accepts_is_a_backend_name(tmp_path, name):
+    # joblib's only rule for a store backend's name is that it is a str
+    register_store_backend(name, LocalStore)
+    try:
+        assert isinstance(Memory(tmp_path, backend=name).store, LocalStore)
+    finally:
+        stores._entries.pop(name, None)
+
+
+@pytest.mark.parametrize("name", ["", "a\nb"])
+def test_an_empty_or_multiline_backend_name_is_still_refused(name):
+    with pytest.raises(errors.InvalidRegistration) as info:
+        register_store_backend(name, LocalStore)
+    assert isinstance(info.value, ValueError)
+
+
+def test_the_new_error_classes_are_public():
+    import mlcache
+
+    for name in ("CallArgumentsError", "ConfigTypeError", "InvalidRegistration", "UnknownBackend"):
+        assert getattr(mlcache, name) is getattr(errors, name) and name in mlcache.__all__
+
+
 def test_an_unknown_backend_is_a_type_error(tmp_path):
     # joblib: TypeError("Unknown location ... or backend nope")
     with pytest.raises(errors.UnknownBackend, match="unknown store backend 'nope'") as info:

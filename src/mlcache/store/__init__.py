@@ -115,7 +115,10 @@ def _check_store(obj: object) -> None:
         )
 
 
-stores: Registry[type] = Registry("store backend", _check_store, UnknownBackend)
+# a backend's name is only looked up, never written: any one-line str (joblib
+# takes any str), so that code registering "GCS" or "my store" keeps working
+_BACKEND_NAME = (re.compile(r"[^\x00-\x1f\x7f]{1,128}"), "a non-empty one-line str")
+stores: Registry[type] = Registry("store backend", _check_store, UnknownBackend, _BACKEND_NAME)
 
 _LAZY_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
