@@ -70,6 +70,7 @@ def open_regular(
     *,
     dir_fd: int | None = None,
     shown: str | None = None,
+    remove: bool = False,
 ) -> int:
     """``os.open(name, flags, mode)`` that never follows a symbolic link at ``name``
     and returns only a regular file's descriptor.
@@ -77,8 +78,8 @@ def open_regular(
     A link (or a fifo, socket, device, folder) at ``name`` is a damaged file: one
     warning; with ``os.O_CREAT`` in ``flags`` it is removed (the link, never what
     it points to) and the file is created anew, else ``FileNotFoundError`` is
-    raised, as if it were missing. ``shown`` is the path the warning names
-    (``name`` by default).
+    raised, as if it were missing (after removing it too, with ``remove``).
+    ``shown`` is the path the warning names (``name`` by default).
 
     Examples
     --------
@@ -118,7 +119,7 @@ def open_regular(
                     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
                 return fd
             os.close(fd)
-        _remove_damaged(name, st.st_mode, dir_fd, shown, remove=bool(flags & os.O_CREAT))
+        _remove_damaged(name, st.st_mode, dir_fd, shown, remove=remove or bool(flags & os.O_CREAT))
         if not flags & os.O_CREAT:
             raise FileNotFoundError(errno.ENOENT, f"{shown} is damaged (see the warning)")
     raise OSError(errno.ELOOP, f"{shown} keeps being replaced by a link; not written")

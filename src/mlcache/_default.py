@@ -9,23 +9,27 @@ from collections.abc import Callable
 from typing import Any
 
 from .memory import Memory
+from .store.local import cache_folder
 
 _lock = threading.Lock()
 _memory: Memory | None = None
 
 
 def default_location() -> str:
-    """``$MLCACHE_DIR``, else the platform's per-user cache folder plus ``mlcache``."""
+    """The default cache folder (absolute): ``$MLCACHE_DIR``, else the platform's
+    per-user cache folder plus ``mlcache``; its ``mlcache`` subfolder when that
+    folder holds a user's files (see :func:`mlcache.store.local.cache_folder`).
+    Function results and dataset packs (``datasets/``) both live there."""
     env = os.environ.get("MLCACHE_DIR")
     if env:
-        return os.path.expanduser(env)
+        return cache_folder(os.path.expanduser(env))
     if sys.platform == "win32":
         base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
-        return os.path.join(base, "mlcache", "Cache")
+        return cache_folder(os.path.join(base, "mlcache", "Cache"))
     if sys.platform == "darwin":
-        return os.path.expanduser("~/Library/Caches/mlcache")
-    return os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlcache"
+        return cache_folder(os.path.expanduser("~/Library/Caches/mlcache"))
+    return cache_folder(
+        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlcache")
     )
 
 

@@ -22,6 +22,7 @@ from ._tables import print_table
 from .config import parse_bytes, parse_duration
 from .data.cached import remove_pack
 from .memory import Memory
+from .store.local import cache_folder
 
 OK, PROBLEM, USAGE = 0, 1, 2
 
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         return OK
     if args.command == "bench":
         return _bench(args)
-    location = os.path.abspath(args.location or default_location())
+    location = cache_folder(args.location) if args.location else default_location()
     if not os.path.isdir(location):
         print(f"no cache at {location}", file=sys.stderr)
         return USAGE

@@ -303,7 +303,7 @@ class _Walk:
             self._record(name, f"<state {type(obj).__qualname__}>")
             return
         self._record(name, _constant(obj))
-        if not _immutable(obj):
+        if not _immutable(obj) and not _large_array(obj):
             self.watched.append((name, obj))
 
     def _container(self, name: str, obj: Any) -> None:
@@ -389,10 +389,12 @@ class _Walk:
                     self._static_module(f"{full}.{attrs[0]}")
                 return
             where = full
+        reading = where
         try:
             for attr in attrs:  # down user modules and classes only
                 if not _walkable(obj):
                     break
+                reading = f"{where}.{attr}"
                 nxt = getattr(obj, attr, _MISSING)
                 if nxt is _MISSING:
                     if isinstance(obj, types.ModuleType):  # a submodule not imported yet
@@ -403,7 +405,7 @@ class _Walk:
         except CodeWalkError:
             raise
         except Exception as exc:  # a global whose attribute access raises (a proxy)
-            raise CodeWalkError(where, exc) from exc
+            raise CodeWalkError(reading, exc) from exc
 
     def _static_module(self, full: str) -> None:
         """Record the module ``full`` from its file without running it: the
@@ -458,8 +460,8 @@ def _module_file(full: str) -> str | None:
         module = sys.modules.get(name)
         if module is not None:
             if last:
-                return getattr(module, "__file__", None)
-            search = getattr(module, "__path__", None)
+                return vars(module).get("__file__")
+            search = vars(module).get("__path__")
         else:
             try:
                 spec = PathFinder.find_spec(name, search)
@@ -536,6 +538,16 @@ def _probe(obj: Any, name: str) -> Any:
 
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, np.generic, type)
+
+
+#: a module-level array larger than this (bytes) is not watched for in-place
+#: changes: hashing it before and after every computed call would cost more than
+#: the rare accumulator array is worth
+_WATCH_ARRAY_MAX = 1 << 20
+
+
+def _large_array(obj: Any) -> bool:
+    return isinstance(obj, np.ndarray) and obj.nbytes > _WATCH_ARRAY_MAX
 
 
 def _immutable(obj: Any, depth: int = 0) -> bool:
@@ -747,11 +759,12 @@ def is_user_module(name: str | None) -> bool:
     module = sys.modules.get(name)
     if module is None:
         return True  # code made at run time (exec, a notebook's own namespace)
-    path = getattr(module, "__file__", None)
+    # vars(): a module's own __getattr__ (PEP 562) may raise anything
+    path = vars(module).get("__file__")
     if not path:
         # made at run time (types.ModuleType) when it has no import spec; else
         # builtin, frozen, or a namespace package without files
-        return getattr(module, "__spec__", None) is None and name not in sys.builtin_module_names
+        return vars(module).get("__spec__") is None and name not in sys.builtin_module_names
     return _is_user_file(path)
 
 

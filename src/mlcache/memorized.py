@@ -20,17 +20,20 @@ import time
 import types
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from ._log import logger_for
+import xxhash
+
+from ._log import logger_for, logging_configured
 from .callkey import CallKeyer, UnhashableArgument
 from .codecs import select_codec
-from .deps import code_version
+from .deps import CodeVersion, code_version
 from .entry import EntryPlan
 from .errors import ConfigError, EntryNotFound, EntrySignatureError, UnsupportedValue, warn
 from .fingerprint import call_state, func_identity, slug, target_function
 from .hashing import hash_value
-from .names import CODE_MANIFEST, STATS, is_entry
+from .names import CODE_MANIFEST, STATE, STATS, is_entry
 from .results import (
     MemorizedResult,
     NotMemorizedResult,
@@ -54,9 +57,14 @@ _MISS = object()
 Keyed = tuple[str, list[bytes]]
 
 
-#: (location, function folder, version) whose other versions this process removed
+#: (location, function folder, version) whose other versions this process looked at
 _CLEANED: set[tuple[str, str, str]] = set()
 _CLEANED_LOCK = threading.Lock()
+#: a function's other code versions are kept side by side (two processes may run
+#: two versions: a spawn worker, a notebook and its workers); one whose results
+#: were not used for this long (seconds) is removed when another version of the
+#: function is first used in a process. Size limits and ``prune`` remove them too.
+OLD_VERSIONS_KEPT_FOR = 30 * 86400
 
 
 def _split_ignore(func: Callable[..., Any], ignore: Any) -> tuple[list[str], frozenset[str]]:
@@ -79,6 +87,32 @@ def _split_ignore(func: Callable[..., Any], ignore: Any) -> tuple[list[str], fro
             + (f" and it captures {sorted(captured)}" if captured else "")
         )
     return [n for n in ignore if n in names], frozenset(n for n in ignore if n not in names)
+
+
+def _combine(digests: dict[str, bytes]) -> bytes:
+    """One digest of named digests (what the function captures), order-free."""
+    if not digests:
+        return b""
+    return xxhash.xxh3_128_hexdigest(
+        b"\0".join(
+            n.encode("utf-8", "surrogatepass") + b"=" + d for n, d in sorted(digests.items())
+        )
+    ).encode()
+
+
+def _plain_object(obj: Any) -> bool:
+    """An object whose state is its ``__dict__`` (no custom pickling, no slots),
+    so that its attributes can count one by one."""
+    cls = type(obj)
+    return (
+        isinstance(getattr(obj, "__dict__", None), dict)
+        and not isinstance(obj, (type, types.ModuleType, types.FunctionType))
+        and cls.__reduce_ex__ is object.__reduce_ex__
+        and cls.__reduce__ is object.__reduce__
+        and getattr(cls, "__getstate__", None) is getattr(object, "__getstate__", None)
+        and not any("__slots__" in vars(k) for k in cls.__mro__)
+        and not hasattr(cls, "__mlcache_token__")
+    )
 
 
 def _nbytes(segment: Any) -> int:
@@ -124,8 +158,18 @@ class MemorizedFunc(Generic[P, R]):
         self._code_dir = ""
         self._code_path = ""  # the code folder's local path (local stores only)
         self._unkeyable_warned = False
+        self._walk_failed = False  # the code walk raised: uncached until the code changes
+        self._unhashable_warned: set[str] = set()  # captured variables left out of keys
+        #: names of what calls of this function change (state, not input): captured
+        #: variables and bound-object attributes, and module-level values (code
+        #: walk names); read from and written to the function's folder
+        self._captured_state: set[str] = set()
+        self._global_state: frozenset[str] = frozenset()
+        self._state_loaded = False
+        self._watched: tuple[tuple[str, Any], ...] = ()  # mutable values the code reads
+        self._seen_captured = threading.local()  # this thread's last call's captured digests
         self._foreign_warned: set[str] = set()  # entries seen unsigned or with another key
-        self._code_changed = False  # older code versions were found (and removed)
+        self._code_changed = False  # other code versions were found
         self._code_changes: list[str] = []  # what differed from the newest of them
         self._manifest: dict[str, str] | None = None  # to write with the first result
         functools.update_wrapper(self, func)
@@ -141,13 +185,29 @@ class MemorizedFunc(Generic[P, R]):
         """Passed as an argument to another memoized function: keyed by what it wraps."""
         return self.func
 
-    def __reduce__(self) -> Any:
+    def _module_level(self) -> types.ModuleType | None:
+        """The module this object is an attribute of (decorated at module level)."""
         module = sys.modules.get(getattr(self, "__module__", ""), None)
         found: Any = module
         for part in getattr(self, "__qualname__", "").split("."):
             found = getattr(found, part, None)
-        if found is self and module is not None and module.__name__ != "__main__":
-            return self.__qualname__  # decorated at module level: pickle by reference
+        return module if found is self else None
+
+    def _reduce_for_workers(self) -> Any:
+        """How multiprocessing ships this object to its workers: a script's
+        function decorated at module level by reference too, since spawn and
+        forkserver workers import the script (as ``__mp_main__``) and fork
+        workers have it already; there it is the very same function."""
+        module = self._module_level()
+        if module is not None:
+            name: str = getattr(self, "__qualname__", "")
+            return (_module_attribute, (module.__name__, name))
+        return self.__reduce__()
+
+    def __reduce__(self) -> Any:
+        module = self._module_level()
+        if module is not None and module.__name__ != "__main__":
+            return getattr(self, "__qualname__", "")  # module level: pickle by reference
         # by value; a script's function keeps the identity it has here (a worker
         # receiving it by value would see another file name)
         options = (self.ignore, self._verbose, self.mmap_mode, self.cache_validation_callback)
@@ -168,51 +228,70 @@ class MemorizedFunc(Generic[P, R]):
             t.__code__ is code and t.__defaults__ is defaults and t.__kwdefaults__ is kwdefaults  # type: ignore[union-attr]
         )
 
-    def _prepare(self) -> CallKeyer:
-        """Fingerprint the code (once per process, and again if it is replaced) and
-        remove the results of the function's other versions."""
+    def _prepare(self) -> CallKeyer | None:
+        """Fingerprint the code (once per process, again if it is replaced, and when
+        a call turns out to change a value the code reads), note the function's
+        other versions; None (warned once) when the code cannot be walked."""
         seen = self._code_ids()
-        code = code_version(self.func, self.memory.code, self.version)
+        if not self._state_loaded:
+            self._load_state()
+        try:
+            code = code_version(self.func, self.memory.code, self.version, self._global_state)
+        except Exception as exc:  # a global whose attribute access raises, a bug of ours
+            self._walk_failed, self._seen_code = True, seen
+            self._warn_unkeyable(
+                f"its code version cannot be worked out ({exc})",
+                hint="it is cached again once that can be read (or pass version= to cache())",
+            )
+            return None
+        self._walk_failed = False
+        self._use_version(code)
+        keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{code.digest[:16]}".encode())
+        self._keyer, self._seen_code = keyer, seen
+        return keyer
+
+    def _use_version(self, code: CodeVersion) -> None:
         version = code.digest[:16]
         self._code_dir = f"{self._folder}/{version}"
         if self._local:
             # hits join keys to this path: names built here need no re-validation
             self._code_path = self._store.local_path(self._code_dir)  # type: ignore[attr-defined]
-        self._remove_other_versions(version, code.parts)
+        self._watched = code.watched
+        self._note_other_versions(version, code.parts)
         self._manifest = code.parts
-        keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{version}".encode())
-        self._keyer, self._seen_code = keyer, seen
-        return keyer
 
-    def _remove_other_versions(self, version: str, parts: dict[str, str]) -> None:
-        """Once per process and version: remove the results of the function's other
-        code versions, saying what changed (from their code manifests), and write
-        this version's manifest."""
+    def _note_other_versions(self, version: str, parts: dict[str, str]) -> None:
+        """Once per process and version: say what changed since the function's
+        other code versions (from their code manifests); they are kept, except
+        those not used for :data:`OLD_VERSIONS_KEPT_FOR`."""
         token = (str(self._store.location), self._folder, version)
         with _CLEANED_LOCK:
             if token in _CLEANED:
                 return
             _CLEANED.add(token)
         try:
-            others = {
-                bits[1]
-                for e in self._store.list(self._folder)
-                if len(bits := e.name.split("/")) == 3 and bits[1] not in (version, STATS)
-            }
-            self._code_changed = bool(others)
-            if others:
-                changed = self._changed_code(others, parts)
-                self._code_changes = changed
-                if self._verbose:
-                    logger_for(self._verbose).info(
-                        "[Memory] %s: code changed%s, removing old results",
-                        self.func_id,
-                        f" ({', '.join(changed)})" if changed else "",
-                    )
-            for folder in others:
-                self._store.delete(f"{self._folder}/{folder}")
+            last_used: dict[str, float] = {}
+            for e in self._store.list(self._folder):
+                bits = e.name.split("/")
+                if len(bits) == 3 and bits[1] not in (version, STATS):
+                    last_used[bits[1]] = max(last_used.get(bits[1], 0.0), e.last_used)
+            self._code_changed = bool(last_used)
+            if not last_used:
+                return
+            changed = self._changed_code(set(last_used), parts)
+            self._code_changes = changed
+            if self._verbose:
+                logger_for(self._verbose).info(
+                    "[Memory] %s: code changed%s; the results of other versions are kept",
+                    self.func_id,
+                    f" ({', '.join(changed)})" if changed else "",
+                )
+            too_old = time.time() - OLD_VERSIONS_KEPT_FOR
+            for folder, when in last_used.items():
+                if when < too_old:
+                    self._store.delete(f"{self._folder}/{folder}")
         except Exception as exc:  # housekeeping: never fail the call for it
-            logger.debug("could not remove old results of %s: %s", self.func_id, exc)
+            logger.debug("could not look at the other versions of %s: %s", self.func_id, exc)
 
     def _write_manifest(self) -> None:
         """With the first result this process stores: this code version's manifest,
@@ -254,17 +333,16 @@ class MemorizedFunc(Generic[P, R]):
         hashed: warned once per function, then called uncached)."""
         keyer = self._keyer
         if keyer is None or (self._target is not None and not self._same_code()):
+            if self._walk_failed and (self._target is None or self._same_code()):
+                return None  # warned: the code walk fails until the code changes
             keyer = self._prepare()
+            if keyer is None:
+                return None
         extra = b""
         if self._stateful:
-            try:
-                extra = hash_value(call_state(self.func, self._state_ignore)).encode()
-            except Exception as exc:  # whatever hashing the state raises: uncached
-                self._warn_unkeyable(
-                    f"what it captures (its closure, bound object or partial arguments) "
-                    f"cannot be hashed ({exc})"
-                )
-                return None
+            captured = self._captured_digests()
+            self._seen_captured.digests = captured  # for _snapshot, on a miss
+            extra = _combine(captured)
         try:
             key, digests = keyer.key(args, kwargs, extra)
         except UnhashableArgument as exc:
@@ -272,14 +350,118 @@ class MemorizedFunc(Generic[P, R]):
             return None
         return f"{self._code_dir}/{key}", digests
 
-    def _warn_unkeyable(self, why: str) -> None:
+    # -- state: what calls change is not input ----------------------------------------
+    def _captured(self) -> list[tuple[str, Any]]:
+        """What the function captures, by name (closure variables, the bound
+        object's attributes, a partial's arguments), without what calls change."""
+        found: list[tuple[str, Any]] = []
+        for entry in call_state(self.func, self._state_ignore) or ():
+            name = entry[0]
+            if name in ("self", "object") and _plain_object(entry[1]):
+                obj = entry[1]
+                found.append((name, type(obj)))
+                found.extend((f"{name}.{k}", v) for k, v in sorted(vars(obj).items()))
+            else:
+                found.append((name, entry[1:] if name == "partial" else entry[1]))
+        return [(n, v) for n, v in found if n not in self._captured_state]
+
+    def _captured_digests(self) -> dict[str, bytes]:
+        """Name -> digest of what the function captures; a value that cannot be
+        hashed is left out of the key, with one warning (joblib ignores them all)."""
+        digests: dict[str, bytes] = {}
+        for name, value in self._captured():
+            try:
+                digests[name] = hash_value(value).encode()
+            except Exception as exc:
+                if name not in self._unhashable_warned:
+                    self._unhashable_warned.add(name)
+                    warn(
+                        f"mlcache: {self.func_id} captures {name!r} "
+                        f"({type(value).__module__}.{type(value).__qualname__}), which cannot "
+                        f"be hashed ({exc}); it is left out of the key (pass it as an "
+                        f"argument to make it count, or name it in ignore=)",
+                        stacklevel=6,
+                    )
+        return digests
+
+    def _watched_digests(self) -> dict[str, str]:
+        from .deps import _constant
+
+        return {name: _constant(value) for name, value in self._watched}
+
+    def _snapshot(self) -> tuple[dict[str, bytes], dict[str, str]] | None:
+        """Digests of what a call could change, taken before a computed call."""
+        if not self._stateful and not self._watched:
+            return None
+        captured = getattr(self._seen_captured, "digests", None) if self._stateful else {}
+        if captured is None:
+            captured = self._captured_digests()
+        return captured, self._watched_digests()
+
+    def _learn(
+        self,
+        before: tuple[dict[str, bytes], dict[str, str]] | None,
+        keyed: Keyed,
+    ) -> Keyed:
+        """After a computed call: what it changed of what the function captures or
+        the code reads is state, remembered with the function's cache and left out
+        of later keys. Returns the entry to store the result under (the same,
+        unless something was learned)."""
+        if before is None:
+            return keyed
+        captured, watched = before
+        changed_captured = {
+            n
+            for n, d in (self._captured_digests() if captured else {}).items()
+            if captured.get(n, d) != d
+        }
+        changed_globals = {n for n, d in self._watched_digests().items() if watched.get(n, d) != d}
+        if not changed_captured and not changed_globals:
+            return keyed
+        self._captured_state |= changed_captured
+        self._global_state |= changed_globals
+        if self._verbose:
+            logger_for(self._verbose).info(
+                "[Memory] %s changes %s: state, not input; left out of its keys from now on",
+                self.func_id,
+                ", ".join(sorted(changed_captured | changed_globals)),
+            )
+        self._save_state()
+        keyer = self._keyer if not changed_globals else self._prepare()
+        if keyer is None:
+            return keyed
+        kept = {n: d for n, d in captured.items() if n not in self._captured_state}
+        return f"{self._code_dir}/{keyer.combine(keyed[1], _combine(kept))}", keyed[1]
+
+    def _load_state(self) -> None:
+        """What earlier processes learned calls of this function change."""
+        self._state_loaded = True
+        try:
+            with self._store.open(f"{self._folder}/{STATE}") as f:
+                data = json.loads(f.read())
+            captured, globals_ = data.get("captured", []), data.get("globals", [])
+            if all(isinstance(n, str) for n in [*captured, *globals_]):
+                self._captured_state |= set(captured)
+                self._global_state |= frozenset(globals_)
+        except EntryNotFound:
+            return
+        except Exception as exc:  # unreadable: learned again
+            logger.debug("could not read what %s changes: %s", self.func_id, exc)
+
+    def _save_state(self) -> None:
+        data = {"captured": sorted(self._captured_state), "globals": sorted(self._global_state)}
+        try:
+            with self._store.write(f"{self._folder}/{STATE}") as f:
+                f.write(json.dumps(data).encode())
+        except Exception as exc:  # learned again by the next process
+            logger.debug("could not record what %s changes: %s", self.func_id, exc)
+
+    def _warn_unkeyable(
+        self, why: str, hint: str = "name what should not count in ignore="
+    ) -> None:
         if not self._unkeyable_warned:  # once per function: it may be called in a loop
             self._unkeyable_warned = True
-            warn(
-                f"mlcache: {self.func_id} is called uncached: {why}; name what should not "
-                "count in ignore=",
-                stacklevel=5,
-            )
+            warn(f"mlcache: {self.func_id} is called uncached: {why}; {hint}", stacklevel=5)
         else:  # warned once; later causes (another argument) are still logged
             logger.debug("mlcache: %s is called uncached: %s", self.func_id, why)
 
@@ -432,6 +614,11 @@ class MemorizedFunc(Generic[P, R]):
         if self._verbose > 0 and (log := logger_for(self._verbose)).isEnabledFor(logging.INFO):
             assert self._keyer is not None
             shown = ", ".join(f"{k}={v}" for k, v in self._keyer.describe(args, kwargs).items())
+            if self._verbose < 2 and not logging_configured():
+                # the default console output: why it missed costs a listing of the
+                # function's folder (a LIST on S3), so it waits for verbose=2 or logging
+                log.info("[Memory] calling %s(%s)", self.func_id, shown)
+                return
             log.info(
                 "[Memory] calling %s(%s): %s", self.func_id, shown, self._miss_reason(keyed[1])
             )
@@ -460,9 +647,18 @@ class MemorizedFunc(Generic[P, R]):
         return f"argument{'s' if len(changed) > 1 else ''} {what} changed since the last entry"
 
     def _finish(
-        self, keyed: Keyed, out: Any, t0: float, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, dict[str, Any] | None]:
+        self,
+        keyed: Keyed,
+        out: Any,
+        t0: float,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        before: tuple[dict[str, bytes], dict[str, str]] | None = None,
+    ) -> tuple[Any, dict[str, Any] | None, str]:
+        """Store the result of a computed call; (value, metadata or None when not
+        stored, the entry's name)."""
         duration = time.perf_counter() - t0
+        keyed = self._learn(before, keyed)
         if self._verbose > 0:
             logger_for(self._verbose).info("[Memory] %s computed in %.3fs", self.func_id, duration)
         self.memory._usage.miss(keyed[0], self.func_id, duration)  # type: ignore[union-attr]
@@ -472,14 +668,16 @@ class MemorizedFunc(Generic[P, R]):
             loaded = self._load(keyed[0], self.mmap_mode, validate=False, hit=False)
             if loaded is not _MISS:
                 out = loaded
-        return out, meta
+        return out, meta, keyed[0]
 
     def _run(
         self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, dict[str, Any] | None]:
+    ) -> tuple[Any, dict[str, Any] | None, str]:
         self._log_call(keyed, args, kwargs)
+        before = self._snapshot()
         t0 = time.perf_counter()
-        return self._finish(keyed, self.func(*args, **kwargs), t0, args, kwargs)
+        out = self.func(*args, **kwargs)
+        return self._finish(keyed, out, t0, args, kwargs, before)
 
     def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Keyed | None, Any]:
         """(entry name and digests, or None if uncacheable; cached value or ``_MISS``)."""
@@ -491,10 +689,10 @@ class MemorizedFunc(Generic[P, R]):
             logger_for(self._verbose).info("[Memory] %s: loaded from cache", self.func_id)
         return keyed, value
 
-    def _shelved(self, name: str, out: Any, meta: dict[str, Any] | None) -> Any:
+    def _shelved(self, name: str, out: Any, meta: dict[str, Any] | None, stored: str = "") -> Any:
         if meta is None:  # not stored: keep the value itself
             return NotMemorizedResult(out)
-        return MemorizedResult(self.memory, name, self.func_id, mmap_mode=self.mmap_mode)
+        return MemorizedResult(self.memory, stored or name, self.func_id, mmap_mode=self.mmap_mode)
 
     # -- the public interface ---------------------------------------------------------
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -522,7 +720,7 @@ class MemorizedFunc(Generic[P, R]):
         keyed = self._key(args, kwargs)
         if keyed is None:
             return self.func(*args, **kwargs), {}
-        out, meta = self._run(keyed, args, kwargs)
+        out, meta, _ = self._run(keyed, args, kwargs)
         return out, meta or {}
 
     def call_and_shelve(
@@ -599,17 +797,18 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
 
     async def _arun(
         self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, dict[str, Any] | None]:
+    ) -> tuple[Any, dict[str, Any] | None, str]:
         self._log_call(keyed, args, kwargs)
+        before = self._snapshot()
         t0 = time.perf_counter()
         out = await self.func(*args, **kwargs)  # type: ignore[misc]
-        return self._finish(keyed, out, t0, args, kwargs)
+        return self._finish(keyed, out, t0, args, kwargs, before)
 
     async def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:  # type: ignore[override]
         keyed = self._key(args, kwargs)
         if keyed is None:
             return await self.func(*args, **kwargs), {}  # type: ignore[misc]
-        out, meta = await self._arun(keyed, args, kwargs)
+        out, meta, _ = await self._arun(keyed, args, kwargs)
         return out, meta or {}
 
     async def call_and_shelve(  # type: ignore[override]
@@ -663,6 +862,17 @@ class _KeyLock:
     def __exit__(self, *exc: Any) -> Any:
         held, self._held = self._held, None
         return held.__exit__(*exc) if held is not None else None
+
+
+def _module_attribute(module: str, qualname: str) -> Any:
+    found: Any = sys.modules[module]
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+for _cls in (MemorizedFunc, AsyncMemorizedFunc):
+    ForkingPickler.register(_cls, _cls._reduce_for_workers)
 
 
 def _rebuild_func(

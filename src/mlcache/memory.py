@@ -60,7 +60,15 @@ class Memory:
     ----------
     location:
         Cache folder (``str`` or ``pathlib.Path``) or a location the backend
-        understands. ``None`` disables caching: functions are simply called.
+        understands. ``None`` disables caching: functions are simply called;
+        ``""`` is refused (``ValueError``). A folder holding files mlcache did
+        not write (``Memory(".")`` in a project) keeps the cache in its
+        ``mlcache`` subfolder, as joblib uses ``<location>/joblib``; a new or
+        empty folder, or one mlcache marked as its cache, is the cache itself
+        (see :func:`mlcache.store.local.cache_folder`). :attr:`location` stays
+        what was given (as joblib's); ``store.location`` is the folder used.
+        A folder that cannot be written (a read-only mount) serves its hits,
+        and what misses is computed and returned unstored, with one warning.
     backend:
         Store backend name (``"local"``, or one registered with
         :func:`mlcache.register_store_backend`).

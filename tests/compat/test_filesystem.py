@@ -275,3 +275,129 @@ def test_a_cache_on_a_read_only_mount_serves_its_hits(tmpfs, tmp_path):
     assert len(out["warnings"]) == 1, out["warnings"]
     assert "read-only" in out["warnings"][0]
     assert "Traceback" not in done.stderr
+
+
+# -- a location never takes over a user's folder ---------------------------------------
+USER_JOB = textwrap.dedent(
+    """
+    import json, os, sys
+    from mlcache import Memory
+    from mlcache.data import CachedDataset
+
+    loc, calls, action = sys.argv[1], sys.argv[2], sys.argv[3]
+    mem = Memory(loc, verbose=0)
+
+    @mem.cache
+    def double(x):
+        with open(calls, "a") as f:
+            f.write(f"{x}\\n")
+        return 2 * x
+
+    class Rows(CachedDataset):
+        def load_source(self):
+            for i in range(3):
+                yield {"y": i}
+
+    if action == "clear":
+        mem.clear(warn=False)
+    else:
+        assert double(21) == 42
+        ds = Rows(cache_dir=loc, progress=False)
+        assert ds[2]["y"] == 2
+    print(json.dumps({"location": mem.location, "store": mem.store.location,
+                      "pack": ds.pack_path if action != "clear" else None}))
+    """
+)
+
+
+def _user_folder(path: Path) -> dict[str, bytes]:
+    """A repository root: a project's files, its .git folder, and a folder whose
+    names look like a cache's (``clear`` must not take it for one)."""
+    files = {
+        "README.md": b"# my project\n",
+        "train.py": b"print('training')\n",
+        ".git/HEAD": b"ref: refs/heads/main\n",
+        "runs-0123abcd/0123456789abcdef/0123456789abcdef0123456789abcdef": b"my run\n",
+    }
+    for name, data in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_bytes(data)
+    return files
+
+
+def _run_in(cwd: Path, script: Path, *args: str) -> dict:
+    import json
+
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_an_empty_location_is_refused():
+    from mlcache import Memory
+
+    with pytest.raises(ValueError, match="empty"):
+        Memory("")
+
+
+@pytest.mark.parametrize("spelling", [".", "ABS"])
+def test_a_folder_of_user_files_keeps_the_cache_in_a_subfolder(tmp_path, spelling):
+    """Memory(".") in a repository root: no .gitignore there (git still sees every
+    file of the project), the entries and the dataset pack go to ./mlcache (with
+    its own .gitignore), every run chooses the same folder (the second run hits),
+    ``location`` is what was given (as joblib's), and ``clear`` leaves every file
+    of the user's in place, even one that looks like a cache entry."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    files = _user_folder(repo)
+    script, calls = tmp_path / "job.py", tmp_path / "calls.txt"
+    script.write_text(USER_JOB)
+    loc = "." if spelling == "." else str(repo)
+    first = _run_in(repo, script, loc, str(calls), "run")
+    second = _run_in(repo, script, loc, str(calls), "run")
+    assert calls.read_text().split() == ["21"]  # computed once: the same folder both times
+    assert first["location"] == loc
+    assert first["store"] == second["store"] == str(repo / "mlcache")
+    assert first["pack"].startswith(str(repo / "mlcache") + os.sep)
+    assert not (repo / ".gitignore").exists()
+    assert (repo / "mlcache" / ".gitignore").read_text().splitlines()[-1] == "*"
+    _run_in(repo, script, loc, str(calls), "clear")
+    for name, data in files.items():
+        assert (repo / name).read_bytes() == data, name
+    assert sorted(p.name for p in repo.iterdir()) == sorted(
+        [".git", "README.md", "mlcache", "runs-0123abcd", "train.py"]
+    )
+
+
+def test_a_new_or_empty_folder_is_the_cache_itself(tmp_path):
+    """A folder that does not exist yet, or is empty, becomes the cache (entries
+    directly in it, marked as mlcache's); it stays so on the next runs, even once
+    it holds entries and packs."""
+    script, calls = tmp_path / "job.py", tmp_path / "calls.txt"
+    script.write_text(USER_JOB)
+    (tmp_path / "empty").mkdir()
+    for name in ("new", "empty"):
+        loc = tmp_path / name
+        for _ in range(2):
+            out = _run_in(tmp_path, script, str(loc), str(calls), "run")
+            assert out["store"] == str(loc)
+        assert (loc / ".gitignore").exists()
+        assert not (loc / "mlcache").exists()
+    assert calls.read_text().split() == ["21", "21"]  # once per cache
+
+
+def test_a_cache_made_before_the_marker_is_still_used_in_place(tmp_path):
+    """A cache folder an older mlcache made (function folders, packs, its own
+    .gitignore, no marker) is recognised as a cache: its results are hits."""
+    script, calls = tmp_path / "job.py", tmp_path / "calls.txt"
+    script.write_text(USER_JOB)
+    loc = tmp_path / "cache"
+    _run_in(tmp_path, script, str(loc), str(calls), "run")
+    for p in loc.iterdir():  # what only a newer mlcache writes
+        if p.is_file() and p.name != ".gitignore" and not p.name.startswith("."):
+            p.unlink()
+    out = _run_in(tmp_path, script, str(loc), str(calls), "run")
+    assert out["store"] == str(loc)
+    assert calls.read_text().split() == ["21"]

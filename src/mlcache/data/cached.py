@@ -43,6 +43,7 @@ from ..deps import code_version
 from ..errors import warn
 from ..fingerprint import slug
 from ..hashing import hash_value
+from ..store.local import cache_folder, mark_cache_folder
 from .format import PackCorrupted
 from .reader import PackedDataset
 from .remote import is_url, publish
@@ -73,6 +74,8 @@ class CachedDataset(Sequence[Any]):
     ----------
     cache_dir:
         Folder of the packs (default: ``<mlcache default location>/datasets``).
+        A folder holding files mlcache did not write keeps them in its
+        ``mlcache`` subfolder instead (see :func:`mlcache.store.local.cache_folder`).
     force_recache:
         Rebuild the pack even if a valid one exists.
     transform:
@@ -129,6 +132,10 @@ class CachedDataset(Sequence[Any]):
         if is_url(root):
             self._remote = (root.rstrip("/"), storage_options)
             root = os.path.join(default_location(), "remote-datasets", slug(root))
+        elif cache_dir is not None:
+            # a folder of the user's files keeps the packs in its mlcache subfolder,
+            # as Memory does (the same rule: one function decides both)
+            root = cache_folder(root)
         cls = type(self)
         version = hash_value(
             (
@@ -219,6 +226,7 @@ class CachedDataset(Sequence[Any]):
         folder = os.path.dirname(self.pack_path)
         # the pack's folder is reached without following a link planted in place of
         # it (one warning; a real folder is made), so a build never writes elsewhere
+        mark_cache_folder(self._root)
         os.makedirs(self._root, mode=0o700, exist_ok=True)
         os.close(open_folder(self._root, os.path.relpath(folder, self._root)))
         if self._remote is not None:

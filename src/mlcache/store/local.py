@@ -15,6 +15,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import secrets
 import stat
 import struct
@@ -34,9 +35,24 @@ from .._atomic import (
 from ..errors import EntryNotFound, StoreError, warn
 from . import EntryStat, SharedCounter, check_name
 
-__all__ = ["LocalStore"]
+__all__ = ["MARKER", "SUBFOLDER", "LocalStore", "cache_folder", "mark_cache_folder"]
 
 _GITIGNORE = "# created by mlcache: this folder is a cache, never commit it\n*\n"
+#: the file that marks a folder as an mlcache cache: a cache directory tag
+#: (https://bford.info/cachedir/), so that backup tools leave the folder out too
+MARKER = "CACHEDIR.TAG"
+_MARKER_TEXT = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by mlcache: this folder is a cache\n"
+    "# (everything in it can be computed again). See https://bford.info/cachedir/\n"
+)
+#: where the cache goes inside a location that holds a user's files (joblib: "joblib")
+SUBFOLDER = "mlcache"
+#: what an older mlcache (before the marker) keeps at the top of a cache folder:
+#: function folders and pack folders (slugs: text, "-", 8 hex digits), the
+#: folders of the default location's packs and local copies
+_SLUG = re.compile(r"[^.].*-[0-9a-f]{8}")
+_OWN_FOLDERS = frozenset({"datasets", "remote-datasets", "remote-packs", "remote"})
 #: marks a folder being removed (renamed first, then deleted)
 TOMB_MARK = ".removing-"
 _LOCK_SUFFIX = ".lock"
@@ -90,7 +106,7 @@ class LocalStore:
     def __init__(
         self, location: str | os.PathLike[str], *, durable: bool = True, mode: int = 0o700
     ) -> None:
-        root = os.path.abspath(os.fspath(location))
+        root = cache_folder(location)
         self.location = root
         self.durable = durable
         self.mode = mode
@@ -108,6 +124,7 @@ class LocalStore:
             self.read_only = True
             return
         try:
+            _write_marker(root)  # first: a folder with our .gitignore is one we made
             _write_gitignore(root)
         except OSError as exc:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
@@ -230,8 +247,9 @@ class LocalStore:
 
     def list(self, prefix: str = "") -> Iterator[EntryStat]:
         """Entries under ``prefix``. Skipped: hidden files and folders (``.gitignore``,
-        temporaries, removed folders, a Finder's ``.DS_Store``), names that are not
-        valid entry names, and folders this user cannot read (logged)."""
+        temporaries, removed folders, a Finder's ``.DS_Store``), the cache's marker
+        (:data:`MARKER`), names that are not valid entry names, and folders this
+        user cannot read (logged)."""
         # folders are reached without following links (a link to a folder is
         # listed as a name, never walked into), each opened afresh from the root
         stack = [check_name(prefix) if prefix else ""]
@@ -252,6 +270,8 @@ class LocalStore:
                         if e.name.startswith("."):
                             self._sweep(e, fd)
                             continue
+                        if not folder and e.name == MARKER:
+                            continue  # the cache's own, as its .gitignore
                         try:
                             if e.is_dir(follow_symlinks=False):
                                 stack.append(f"{folder}/{e.name}" if folder else e.name)
@@ -372,6 +392,108 @@ def _lock_file(name: str, dir_fd: int, shown: str, timeout: float) -> int | None
         if current == os.fstat(fd).st_ino:
             return fd
         os.close(fd)  # its holder removed it after we opened it: lock the new one
+
+
+def cache_folder(location: str | os.PathLike[str]) -> str:
+    """The folder that holds the cache at ``location`` (absolute): ``location``
+    itself, or its subfolder ``mlcache`` when it holds a user's files.
+
+    A location never takes over a user's folder: ``Memory(".")`` in a repository
+    root must not write a ``.gitignore`` of ``*`` there (hiding the project from
+    git), nor let ``clear`` take a user's folders for cache folders. The rule
+    reads only what is there, so every run, and every process, decides alike:
+
+    - ``location`` is a cache already (it holds mlcache's marker,
+      :data:`MARKER`, or only what an older mlcache wrote: its ``.gitignore``,
+      hidden counters and locks, function and pack folders): itself;
+    - it does not exist yet, or is empty: itself (it becomes a cache, marked);
+    - anything else (a file or folder mlcache did not write): ``<location>/mlcache``.
+
+    Both the function cache (:class:`~mlcache.Memory`) and the dataset cache
+    (``CachedDataset(cache_dir=...)``, :func:`mlcache.default_location`) use it.
+    ``""`` names no folder and is refused (``ValueError``).
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> project = tempfile.mkdtemp()
+    >>> cache_folder(project) == project  # empty: the cache itself
+    True
+    >>> _ = open(os.path.join(project, "train.py"), "w").write("...")
+    >>> os.path.basename(cache_folder(project))
+    'mlcache'
+    """
+    path = os.fspath(location)
+    if not isinstance(path, str):
+        raise TypeError(f"a cache location must be a str or os.PathLike, got {location!r}")
+    if not path:
+        raise ValueError(
+            "the cache location is an empty string, which names no folder; give a folder "
+            "(Memory('.') keeps the cache in ./mlcache when the current folder holds other "
+            "files) or None to turn caching off"
+        )
+    root = os.path.abspath(path)
+    return root if _is_cache(root) else os.path.join(root, SUBFOLDER)
+
+
+def _is_cache(root: str) -> bool:
+    """Whether the folder ``root`` is, or can become, a cache of its own (see
+    :func:`cache_folder`)."""
+    if _has_marker(root):
+        return True
+    try:
+        found = list(os.scandir(root))
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return True  # new; or not a folder, or unreadable: the store says so itself
+    return all(_written_by_mlcache(root, e) for e in found)
+
+
+def _has_marker(root: str) -> bool:
+    """``root`` holds mlcache's marker (another tool's cache tag is not ours)."""
+    try:  # a link planted in its place is removed (it is nothing of ours)
+        fd = open_regular(os.path.join(root, MARKER), os.O_RDONLY, remove=True)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        return b"created by mlcache" in f.read(512)
+
+
+def _written_by_mlcache(root: str, e: os.DirEntry[str]) -> bool:
+    """The name ``e`` at the top of ``root`` is one mlcache writes there."""
+    name = e.name
+    try:
+        if e.is_symlink():
+            return False
+        if name == ".gitignore":
+            with open(e.path, "rb") as f:
+                return f.read(64).startswith(b"# created by mlcache")
+        if name.startswith("."):
+            return (
+                name.endswith((".counter", _LOCK_SUFFIX)) or is_temporary(name) or TOMB_MARK in name
+            )
+        return e.is_dir() and (name in _OWN_FOLDERS or _SLUG.fullmatch(name) is not None)
+    except OSError:
+        return False
+
+
+def mark_cache_folder(root: str) -> None:
+    """Make ``root`` (a folder :func:`cache_folder` chose) and mark it as a cache:
+    the marker, and a ``.gitignore`` so that it is never committed. Best effort:
+    a folder that cannot be written (read-only) is left as it is."""
+    with contextlib.suppress(OSError):
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        _write_marker(root)
+        _write_gitignore(root)
+
+
+def _write_marker(root: str) -> None:
+    """Mark ``root`` as an mlcache cache (:data:`MARKER`), unless it is marked."""
+    try:
+        fd = open_regular(os.path.join(root, MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(_MARKER_TEXT)
 
 
 def _write_gitignore(root: str) -> None:

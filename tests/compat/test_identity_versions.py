@@ -1,0 +1,415 @@
+"""Drop-in fidelity, identity and code versions: each case is what a user does
+(two scripts, a spawn pool, a package edited between runs), run in fresh
+interpreters, and each failed before the identity, version and state rules of
+DESIGN.md held."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HEADER = """
+import os, sys
+from mlcache import Memory
+mem = Memory(os.environ["CACHE"], verbose=0)
+LOG = os.environ["LOG"]
+
+def _log(name):
+    with open(LOG, "a") as f:
+        f.write(name + "\\n")
+"""
+
+
+class Runner:
+    """Scripts in a temporary folder, run in fresh interpreters sharing one cache."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cache = root / "cache"
+        self.log = root / "computed.log"
+
+    def write(self, rel: str, text: str) -> Path:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def edit(self, rel: str, old: str, new: str) -> None:
+        path = self.root / rel
+        text = path.read_text()
+        assert old in text, old
+        path.write_text(text.replace(old, new))
+
+    def run(self, rel: str, *args: str, cwd: Path | None = None) -> tuple[list[str], str]:
+        """(what computed, stdout) of one run of the script ``rel``."""
+        self.log.unlink(missing_ok=True)
+        env = {
+            **os.environ,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "CACHE": str(self.cache),
+            "LOG": str(self.log),
+            "PYTHONPATH": str(self.root),
+        }
+        res = subprocess.run(
+            [sys.executable, str(self.root / rel), *args],
+            env=env,
+            cwd=cwd or self.root,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert res.returncode == 0, res.stderr
+        self.stderr = res.stderr
+        computed = self.log.read_text().split() if self.log.exists() else []
+        return computed, res.stdout.strip()
+
+
+@pytest.fixture
+def runner(tmp_path):
+    return Runner(tmp_path)
+
+
+TRAIN = (
+    HEADER
+    + """
+cfg = {"scale": SCALE}
+
+@mem.cache
+def fit(x):
+    _log("fit")
+    return x * cfg["scale"]
+
+print(fit(10))
+"""
+)
+
+
+def test_copies_of_a_script_in_two_folders_keep_their_own_results(runner):
+    runner.write("exp1/train.py", TRAIN.replace("SCALE", "2"))
+    runner.write("exp2/train.py", TRAIN.replace("SCALE", "3"))
+    assert runner.run("exp1/train.py") == (["fit"], "20")
+    assert runner.run("exp2/train.py") == (["fit"], "30")
+    assert runner.run("exp1/train.py") == ([], "20")
+    assert runner.run("exp2/train.py") == ([], "30")
+
+
+def test_a_module_level_dict_the_function_reads_is_input(runner):
+    runner.write("exp/train.py", TRAIN.replace("SCALE", "2"))
+    assert runner.run("exp/train.py") == (["fit"], "20")
+    runner.edit("exp/train.py", '{"scale": 2}', '{"scale": 5}')
+    assert runner.run("exp/train.py") == (["fit"], "50")
+    runner.edit("exp/train.py", '{"scale": 5}', '{"scale": 2}')
+    assert runner.run("exp/train.py") == ([], "20")  # the first version is still there
+
+
+def test_a_helper_imported_in_the_body_counts_even_when_not_imported_yet(runner):
+    runner.write("proj/__init__.py", "")
+    runner.write(
+        "proj/features.py",
+        """
+        from .scaling import factor
+
+        def normalize(x):
+            # a comment
+            return x * factor()
+
+        def unrelated():
+            return 0
+        """,
+    )
+    runner.write("proj/scaling.py", "def factor():\n    return 2\n")
+    runner.write(
+        "proj/pipeline.py",
+        HEADER
+        + """
+@mem.cache
+def features(x):
+    from .features import normalize
+    _log("features")
+    return normalize(x)
+""",
+    )
+    runner.write("main.py", "from proj.pipeline import features\nprint(features(10))\n")
+    assert runner.run("main.py") == (["features"], "20")
+    assert runner.run("main.py") == ([], "20")
+    runner.edit("proj/features.py", "# a comment", "# another comment")
+    assert runner.run("main.py") == ([], "20")
+    runner.edit("proj/features.py", "return x * factor()", "return x * factor() + 1")
+    assert runner.run("main.py") == (["features"], "21")
+    # one level further: a module the imported one imports
+    runner.edit("proj/scaling.py", "return 2", "return 3")
+    assert runner.run("main.py") == (["features"], "31")
+    assert runner.run("main.py") == ([], "31")
+
+
+SPAWN = (
+    HEADER
+    + """
+import multiprocessing as mp
+
+def helper(x):
+    return x * 2
+
+@mem.cache
+def work(x):
+    _log(f"work{x}-{mp.current_process().name}")
+    return helper(x)
+
+if __name__ == "__main__":
+    first = [work(i) for i in range(3)]
+    with mp.get_context(sys.argv[1]).Pool(2) as pool:
+        second = pool.map(work, range(5))
+    third = [work(i) for i in range(5)]
+    print(first, second, third)
+"""
+)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawn_workers_reuse_and_keep_the_parents_results(runner, method):
+    runner.write("job.py", SPAWN)
+    computed, out = runner.run("job.py", method)
+    assert out == "[0, 2, 4] [0, 2, 4, 6, 8] [0, 2, 4, 6, 8]"
+    # the parent computed 0..2, the workers only 3 and 4; the parent recomputed nothing
+    assert sorted(c.partition("-")[0] for c in computed) == [f"work{i}" for i in range(5)]
+    assert all(c.startswith(("work0-Main", "work1-Main", "work2-Main")) for c in computed[:3])
+    assert runner.run("job.py", method)[0] == []
+
+
+def test_a_helper_that_memoizes_into_a_module_level_dict_hits_next_run(runner):
+    runner.write(
+        "vocab.py",
+        HEADER
+        + """
+_VOCAB_CACHE = {}
+
+def vocab(word):
+    if word not in _VOCAB_CACHE:
+        _VOCAB_CACHE[word] = len(_VOCAB_CACHE)
+    return _VOCAB_CACHE[word]
+
+@mem.cache
+def encode(words):
+    _log("encode")
+    return [vocab(w) for w in words]
+
+@mem.cache
+def count(words):
+    _log("count")
+    return len({vocab(w) for w in words})
+
+print(encode(("a", "b", "a")), count(("a", "c")))
+""",
+    )
+    assert runner.run("vocab.py") == (["encode", "count"], "[0, 1, 0] 2")
+    # the second run hits encode, so the dict is empty when count is first called
+    assert runner.run("vocab.py") == ([], "[0, 1, 0] 2")
+    assert runner.run("vocab.py") == ([], "[0, 1, 0] 2")
+
+
+def test_two_functions_under_a_plain_decorator_keep_their_own_results(runner):
+    runner.write(
+        "deco.py",
+        HEADER
+        + """
+def logged(func):
+    def wrapper(*args, **kwargs):
+        return func(*args, **kwargs)
+    return wrapper
+
+@mem.cache
+@logged
+def double(x):
+    _log("double")
+    return 2 * x
+
+@mem.cache
+@logged
+def triple(x):
+    _log("triple")
+    return 3 * x
+
+print(double(5), triple(5))
+""",
+    )
+    assert runner.run("deco.py") == (["double", "triple"], "10 15")
+    assert runner.run("deco.py") == ([], "10 15")
+
+
+def test_a_new_code_version_keeps_the_old_versions_results(runner):
+    runner.write(
+        "v.py",
+        HEADER
+        + """
+@mem.cache
+def f(x):
+    _log("f")
+    return x + 1
+
+print(f(1))
+""",
+    )
+    assert runner.run("v.py") == (["f"], "2")
+    runner.edit("v.py", "return x + 1", "return x + 100")
+    assert runner.run("v.py") == (["f"], "101")
+    runner.edit("v.py", "return x + 100", "return x + 1")
+    assert runner.run("v.py") == ([], "2")
+
+
+def _counted(calls: list[int]):
+    def f(x):
+        calls.append(x)
+        return x * 2
+
+    return f
+
+
+def test_an_accumulator_closure_hits_as_with_joblib(tmp_path):
+    from mlcache import Memory
+
+    calls: list[int] = []
+    f = Memory(tmp_path, verbose=0).cache(_counted(calls))
+    assert [f(1), f(1), f(2), f(2), f(1)] == [2, 2, 4, 4, 2]
+    assert calls == [1, 2]
+    # another process (a new Memory, a new function object) knows the list is state
+    again: list[int] = []
+    g = Memory(tmp_path, verbose=0).cache(_counted(again))
+    assert g(1) == 2 and g(2) == 4 and again == []
+
+
+def test_a_bound_object_attribute_the_method_counts_into_is_state(tmp_path):
+    from mlcache import Memory
+
+    mem = Memory(tmp_path, verbose=0)
+
+    class Model:
+        def __init__(self, scale):
+            self.scale = scale
+            self.calls = 0
+
+        def predict(self, x):
+            self.calls += 1
+            return x * self.scale
+
+    m = Model(3)
+    predict = mem.cache(m.predict)
+    assert [predict(2), predict(2)] == [6, 6]
+    assert m.calls == 1
+    other = Model(4)  # what the method only reads stays part of the key
+    assert mem.cache(other.predict)(2) == 8 and other.calls == 1
+
+
+def test_a_captured_value_that_cannot_be_hashed_is_left_out_with_one_warning(tmp_path):
+    import threading
+
+    from mlcache import CacheWarning, Memory
+
+    lock = threading.Lock()
+    calls = []
+
+    @Memory(tmp_path, verbose=0).cache
+    def f(x):
+        with lock:
+            calls.append(x)
+        return x + 1
+
+    with pytest.warns(CacheWarning, match="lock"):
+        assert f(1) == 2
+    assert f(1) == 2 and calls == [1]
+
+
+def test_exec_namespaces_without_a_name_are_user_code():
+    from mlcache.deps import code_version
+
+    def make(helper_body: str):
+        ns: dict = {}
+        exec(f"def helper(x):\n    return {helper_body}\n\ndef f(x):\n    return helper(x)\n", ns)
+        return ns["f"]
+
+    assert code_version(make("x + 1")).digest != code_version(make("x + 2")).digest
+    assert code_version(make("x + 1")).digest == code_version(make("x + 1")).digest
+
+
+def test_a_notebooks_functions_carry_the_notebook_they_come_from():
+    from mlcache.fingerprint import func_identity
+
+    def cell(notebook: str | None):
+        ns: dict = {"__name__": "__main__"}
+        if notebook:
+            ns["__session__"] = notebook
+        exec(compile("def run():\n    return 1\n", "/tmp/ipykernel_42/123.py", "exec"), ns)
+        return func_identity(ns["run"])
+
+    one, two = cell("/home/u/exp1/train.ipynb"), cell("/home/u/exp2/train.ipynb")
+    assert one.startswith("__main__.train.run@") and one != two
+    assert cell(None) == "__main__.run"  # a kernel that does not say: as before
+
+
+class _DotDict(dict):
+    __getattr__ = dict.__getitem__
+
+
+class _Proxy:
+    """A lazy object whose attribute access fails until it is set up."""
+
+    def __getattr__(self, name):
+        raise RuntimeError("not initialised")
+
+
+def test_globals_whose_attribute_access_raises_never_fail_the_call(tmp_path):
+    from mlcache import Memory
+
+    mem = Memory(tmp_path, verbose=0)
+    ns: dict = {"__name__": "cfgmod", "cfg": _DotDict(scale=3), "lazy": _Proxy()}
+    src = (
+        "def f(x):\n    return x * cfg.scale\n\n"
+        "def g(x):\n    return x + 1 if x > 0 else lazy.offset\n"
+    )
+    exec(src, ns)
+    f = mem.cache(ns["f"])
+    assert f(2) == 6 and f.check_call_in_cache(2)  # a dotdict is hashed as the dict it is
+    g = mem.cache(ns["g"])
+    assert g(1) == 2 and g.check_call_in_cache(1)  # the proxy counts by its type
+    with pytest.raises(RuntimeError, match="not initialised"):
+        g(0)  # the call's own error, as it would be uncached
+
+
+def test_versions_unused_for_a_month_go_when_another_version_runs(runner):
+    import time
+
+    runner.write("old.py", HEADER + "\n@mem.cache\ndef f(x):\n    _log('f')\n    return x\n\nf(1)\n")
+    runner.run("old.py")
+    folder = next(runner.cache.glob("**/__main__.old.f*"))
+    (version,) = [p for p in folder.iterdir() if len(p.name) == 16]
+    month_ago = time.time() - 31 * 86400
+    for p in version.iterdir():
+        os.utime(p, (month_ago, month_ago))
+    runner.edit("old.py", "return x", "return x + 1")
+    assert runner.run("old.py")[0] == ["f"]
+    assert not version.exists()
+
+
+def test_a_walk_that_raises_calls_uncached_with_one_warning_naming_the_global(tmp_path):
+    import types
+
+    from mlcache import CacheWarning, Memory
+
+    lazy = types.ModuleType("lazymod")  # a module whose __getattr__ (PEP 562) fails
+    exec("def __getattr__(name):\n    raise RuntimeError('backend not loaded')\n", lazy.__dict__)
+    sys.modules["lazymod"] = lazy
+    try:
+        ns: dict = {"__name__": "walkmod", "lazymod": lazy}
+        exec("def f(x):\n    return x + 1 if x > 0 else lazymod.thing\n", ns)
+        calls = []
+        f = Memory(tmp_path, verbose=0).cache(ns["f"])
+        with pytest.warns(CacheWarning, match=r"uncached.*lazymod\.thing.*backend not loaded"):
+            assert f(1) == 2
+        calls.append(f(1))  # warned once; still right
+        assert calls == [2] and not f.check_call_in_cache(1)
+    finally:
+        del sys.modules["lazymod"]
