@@ -159,6 +159,8 @@ def test_a_symlink_planted_at_any_name_is_never_written_through(workload, tmp_pa
             failures.append(f"{name}: the run failed: {done.stderr[-800:]}")
         elif _snapshot(sentinel) != before:
             failures.append(f"{name}: written through the link")
+        elif name == ".size.counter" and f"{name} is a symbolic link" not in done.stderr:
+            failures.append(f"{name}: replaced without a warning naming it")
     assert not failures, "\n".join(failures)
 
 
@@ -194,6 +196,24 @@ def test_removing_never_follows_a_link_out_of_the_cache(workload, tmp_path):
         )
         assert cli.returncode == 0, cli.stderr
     assert _snapshot(outside) == before
+
+
+def test_a_fifo_or_folder_planted_at_a_counter_is_replaced_not_opened(tmp_path):
+    """Not only links: a fifo where the size counter belongs would hang a writer
+    opening it, a folder would fail it. Each is one warning and is replaced."""
+    from mlcache import CacheWarning
+    from mlcache.store.local import LocalStore
+
+    store = LocalStore(tmp_path / "cache")
+    counter = tmp_path / "cache" / ".size.counter"
+    for plant in (lambda: os.mkfifo(counter), counter.mkdir):
+        plant()
+        warned = pytest.warns(CacheWarning, match="not a regular file")
+        with warned, store.shared_counter("size", timeout=5) as shared:
+            assert shared is not None
+            shared.value = 7
+        assert counter.is_file() and counter.stat().st_size == 16
+        counter.unlink()
 
 
 # -- a read-only cache serves its hits ------------------------------------------------
