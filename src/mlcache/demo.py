@@ -212,7 +212,7 @@ def _functions(
     x = np.random.default_rng(0).standard_normal((size, size))
     group = f"preprocess() of a {size}x{size} float64 array ({x.nbytes / 1e6:,.0f} MB)"
     out(f"timing {group}")
-    mem = Memory(cache, verbose=0)
+    mem = Memory(cache, verbose=1)
     mapped = Memory(cache, mmap_mode="r", verbose=0)
     cached, cached_mm = mem.cache(preprocess), mapped.cache(preprocess)
     preprocess(x)  # warm-up: fresh memory is slow to touch the first time on some VMs
