@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from .._atomic import (
+    TMP_MARK,
     atomic_file,
     is_temporary,
     open_folder,
@@ -488,24 +489,36 @@ def mark_cache_folder(root: str) -> None:
 
 def _write_marker(root: str) -> None:
     """Mark ``root`` as an mlcache cache (:data:`MARKER`), unless it is marked."""
-    try:
-        fd = open_regular(os.path.join(root, MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return
-    with os.fdopen(fd, "w") as f:
-        f.write(_MARKER_TEXT)
+    _create_whole(root, MARKER, _MARKER_TEXT)
 
 
 def _write_gitignore(root: str) -> None:
     """Add the ``.gitignore`` that keeps the cache folder ``root`` out of git, unless
-    one is there; a link in its place is replaced (see :func:`open_regular`)."""
-    path = os.path.join(root, ".gitignore")
+    one is there (ours, or the user's: left as it is)."""
+    _create_whole(root, ".gitignore", _GITIGNORE)
+
+
+def _create_whole(root: str, name: str, text: str) -> None:
+    """Create ``root/name`` holding ``text``, unless it exists, so that no one ever
+    sees it empty or half written: written aside, then hard-linked into place (a
+    link fails if the name exists). Another process deciding what ``root`` is
+    (:func:`cache_folder`) meanwhile must find the marker whole, or not at all."""
+    path = os.path.join(root, name)
+    if os.path.lexists(path):
+        if not os.path.islink(path):
+            return
+        with contextlib.suppress(OSError):  # a planted link: warned, removed
+            os.close(open_regular(path, os.O_RDONLY, remove=True))
+    tmp = os.path.join(root, f".{name}{TMP_MARK}{secrets.token_hex(6)}")
+    fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return  # ours, or the user's: left as it is
-    with os.fdopen(fd, "w") as f:
-        f.write(_GITIGNORE)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _rebuild(location: str, durable: bool, mode: int) -> LocalStore:
