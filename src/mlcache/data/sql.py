@@ -26,8 +26,19 @@ Example, with the standard library's sqlite3::
 
 A database cannot tell cheaply whether its rows changed, so the fingerprint is
 the query text, its parameters and the ``data_version`` you give: change any of
-them to rebuild. Columns become fields; NULLs must be the same in every row of
-a column (use ``COALESCE`` for columns that are sometimes NULL).
+them to rebuild.
+
+Columns become fields, named as the query names them. A name that repeats (a
+join's ``SELECT t.id, u.id``) is kept under a new name, as ``pandas.read_csv``
+names repeated headers: the second ``id`` becomes ``id.1``, the third ``id.2``,
+skipping names already taken (``id``, ``id``, ``id.1`` give ``id``, ``id.1``,
+``id.1.1``). A NULL is a missing value (``None``); a column of numbers of
+several types (a ``NUMERIC`` column holding 1.5 and 2) is promoted as numpy
+does (here float64); see :mod:`mlcache.data.writer` for the rules.
+
+``pack()`` reads the rows ``arraysize`` at a time (``cursor.fetchmany``) and
+stores them a column at a time (:meth:`SqlSource.column_batches`), never a
+dict per row; iterating the source yields one dict per row.
 """
 
 from __future__ import annotations
@@ -37,11 +48,38 @@ from typing import Any
 
 from ..hashing import hash_value
 
-__all__ = ["SqlSource", "from_sql"]
+__all__ = ["SqlSource", "from_sql", "unique_names"]
+
+
+def unique_names(names: Sequence[str]) -> list[str]:
+    """``names`` with each repeat renamed ``<name>.<k>``, as ``pandas.read_csv``
+    names repeated headers (``k`` counts the repeats of that name; a name that is
+    taken already gets the next suffix on top).
+
+    >>> unique_names(["id", "id", "label", "id"])
+    ['id', 'id.1', 'label', 'id.2']
+    >>> unique_names(["id", "id", "id.1", "id"])
+    ['id', 'id.1', 'id.1.1', 'id.2']
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        repeats = seen.get(name, 0)
+        while repeats:  # taken: the next suffix, itself perhaps taken
+            seen[name] = repeats + 1
+            name = f"{name}.{repeats}"
+            repeats = seen.get(name, 0)
+        seen[name] = 1
+        out.append(name)
+    return out
 
 
 class SqlSource:
-    """Rows of a query as sample dicts (column name -> value), and a fingerprint."""
+    """Rows of a query as sample dicts (column name -> value), and a fingerprint.
+
+    A :class:`~mlcache.data.writer.ColumnSource`: ``pack()`` takes its rows a
+    column at a time (:meth:`column_batches`).
+    """
 
     def __init__(
         self,
@@ -50,7 +88,7 @@ class SqlSource:
         params: Sequence[Any] | dict[str, Any] = (),
         *,
         data_version: str | None = None,
-        arraysize: int = 1000,
+        arraysize: int = 10_000,
     ) -> None:
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query must be a non-empty SQL string")
@@ -60,6 +98,8 @@ class SqlSource:
         self.connection = connection
         self.params = params
         self.data_version = data_version
+        if not isinstance(arraysize, int) or arraysize < 1:
+            raise ValueError(f"arraysize must be a positive int, got {arraysize!r}")
         self.arraysize = arraysize
 
     def fingerprint(self) -> str:
@@ -67,19 +107,29 @@ class SqlSource:
         params = dict(self.params) if isinstance(self.params, dict) else list(self.params)
         return hash_value((" ".join(self.query.split()), params, self.data_version))
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def _batches(self) -> Iterator[tuple[list[str], list[Any]]]:
+        """The column names (made unique) and the rows, ``arraysize`` at a time."""
         cursor = self.connection.cursor()
         try:
             cursor.execute(self.query, self.params)
-            names = [d[0] for d in cursor.description or ()]
+            names = unique_names([str(d[0]) for d in cursor.description or ()])
             while True:
                 rows = cursor.fetchmany(self.arraysize)  # streams: bounded memory
                 if not rows:
                     return
-                for row in rows:
-                    yield dict(zip(names, row))
+                yield names, rows
         finally:
             cursor.close()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for names, rows in self._batches():
+            for row in rows:
+                yield dict(zip(names, row))
+
+    def column_batches(self) -> Iterator[dict[str, Sequence[Any]]]:
+        """The rows as columns: ``{name: values}`` for each ``arraysize`` rows."""
+        for names, rows in self._batches():
+            yield dict(zip(names, zip(*rows)))
 
 
 def from_sql(

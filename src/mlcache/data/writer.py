@@ -1,10 +1,46 @@
 """``pack()``: stream samples into one pack file (see :mod:`mlcache.data.format`).
 
-Samples are written as they arrive into one spill file per field next to the
-target (memory stays bounded by the per-sample offsets, 8 bytes a sample), then
-the spill files are copied into the pack, each field's data contiguous, and the
-pack is published by one rename. An interrupted build leaves no file under the
-target name.
+Samples are written as they arrive into spill files next to the target, a
+series per field, each file at most :data:`SPILL_CHUNK` bytes (memory stays
+bounded by the per-sample offsets, 8 bytes a sample). Then each field's data is
+copied into the pack, contiguous, and each spill file is deleted as soon as it
+is copied: a build needs the pack's size free plus about one spill file per
+field, not twice the pack. The pack is published by one rename. A build that
+fails for any reason (a bad value, the source raising, an interrupt) leaves
+nothing: no file under the target name, no spill file.
+
+What a field may hold
+---------------------
+A field's kind comes from its first value: numbers (Python ``bool``, ``int``,
+``float``, numpy scalars), numpy arrays of numbers or dates, text (``str``,
+``np.str_``), ``bytes`` (``np.bytes_`` too), or pickles (``allow_pickle=True``).
+
+* **Numbers promote as numpy does**: a field's dtype is ``np.result_type`` of
+  the dtypes of all its values, counting a Python ``bool``, ``int`` and
+  ``float`` as ``bool``, ``int64`` and ``float64``. So an int then a float gives
+  float64, ``np.int64`` then ``int`` int64, a bool then an int int64,
+  ``float32`` then ``float64`` float64 (and ``np.float32`` then a Python float is
+  float64, not numpy's "weak scalar" float32: no value loses precision).
+  Arrays promote the same way. Values written before a promotion are converted
+  when the pack is assembled. A field of Python numbers reads back as Python
+  numbers of the promoted type (an int then a float: floats; a bool then an
+  int: ints); a field that held any numpy scalar reads back numpy scalars.
+* **Promotion never rounds**: an integer beyond what the promoted float holds
+  exactly (2**53 for float64, 2**24 for float32) raises ``ValueError`` naming
+  the sample; cast the field yourself if rounding is what you want.
+* **None is missing** in any field. **A float NaN is a value in a number field**
+  (it makes an int field float) **and missing in any other field** (text, bytes,
+  arrays, pickles): what pandas gives for an empty CSV cell. A field holding
+  only NaN and None is a float field.
+* A value that fits none of this (a str then an array, an int then bytes, a
+  number then an array) raises ``TypeError`` at once, naming the sample, the
+  field and both kinds, before the rest of the source is loaded.
+* Arrays of fixed-width text (``<U3``, ``S3``) or of other non-numeric dtypes
+  raise :class:`~mlcache.UnsupportedValue` at the sample holding one (they are
+  pickled with ``allow_pickle=True``): pass text as ``str`` (``arr.tolist()``).
+
+A source may also hand over whole columns at once (:class:`ColumnSource`, as
+:func:`~mlcache.data.from_sql` does): the same rules, without a dict per row.
 """
 
 from __future__ import annotations
@@ -12,165 +48,152 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
-from array import array
-from collections.abc import Iterable, Mapping, Sized
-from typing import Any, BinaryIO
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 import xxhash
 
 from .._atomic import atomic_file, open_regular, sweep_dead, temporary_folder
-from ..errors import UnsupportedValue
+from .fields import FieldWriter
 from .format import BLOCK, HEADER, block_sums, pack_header, pad
 
-__all__ = ["pack"]
+__all__ = ["SPILL_CHUNK", "ColumnSource", "pack"]
 
+#: the largest spill file (bytes); a field's spill is a series of them
+SPILL_CHUNK = 16 << 20
 _COPY = 1 << 20
-_PY_COLUMNS = {bool: np.dtype(np.bool_), int: np.dtype("<i8"), float: np.dtype("<f8")}
 
 
-class _Field:
-    """What one field's samples look like so far, and where their bytes went.
+@runtime_checkable
+class ColumnSource(Protocol):
+    """A source that gives its samples a column at a time.
 
-    A field may be ``None`` in some samples: it keeps a validity byte per sample
-    (``valid``, from the first ``None`` on) and a placeholder in their place
-    (a row of zeros in a column, an empty value otherwise). Its kind comes from
-    the first sample that has a value.
+    ``column_batches()`` yields dicts ``{field name: sequence of values}``, every
+    dict with the same names in the same order and sequences of one length (the
+    samples of that batch). ``pack()`` uses it instead of iterating one dict per
+    sample; the values follow the same rules (see :mod:`mlcache.data.writer`).
     """
 
-    def __init__(self, name: str, spill: BinaryIO, allow_pickle: bool) -> None:
-        self.name = name
-        self.spill = spill
-        self.allow_pickle = allow_pickle
-        self.kind, self.dtype = "none", np.dtype(np.uint8)
-        self.py: str | None = None
-        self.shape: tuple[int, ...] = ()
-        self.fixed = False  # a column whose samples all have the same shape so far
-        self.count = 0
-        self.valid: bytearray | None = None
-        self.offsets = array("q", [0])
-        self.shapes = array("q")
+    def column_batches(self) -> Iterator[Mapping[str, Sequence[Any]]]: ...
 
-    def _describe(
-        self, value: Any, index: int
-    ) -> tuple[str, str | None, np.dtype, tuple[int, ...]]:
-        t = type(value)
-        if t in _PY_COLUMNS:
-            return "column", t.__name__, _PY_COLUMNS[t], ()
-        if t is str:
-            return "str", None, np.dtype(np.uint8), (0,)
-        if t is bytes:
-            return "bytes", None, np.dtype(np.uint8), (0,)
-        plain = isinstance(value, (np.ndarray, np.generic)) and value.dtype.fields is None
-        if plain and not value.dtype.hasobject:
-            if isinstance(value, np.generic):
-                return "column", "scalar", value.dtype, ()
-            if t is np.ndarray:
-                return "column", None, value.dtype, value.shape
-        if self.allow_pickle:
-            return "pickle", None, np.dtype(np.uint8), (0,)
-        raise UnsupportedValue(
-            f"sample {index}, field {self.name!r}: a value of type {t.__module__}.{t.__qualname__} "
-            "needs pickle; packs store numpy arrays, int, float, bool, str, bytes and None "
-            "(pass allow_pickle=True to store other values)"
-        )
 
-    def add(self, value: Any, index: int) -> None:
-        if value is None:
-            if self.valid is None:
-                self.valid = bytearray(b"\x01") * self.count
-            self.valid.append(0)
-            if self.kind != "none":
-                self._placeholders(1)
-            self.count += 1
-            return
-        kind, py, dtype, shape = self._describe(value, index)
-        if self.kind == "none":  # the first value: it sets the kind
-            self.kind, self.py, self.dtype, self.shape = kind, py, dtype, shape
-            self.fixed = kind == "column"
-            self._placeholders(self.count)
-        elif kind != self.kind or py != self.py or (kind == "column" and dtype != self.dtype):
-            first = self.valid.index(1) if self.valid is not None else 0
-            raise TypeError(
-                f"sample {index}, field {self.name!r}: {_what(kind, py, dtype)} where sample "
-                f"{first} has {_what(self.kind, self.py, self.dtype)}"
-            )
-        if kind == "column":
-            if py == "int" and not -(1 << 63) <= value < (1 << 63):
-                raise ValueError(
-                    f"sample {index}, field {self.name!r}: {value} does not fit in int64"
-                )
-            if len(shape) != len(self.shape):
-                raise ValueError(
-                    f"sample {index}, field {self.name!r}: {len(shape)} dimensions where "
-                    f"earlier samples have {len(self.shape)}"
-                )
-            if self.fixed and shape != self.shape:
-                self.fixed = False
-                self.shapes.extend(self.shape * (len(self.offsets) - 1))
-            flat = np.ascontiguousarray(value, dtype=dtype).reshape(-1).view(np.uint8)
-            data = memoryview(flat)  # type: ignore[arg-type]
-            if not self.fixed:
-                self.shapes.extend(shape)
-        elif kind == "str":
-            data = memoryview(value.encode("utf-8", "surrogatepass"))
-        elif kind == "bytes":
-            data = memoryview(value)
-        else:
-            data = memoryview(pickle.dumps(value, protocol=5))
-        self.spill.write(data)
-        self.offsets.append(self.offsets[-1] + data.nbytes)
-        if self.valid is not None:
-            self.valid.append(1)
-        self.count += 1
+class _Spill:
+    """Bytes appended to a series of files of at most :data:`SPILL_CHUNK` bytes in a
+    private folder; read back once, in order, each file deleted once it is read."""
 
-    def _placeholders(self, k: int) -> None:
-        """Stand-ins for ``k`` samples without a value: rows of zeros in a column of
-        fixed shape, empty values otherwise."""
-        if not k:
-            return
-        size = 0
-        if self.fixed:
-            size = self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64))
-            per = max(1, (1 << 20) // max(size, 1))  # rows per write: ~1 MiB at a time
-            zeros = bytes(size * min(k, per))
-            for left in range(k, 0, -per):
-                self.spill.write(zeros[: size * min(left, per)])
-        elif self.kind == "column":  # empty along the first axis, like the others after
-            self.shapes.extend((0, *self.shape[1:]) * k)
-        end = self.offsets[-1]
-        self.offsets.extend(range(end + size, end + size * k + 1, size) if size else [end] * k)
+    def __init__(self, folder: str, prefix: str) -> None:
+        self.folder, self.prefix = folder, prefix
+        self.files: list[str] = []
+        self.sizes: list[int] = []
+        self.out: BinaryIO | None = None
+        self.size = 0  # bytes written in all
 
-    def index_entry(self, out: BinaryIO, block: int) -> dict[str, Any]:
-        entry: dict[str, Any] = {"name": self.name, "kind": self.kind}
-        if self.kind == "none":
-            return entry
-        entry["dtype"] = self.dtype.str
-        if self.py is not None:
-            entry["py"] = self.py
-        self.spill.flush()
-        self.spill.seek(0)
-        entry["data"] = _copy_region(self.spill, out, self.offsets[-1], block)
-        if self.valid is not None:
-            entry["valid"] = _write_region(out, np.frombuffer(self.valid, dtype=np.uint8), block)
-        if self.kind == "column" and self.fixed:
-            entry["shape"] = list(self.shape)
-            return entry
-        if self.kind == "column":
-            self.kind = entry["kind"] = "ragged"
-            entry["ndim"] = len(self.shape)
-            entry["shapes"] = _write_region(out, np.frombuffer(self.shapes, dtype="<i8"), block)
-        entry["offsets"] = _write_region(out, np.frombuffer(self.offsets, dtype="<i8"), block)
+    def write(self, data: Any) -> None:
+        mv = memoryview(data).cast("B")
+        while mv.nbytes:
+            if self.out is None or self.sizes[-1] >= SPILL_CHUNK:
+                self._next_file()
+            assert self.out is not None
+            room = max(SPILL_CHUNK - self.sizes[-1], 1)
+            piece = mv[:room]
+            self.out.write(piece)
+            self.sizes[-1] += piece.nbytes
+            self.size += piece.nbytes
+            mv = mv[piece.nbytes :]
+
+    def _next_file(self) -> None:
+        self.close()
+        name = os.path.join(self.folder, f"{self.prefix}.{len(self.files)}")
+        # a private folder just made: created exclusively, never a link's target
+        fd = open_regular(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        self.out = open(fd, "wb")  # noqa: SIM115 (closed by close(), on every path)
+        self.files.append(name)
+        self.sizes.append(0)
+
+    def close(self) -> None:
+        if self.out is not None:
+            self.out.close()
+            self.out = None
+
+    def read(self, start: int, stop: int) -> Iterator[bytes]:
+        """Bytes [start, stop) in pieces, the files left in place."""
+        if self.out is not None:
+            self.out.flush()
+        base = 0
+        for name, size in zip(self.files, self.sizes):
+            lo, hi = max(start, base), min(stop, base + size)
+            if lo < hi:
+                with open(name, "rb") as f:
+                    f.seek(lo - base)
+                    left = hi - lo
+                    while left:
+                        piece = f.read(min(_COPY, left))
+                        if not piece:
+                            raise OSError(f"spill file {name} shorter than expected")
+                        left -= len(piece)
+                        yield piece
+            base += size
+
+    def drain(self) -> _Drain:
+        self.close()
+        return _Drain(self)
+
+
+class _Drain:
+    """Reads a spill once from its start; deletes each file as soon as it is read."""
+
+    def __init__(self, spill: _Spill) -> None:
+        self.names = list(spill.files)
+        self.f: BinaryIO | None = None
+
+    def read(self, n: int) -> bytes:
+        parts = []
+        while n:
+            if self.f is None:
+                if not self.names:
+                    raise OSError("spill files shorter than expected")
+                self.f = open(self.names[0], "rb")  # noqa: SIM115 (closed by close())
+            piece = self.f.read(n)
+            if piece:
+                parts.append(piece)
+                n -= len(piece)
+            else:  # this file is copied: free its space now
+                self.f.close()
+                self.f = None
+                os.unlink(self.names.pop(0))
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+        for name in self.names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+
+
+def _index_entry(field: FieldWriter, out: BinaryIO, block: int) -> dict[str, Any]:
+    """Write the field's regions; return its entry in the index."""
+    entry: dict[str, Any] = {"name": field.name, "kind": field.kind}
+    if field.kind == "none":
         return entry
-
-
-def _what(kind: str, py: str | None, dtype: np.dtype) -> str:
-    if py and py != "scalar":
-        return py
-    if kind == "column":
-        return f"an array of {dtype}"
-    return {"none": "None", "str": "str", "bytes": "bytes", "pickle": "a pickled object"}[kind]
+    entry["dtype"] = field.dtype.str
+    if field.py is not None:
+        entry["py"] = field.py
+    entry["data"] = _write_stream(out, field.data(), block)
+    if field.valid is not None and field.valid.count(0):
+        entry["valid"] = _write_region(out, np.frombuffer(field.valid, dtype=np.uint8), block)
+    if field.kind == "column" and field.fixed:
+        entry["shape"] = list(field.shape)
+        return entry
+    if field.kind == "column":
+        field.kind = entry["kind"] = "ragged"
+        entry["ndim"] = len(field.shape)
+        entry["shapes"] = _write_region(out, np.frombuffer(field.shapes, dtype="<i8"), block)
+    offsets = np.frombuffer(field.offsets, dtype="<i8") * field.dtype.itemsize
+    entry["offsets"] = _write_region(out, offsets, block)
+    return entry
 
 
 def _align(out: BinaryIO) -> int:
@@ -179,23 +202,24 @@ def _align(out: BinaryIO) -> int:
     return pos + pad(pos)
 
 
-def _copy_region(src: BinaryIO, out: BinaryIO, n: int, block_size: int) -> dict[str, Any]:
+def _write_stream(out: BinaryIO, pieces: Iterable[Any], block_size: int) -> dict[str, Any]:
+    """Write ``pieces`` as one region, checksummed per block of ``block_size``."""
     start = _align(out)
     sums = []
     block = xxhash.xxh3_64()
-    filled = 0
-    left = n
-    while left:
-        chunk = src.read(min(_COPY, left, block_size - filled))
-        if not chunk:
-            raise OSError("spill file shorter than expected")
-        out.write(chunk)
-        block.update(chunk)
-        filled += len(chunk)
-        left -= len(chunk)
-        if filled == block_size:
-            sums.append(block.intdigest())
-            block, filled = xxhash.xxh3_64(), 0
+    filled = n = 0
+    for piece in pieces:
+        mv = memoryview(piece)
+        out.write(mv)
+        n += len(mv)
+        while len(mv):
+            part = mv[: block_size - filled]
+            block.update(part)
+            filled += len(part)
+            mv = mv[len(part) :]
+            if filled == block_size:
+                sums.append(block.intdigest())
+                block, filled = xxhash.xxh3_64(), 0
     if filled:
         sums.append(block.intdigest())
     return {"off": start, "len": n, "sums": sums}
@@ -219,6 +243,89 @@ def _progress(iterable: Iterable[Any], enabled: bool, desc: str) -> Iterable[Any
     return tqdm(iterable, desc=desc, total=total, unit=" samples", mininterval=0.5, disable=None)
 
 
+class _Build:
+    """The fields of a pack being built, filled sample by sample or column by column."""
+
+    def __init__(self, spill_dir: str, allow_pickle: bool) -> None:
+        self.spill_dir, self.allow_pickle = spill_dir, allow_pickle
+        self.fields: dict[str, FieldWriter] = {}
+        self.spills: list[_Spill] = []
+        self.count = 0
+
+    def _start(self, names: Iterable[Any]) -> None:
+        names = list(names)
+        if not names:
+            raise ValueError("sample 0 has no fields")
+        for i, name in enumerate(names):
+            if not isinstance(name, str):
+                raise TypeError(f"sample 0: field names must be str, got {name!r}")
+            spill = _Spill(self.spill_dir, str(i))
+            self.spills.append(spill)
+            self.fields[name] = FieldWriter(name, spill, self.allow_pickle)
+
+    def _check_names(self, names: Any, n: int) -> None:
+        if names != self.fields.keys():
+            missing = sorted(set(self.fields) - set(names))
+            extra = sorted(set(names) - set(self.fields))
+            raise ValueError(
+                f"sample {n}: fields differ from sample 0 (missing {missing}, extra {extra})"
+            )
+
+    def add(self, sample: Any) -> None:
+        n = self.count
+        if not isinstance(sample, Mapping):
+            raise TypeError(f"sample {n} is a {type(sample).__name__}, not a dict of fields")
+        if not n:
+            self._start(sample)
+        elif sample.keys() != self.fields.keys():
+            self._check_names(sample.keys(), n)
+        for name, field in self.fields.items():
+            field.add(sample[name], n)
+        self.count += 1
+
+    def add_columns(self, batch: Mapping[str, Sequence[Any]]) -> int:
+        n = self.count
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"a column batch is a {type(batch).__name__}, not a dict of columns")
+        if not n:
+            self._start(batch)
+        elif batch.keys() != self.fields.keys():
+            self._check_names(batch.keys(), n)
+        sizes = {len(column) for column in batch.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"samples {n}...: columns of one batch have lengths {sorted(sizes)}")
+        k = sizes.pop()
+        for name, field in self.fields.items():
+            field.add_batch(batch[name], n)
+        self.count += k
+        return k
+
+    def close(self) -> None:
+        for spill in self.spills:
+            spill.close()
+
+
+def _fill(build: _Build, samples: Iterable[Any], progress: bool, desc: str) -> None:
+    if not isinstance(samples, ColumnSource):
+        for sample in _progress(samples, progress, desc):
+            build.add(sample)
+        return
+    bar: Any = None
+    if progress:
+        with contextlib.suppress(ImportError):
+            from tqdm.auto import tqdm
+
+            bar = tqdm(desc=desc, unit=" samples", mininterval=0.5, disable=None)
+    try:
+        for batch in samples.column_batches():
+            k = build.add_columns(batch)
+            if bar is not None:
+                bar.update(k)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def pack(
     samples: Iterable[Mapping[str, Any]],
     path: str | os.PathLike[str],
@@ -235,11 +342,16 @@ def pack(
     manifest (see :mod:`mlcache.data.shards`); a :class:`ShardedDataset` is
     returned.
 
-    Returns the :class:`~mlcache.data.PackedDataset` opened on it. Raises
-    ``ValueError`` for an empty source, ``TypeError``/``ValueError`` naming the
-    sample and field whose type or dimensions differ from sample 0, and
+    Returns the :class:`~mlcache.data.PackedDataset` opened on it. Numbers of
+    different types in one field promote as numpy does, None is missing, a float
+    NaN is a value in a number field and missing elsewhere (the rules:
+    :mod:`mlcache.data.writer`). Raises ``ValueError`` for an empty source,
+    ``TypeError`` naming the sample, the field and both kinds when a value does
+    not fit the field (a str then an array), ``ValueError`` for a change of
+    dimensions or an integer a float field cannot hold exactly, and
     :class:`~mlcache.UnsupportedValue` for values that need pickle when
-    ``allow_pickle`` is false.
+    ``allow_pickle`` is false; each at the sample concerned, before the rest of
+    the source is read, leaving no file behind.
 
     ``block_size`` (a power of two, default 4 MiB) is the unit of checksumming:
     a reader verifies each block the first time it touches it, so smaller blocks
@@ -271,49 +383,37 @@ def pack(
     folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)
     sweep_dead(folder, os.path.basename(target))  # what a killed build of it left
-    fields: dict[str, _Field] = {}
-    names: list[str] = []
-    n = 0
-    with contextlib.ExitStack() as stack:
-        spill_dir = stack.enter_context(temporary_folder(folder, os.path.basename(target)))
-        for n, sample in enumerate(_progress(samples, progress, os.path.basename(target))):
-            if not isinstance(sample, Mapping):
-                raise TypeError(f"sample {n} is a {type(sample).__name__}, not a dict of fields")
-            if n == 0:
-                names = list(sample)
-                if not names:
-                    raise ValueError("sample 0 has no fields")
-                for i, name in enumerate(names):
-                    if not isinstance(name, str):
-                        raise TypeError(f"sample 0: field names must be str, got {name!r}")
-                    # a private folder just made: created exclusively, never a link's target
-                    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
-                    spill_fd = open_regular(os.path.join(spill_dir, str(i)), flags)
-                    spill = stack.enter_context(open(spill_fd, "w+b"))
-                    fields[name] = _Field(name, spill, allow_pickle)
-            elif sample.keys() != fields.keys():
-                missing = sorted(set(fields) - set(sample))
-                extra = sorted(set(sample) - set(fields))
-                raise ValueError(
-                    f"sample {n}: fields differ from sample 0 (missing {missing}, extra {extra})"
-                )
-            for name in names:
-                fields[name].add(sample[name], n)
-        else:
-            if not fields:
-                raise ValueError(f"no samples to pack into {target}: the source is empty")
-        count = n + 1
+    with temporary_folder(folder, os.path.basename(target)) as spill_dir:
+        build = _Build(spill_dir, allow_pickle)
+        try:
+            _fill(build, samples, progress, os.path.basename(target))
+        finally:
+            build.close()
+        if not build.count:
+            raise ValueError(f"no samples to pack into {target}: the source is empty")
+        for field in build.fields.values():
+            field.finish()
         with atomic_file(target) as out:
             out.write(bytes(HEADER.size))
             index = {
                 "version": 1,
-                "n": count,
+                "n": build.count,
                 "block": block_size,
-                "fields": [fields[name].index_entry(out, block_size) for name in names],
+                "fields": [_index_entry(f, out, block_size) for f in build.fields.values()],
             }
             index_off = _align(out)
             index_b = json.dumps(index, separators=(",", ":")).encode()
             out.write(index_b)
             out.seek(0)
-            out.write(pack_header(count, index_off, index_b))
-    return PackedDataset(target, allow_pickle=allow_pickle)
+            out.write(pack_header(build.count, index_off, index_b))
+            written = os.fstat(out.fileno())
+    try:
+        return PackedDataset(target, allow_pickle=allow_pickle)
+    except BaseException:
+        # never leave a pack that cannot be read under the name (a build would be
+        # tried again and again): remove it, unless another build replaced it since
+        with contextlib.suppress(OSError):
+            st = os.stat(target)
+            if (st.st_dev, st.st_ino) == (written.st_dev, written.st_ino):
+                os.unlink(target)
+        raise

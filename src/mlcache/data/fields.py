@@ -1,0 +1,466 @@
+"""What a field of a pack being built holds so far: its kind, dtype, and bytes.
+
+:class:`FieldWriter` applies the rules of :mod:`mlcache.data.writer` (numbers
+promote as numpy does, None is missing, a NaN is a number or missing, a value
+that does not fit fails at once) to one field, value by value or a column at a
+time, and writes the bytes to a spill (see ``writer._Spill``), from which
+:meth:`FieldWriter.data` gives them back in the field's final dtype.
+"""
+
+from __future__ import annotations
+
+import pickle
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import UnsupportedValue
+
+__all__ = ["FieldWriter", "Spill"]
+
+_COPY = 1 << 20  # bytes converted at a time
+_FLUSH = 4096  # scalars buffered per field before they go to the spill
+_PY_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype("<i8"), float: np.dtype("<f8")}
+_PY_NAMES = {"b": "bool", "i": "int", "f": "float"}
+_PYTHON = frozenset(_PY_NAMES.values())
+_NUMERIC = "biufcmM"  # the dtype kinds a pack stores (and its reader accepts)
+_NONE = type(None)
+_INT64 = (-(1 << 63), 1 << 63)
+_PLAIN = frozenset((bool, int, float, str, bytes, np.ndarray))
+
+
+class _Drain(Protocol):
+    def read(self, n: int) -> bytes: ...
+    def close(self) -> None: ...
+
+
+class Spill(Protocol):
+    """Where a field's bytes go while the samples arrive (appended), read back
+    (ranges, while building) and drained once (in order) into the pack."""
+
+    size: int  # bytes written so far
+
+    def write(self, data: Any) -> None: ...
+    def read(self, start: int, stop: int) -> Iterator[bytes]: ...
+    def drain(self) -> _Drain: ...
+
+
+def _is_nan(value: Any) -> bool:
+    """A float NaN: a Python float or a numpy floating scalar."""
+    t = type(value)
+    return (t is float or isinstance(value, np.floating)) and value != value
+
+
+def _is_na(value: Any) -> bool:
+    """``pandas.NA``, found without importing pandas."""
+    t = type(value)
+    return t.__name__ == "NAType" and t.__module__.startswith("pandas")
+
+
+def _exact_limit(dtype: np.dtype) -> int | None:
+    """The largest integer magnitude a float or complex dtype holds exactly (None
+    for other kinds)."""
+    if dtype.kind in "fc":
+        return 1 << (np.finfo(dtype).nmant + 1)
+    return None
+
+
+def _may_exceed(dtype: np.dtype, limit: int) -> bool:
+    """Integers of ``dtype`` may be beyond ``limit`` in magnitude."""
+    if dtype.kind not in "iu":
+        return False
+    info = np.iinfo(dtype)
+    return max(-int(info.min), int(info.max)) > limit
+
+
+def _magnitude(values: np.ndarray) -> int:
+    """The largest magnitude in an integer array (0 when empty)."""
+    if not values.size:
+        return 0
+    return max(-int(values.min()), int(values.max()))
+
+
+class FieldWriter:
+    """What one field's values look like so far, and where their bytes went.
+
+    ``kind`` is ``"none"`` until the first value, then ``"column"`` (numbers and
+    numeric arrays; ``fixed`` while every array has one shape, then written as
+    ``ragged``), ``"str"``, ``"bytes"`` or ``"pickle"``. ``py`` is a Python
+    type name (``"int"``...) for a field of Python numbers, ``"scalar"`` for
+    numpy scalars, None for arrays. ``segments`` lists where in the spill the
+    dtype changed (promotion): (byte offset, dtype of the bytes from there).
+    ``offsets`` count items of the final dtype (bytes for text), so a promotion
+    leaves them right. A sample without a value (None, or a NaN outside a number
+    field) clears its byte in ``valid`` and holds a placeholder.
+    """
+
+    def __init__(self, name: str, spill: Spill, allow_pickle: bool) -> None:
+        self.name = name
+        self.spill = spill
+        self.allow_pickle = allow_pickle
+        self.kind, self.dtype = "none", np.dtype(np.uint8)
+        self.py: str | None = None
+        self.shape: tuple[int, ...] = ()
+        self.fixed = False
+        self.first = 0  # the sample that set the kind
+        self.count = 0
+        self.valid: bytearray | None = None
+        self.offsets = array("q", [0])
+        self.shapes = array("q")
+        self.segments: list[tuple[int, np.dtype]] = []
+        self.buf: list[Any] = []  # a scalar column's values not yet in the spill
+        # NaNs met before the kind is known: values if it is numbers, else missing
+        self.nans = array("q")
+        self.nan_dtype: np.dtype | None = None
+        self.nan_py: str | None = None
+
+    # -- one value ---------------------------------------------------------------------
+    def _describe(
+        self, value: Any, index: int
+    ) -> tuple[str, str | None, np.dtype, tuple[int, ...]]:
+        t = type(value)
+        if t in _PY_DTYPES:
+            if t is int and not _INT64[0] <= value < _INT64[1]:
+                raise ValueError(
+                    f"sample {index}, field {self.name!r}: {value} does not fit in int64"
+                )
+            return "column", t.__name__, _PY_DTYPES[t], ()
+        if t is str or t is np.str_:
+            return "str", None, np.dtype(np.uint8), ()
+        if t is bytes or t is np.bytes_:
+            return "bytes", None, np.dtype(np.uint8), ()
+        if t is np.ndarray or isinstance(value, np.generic):
+            dtype = value.dtype
+            if dtype.kind in _NUMERIC and dtype.fields is None:
+                if isinstance(value, np.generic):
+                    return "column", "scalar", dtype, ()
+                return "column", None, dtype, value.shape
+            if self.allow_pickle:
+                return "pickle", None, np.dtype(np.uint8), ()
+            what = "an array" if t is np.ndarray else "a numpy scalar"
+            text = (
+                " (fixed-width text: pass str values, arr.tolist())" if dtype.kind in "US" else ""
+            )
+            raise UnsupportedValue(
+                f"sample {index}, field {self.name!r}: {what} of {dtype.str}{text} cannot be "
+                "stored in a pack, which holds arrays of numbers and dates only (pass "
+                "allow_pickle=True to pickle it)"
+            )
+        if self.allow_pickle:
+            return "pickle", None, np.dtype(np.uint8), ()
+        raise UnsupportedValue(
+            f"sample {index}, field {self.name!r}: a value of type {t.__module__}.{t.__qualname__} "
+            "needs pickle; packs store numpy arrays, int, float, bool, str, bytes and None "
+            "(pass allow_pickle=True to store other values)"
+        )
+
+    def add(self, value: Any, index: int) -> None:
+        """Add sample ``index``'s value; raise at once if it does not fit."""
+        if value is None or (type(value) not in _PLAIN and _is_na(value)):
+            self._missing(1)
+            return
+        if self.kind != "column" and _is_nan(value):
+            if self.kind == "none":
+                self._pending_nan(value, index)
+            else:  # a NaN in a text, bytes or pickle field: missing (a CSV's empty cell)
+                self._missing(1)
+            return
+        kind, py, dtype, shape = self._describe(value, index)
+        if self.kind == "none":
+            self._start(kind, py, dtype, shape, index)
+        elif kind != self.kind or (py is None) != (self.py is None):
+            if _is_nan(value):  # a NaN in an array field: missing
+                self._missing(1)
+                return
+            raise TypeError(
+                f"sample {index}, field {self.name!r}: {_what(kind, py, dtype)} where sample "
+                f"{self.first} has {_what(self.kind, self.py, self.dtype)}"
+            )
+        elif kind == "column":
+            self._merge(py, dtype, index)
+        if kind == "column" and self.dtype.kind in "fc" and dtype.kind in "iu":
+            self._check_exact(value, dtype, index)
+        if kind == "column" and py is not None:
+            self.buf.append(value)
+            if len(self.buf) >= _FLUSH:
+                self._flush()
+        elif kind == "column":
+            self._add_array(value, shape, index)
+        else:
+            if kind == "str":
+                data = str(value).encode("utf-8", "surrogatepass")
+            elif kind == "bytes":
+                data = bytes(value)
+            else:
+                data = pickle.dumps(value, protocol=5)
+            self.spill.write(data)
+            self.offsets.append(self.offsets[-1] + len(data))
+        if self.valid is not None:
+            self.valid.append(1)
+        self.count += 1
+
+    def _add_array(self, value: np.ndarray, shape: tuple[int, ...], index: int) -> None:
+        if len(shape) != len(self.shape):
+            raise ValueError(
+                f"sample {index}, field {self.name!r}: {len(shape)} dimensions where "
+                f"earlier samples have {len(self.shape)}"
+            )
+        if self.fixed and shape != self.shape:
+            self.fixed = False
+            self.shapes.extend(self.shape * (len(self.offsets) - 1))
+        flat = np.ascontiguousarray(value, dtype=self.dtype).reshape(-1)
+        self.spill.write(flat.view(np.uint8))
+        self.offsets.append(self.offsets[-1] + flat.size)
+        if not self.fixed:
+            self.shapes.extend(shape)
+
+    def _start(
+        self, kind: str, py: str | None, dtype: np.dtype, shape: tuple[int, ...], index: int
+    ) -> None:
+        """The first value sets the kind; NaNs before it become values of a number
+        field and stay missing in any other."""
+        nans = self.nans if kind == "column" and py is not None else array("q")
+        if nans and self.nan_dtype is not None:
+            dtype = np.result_type(dtype, self.nan_dtype)
+            py = _merged_py(self.nan_py, py, dtype)
+        self.kind, self.py, self.dtype, self.shape = kind, py, dtype, shape
+        self.first = nans[0] if nans else index
+        self.fixed = kind == "column"
+        self.segments = [(0, dtype)]
+        if kind == "column" and py is not None:
+            prefix = np.zeros(self.count, dtype)
+            if nans:
+                assert self.valid is not None
+                where = np.frombuffer(nans, dtype=np.int64)
+                prefix[where] = np.nan
+                marks = np.frombuffer(self.valid, dtype=np.uint8)
+                marks[where] = 1
+                del marks  # a live view would keep the bytearray from growing
+            self.spill.write(prefix.view(np.uint8))
+        else:
+            self._placeholders(self.count)
+        self.nans = array("q")
+
+    def _pending_nan(self, value: Any, index: int) -> None:
+        dtype = np.dtype("<f8") if type(value) is float else value.dtype
+        py = "float" if type(value) is float else "scalar"
+        if self.nan_dtype is None:
+            self.nan_dtype, self.nan_py = dtype, py
+        else:
+            self.nan_dtype = np.result_type(self.nan_dtype, dtype)
+            self.nan_py = _merged_py(self.nan_py, py, self.nan_dtype)
+        self.nans.append(index)
+        self._missing(1)
+
+    def _merge(self, py: str | None, dtype: np.dtype, index: int) -> None:
+        """Promote the field to hold a value of ``dtype`` (Python type name ``py``)."""
+        new = self.dtype
+        if dtype != self.dtype:
+            try:
+                new = np.result_type(self.dtype, dtype)
+            except TypeError:
+                raise TypeError(
+                    f"sample {index}, field {self.name!r}: {_what('column', py, dtype)} where "
+                    f"sample {self.first} has {_what('column', self.py, self.dtype)}, "
+                    "and they have no common dtype"
+                ) from None
+        if new != self.dtype:
+            limit = _exact_limit(new)
+            if limit is not None:
+                self._check_written(limit, new, py, dtype, index)
+            self._flush()
+            self.segments.append((self.spill.size, new))
+            self.dtype = new
+        self.py = _merged_py(self.py, py, new)
+
+    def _check_written(
+        self, limit: int, new: np.dtype, py: str | None, dtype: np.dtype, index: int
+    ) -> None:
+        """The integers written so far stay exact in the float dtype ``new``."""
+        for start, stop, seg in self._segment_spans():
+            if not _may_exceed(seg, limit):
+                continue
+            pieces = self.spill.read(start, stop)
+            big = max((_magnitude(np.frombuffer(p, seg)) for p in pieces), default=0)
+            if self.buf and seg == self.dtype:
+                big = max(big, _magnitude(np.asarray(self.buf, dtype=seg)))
+            if big > limit:
+                raise ValueError(
+                    f"sample {index}, field {self.name!r}: {_what('column', py, dtype)} "
+                    f"makes the field {new}, which cannot hold the integer {big} of an "
+                    f"earlier sample exactly (beyond 2**{limit.bit_length() - 1}); "
+                    "cast the field yourself if rounding is what you want"
+                )
+
+    def _check_exact(self, value: Any, dtype: np.dtype, index: int) -> None:
+        """An integer value going into a float field must be exact there."""
+        limit = _exact_limit(self.dtype)
+        if limit is None or not _may_exceed(dtype, limit):
+            return
+        big = abs(int(value)) if np.ndim(value) == 0 else _magnitude(np.asarray(value))
+        if big > limit:
+            raise ValueError(
+                f"sample {index}, field {self.name!r}: the integer {big} cannot be held "
+                f"exactly by the field's {self.dtype} (beyond 2**{limit.bit_length() - 1}); "
+                "cast the field yourself if rounding is what you want"
+            )
+
+    def _segment_spans(self) -> Iterator[tuple[int, int, np.dtype]]:
+        ends = [start for start, _ in self.segments[1:]] + [self.spill.size]
+        for (start, dtype), stop in zip(self.segments, ends):
+            yield start, stop, dtype
+
+    def _flush(self) -> None:
+        if self.buf:
+            self.spill.write(np.array(self.buf, dtype=self.dtype).view(np.uint8))
+            self.buf.clear()
+
+    def _missing(self, k: int) -> None:
+        if self.valid is None:
+            self.valid = bytearray(b"\x01") * self.count
+        self.valid.extend(bytes(k))
+        if self.kind != "none":
+            self._placeholders(k)
+        self.count += k
+
+    def _placeholders(self, k: int) -> None:
+        """Stand-ins for ``k`` samples without a value: zeros in a column of fixed
+        shape, empty values otherwise."""
+        if not k:
+            return
+        if self.kind == "column" and self.py is not None:
+            self.buf.extend([0] * k)
+            if len(self.buf) >= _FLUSH:
+                self._flush()
+            return
+        size = 0
+        if self.fixed:
+            size = int(np.prod(self.shape, dtype=np.int64))
+            row = size * self.dtype.itemsize
+            per = max(1, (1 << 20) // max(row, 1))  # rows per write: ~1 MiB at a time
+            zeros = bytes(row * min(k, per))
+            for left in range(k, 0, -per):
+                self.spill.write(zeros[: row * min(left, per)])
+        elif self.kind == "column":  # empty along the first axis, like the others after
+            self.shapes.extend((0, *self.shape[1:]) * k)
+        end = self.offsets[-1]
+        self.offsets.extend(range(end + size, end + size * k + 1, size) if size else [end] * k)
+
+    # -- a batch of values (a column source) -------------------------------------------
+    def add_batch(self, values: Sequence[Any], start: int) -> None:
+        """Add samples ``start, start + 1, ...``: whole columns of Python numbers, text
+        or bytes at once, once the field's kind and dtype are set; anything else (and
+        a batch that promotes the field or does not fit) value by value, which
+        applies the same rules and names the sample at fault."""
+        types = set(map(type, values))
+        none = _NONE in types
+        types.discard(_NONE)
+        if self.kind == "column" and self.py is not None and types and types <= _PY_DTYPES.keys():
+            if self._add_numbers(values, types, none):
+                return
+        elif self.kind in ("str", "bytes") and types and self._add_text(values, types, none):
+            return
+        for i, value in enumerate(values):
+            self.add(value, start + i)
+
+    def _add_numbers(self, values: Sequence[Any], types: set[type], none: bool) -> bool:
+        """A batch of Python numbers (and None) that fits the field's dtype as it is;
+        False when it needs value by value."""
+        dtype = np.result_type(*(_PY_DTYPES[t] for t in types))
+        try:
+            if np.result_type(self.dtype, dtype) != self.dtype:
+                return False  # a promotion: value by value, which checks it
+        except TypeError:
+            return False
+        limit = _exact_limit(self.dtype)
+        mask = [v is None for v in values] if none else None
+        if mask is not None:
+            values = [0 if v is None else v for v in values]
+        if int in types and (len(types) > 1 or limit is not None):
+            big = max(abs(v) for v in values if type(v) is int)
+            if big >= _INT64[1] or (limit is not None and big > limit):
+                return False
+        try:
+            arr = np.array(values, dtype=dtype)
+        except OverflowError:  # an int beyond int64
+            return False
+        self._flush()
+        self.spill.write(np.ascontiguousarray(arr, dtype=self.dtype).view(np.uint8))
+        self._valid_batch(mask, len(values))
+        return True
+
+    def _add_text(self, values: Sequence[Any], types: set[type], none: bool) -> bool:
+        """A batch of str or bytes (None and NaN missing); False when it needs value
+        by value (a type that does not fit, a float that is not NaN)."""
+        mine = str if self.kind == "str" else bytes
+        mask = None
+        if types != {mine} or none:
+            if types - {mine, float} or any(type(v) is float and v == v for v in values):
+                return False
+            mask = [type(v) is not mine for v in values]
+            values = [v if type(v) is mine else mine() for v in values]
+        data = [v.encode("utf-8", "surrogatepass") for v in values] if mine is str else values
+        self.spill.write(b"".join(data))
+        ends = np.cumsum(np.fromiter(map(len, data), np.int64, len(data))) + self.offsets[-1]
+        self.offsets.frombytes(ends.astype("<i8").tobytes())
+        self._valid_batch(mask, len(values))
+        return True
+
+    def _valid_batch(self, mask: list[bool] | None, k: int) -> None:
+        if mask is not None and any(mask):
+            if self.valid is None:
+                self.valid = bytearray(b"\x01") * self.count
+            self.valid.extend(np.logical_not(mask).astype(np.uint8).tobytes())
+        elif self.valid is not None:
+            self.valid.extend(b"\x01" * k)
+        self.count += k
+
+    # -- the pack ----------------------------------------------------------------------
+    def finish(self) -> None:
+        """The last sample is in: NaNs of a field that had nothing else become a float
+        column; buffered scalars go to the spill."""
+        if self.kind == "none" and self.nans:
+            assert self.nan_dtype is not None
+            self._start("column", self.nan_py, self.nan_dtype, (), self.nans[0])
+        self._flush()
+
+    def data(self) -> Iterator[Any]:
+        """The field's data in its final dtype, from the spill (deleted as it is read)."""
+        spans = list(self._segment_spans()) or [(0, self.spill.size, self.dtype)]
+        drain = self.spill.drain()
+        try:
+            for start, stop, dtype in spans:
+                left = stop - start
+                step = max(dtype.itemsize, _COPY // dtype.itemsize * dtype.itemsize)
+                while left:
+                    piece = drain.read(min(step, left))
+                    left -= len(piece)
+                    if dtype == self.dtype:
+                        yield piece
+                    else:
+                        converted = np.frombuffer(piece, dtype).astype(self.dtype)
+                        yield memoryview(converted.view(np.uint8))  # type: ignore[arg-type]
+        finally:
+            drain.close()
+
+
+def _merged_py(mine: str | None, other: str | None, dtype: np.dtype) -> str | None:
+    """What a field of scalars reads back as once it holds both: Python numbers of
+    ``dtype``'s kind if both are Python numbers, else numpy scalars (None: arrays)."""
+    if mine is None or other is None:
+        return None
+    if mine in _PYTHON and other in _PYTHON:
+        return _PY_NAMES.get(dtype.kind, "scalar")
+    return "scalar"
+
+
+def _what(kind: str, py: str | None, dtype: np.dtype) -> str:
+    if py in ("int", "float", "bool"):
+        return str(py)
+    if kind == "column" and py is not None:
+        return f"a numpy {dtype} scalar"
+    if kind == "column":
+        return f"an array of {dtype}"
+    return {"none": "None", "str": "str", "bytes": "bytes", "pickle": "a pickled object"}[kind]
