@@ -351,30 +351,38 @@ class FieldWriter:
     # -- a batch of values (a column source) -------------------------------------------
     def add_batch(self, values: Sequence[Any], start: int) -> None:
         """Add samples ``start, start + 1, ...``: whole columns of Python numbers, text
-        or bytes at once, once the field's kind and dtype are set; anything else (and
-        a batch that promotes the field or does not fit) value by value, which
-        applies the same rules and names the sample at fault."""
+        or bytes at once once the field's kind is set (by its first value); anything
+        else, and a batch that does not fit, value by value, which applies the same
+        rules and names the sample at fault."""
+        first = 0
+        while self.kind == "none" and first < len(values):
+            self.add(values[first], start + first)
+            first += 1
+        if first:
+            values, start = values[first:], start + first
+        if not values:
+            return
         types = set(map(type, values))
         none = _NONE in types
         types.discard(_NONE)
         if self.kind == "column" and self.py is not None and types and types <= _PY_DTYPES.keys():
-            if self._add_numbers(values, types, none):
+            if self._add_numbers(values, types, none, start):
                 return
         elif self.kind in ("str", "bytes") and types and self._add_text(values, types, none):
             return
         for i, value in enumerate(values):
             self.add(value, start + i)
 
-    def _add_numbers(self, values: Sequence[Any], types: set[type], none: bool) -> bool:
-        """A batch of Python numbers (and None) that fits the field's dtype as it is;
-        False when it needs value by value."""
+    def _add_numbers(self, values: Sequence[Any], types: set[type], none: bool, start: int) -> bool:
+        """A batch of Python numbers (and None), promoting the field if need be; False
+        when it needs value by value (an int beyond int64 or beyond what the float
+        field holds exactly, no common dtype)."""
         dtype = np.result_type(*(_PY_DTYPES[t] for t in types))
         try:
-            if np.result_type(self.dtype, dtype) != self.dtype:
-                return False  # a promotion: value by value, which checks it
+            target = np.result_type(self.dtype, dtype)
         except TypeError:
             return False
-        limit = _exact_limit(self.dtype)
+        limit = _exact_limit(target)
         mask = [v is None for v in values] if none else None
         if mask is not None:
             values = [0 if v is None else v for v in values]
@@ -385,6 +393,10 @@ class FieldWriter:
         try:
             arr = np.array(values, dtype=dtype)
         except OverflowError:  # an int beyond int64
+            return False
+        try:  # checks before it changes anything: value by value then names the sample
+            self._merge(_PY_NAMES[dtype.kind], dtype, start)
+        except (TypeError, ValueError):
             return False
         self._flush()
         self.spill.write(np.ascontiguousarray(arr, dtype=self.dtype).view(np.uint8))
@@ -397,7 +409,9 @@ class FieldWriter:
         mine = str if self.kind == "str" else bytes
         mask = None
         if types != {mine} or none:
-            if types - {mine, float} or any(type(v) is float and v == v for v in values):
+            if types - {mine, float}:
+                return False
+            if float in types and any(type(v) is float and v == v for v in values):
                 return False
             mask = [type(v) is not mine for v in values]
             values = [v if type(v) is mine else mine() for v in values]
