@@ -28,18 +28,24 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
+import multiprocessing
 import os
+import re
+import sys
+import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import xxhash
 
-from .._atomic import open_folder, open_regular
+from .._atomic import open_folder, open_regular, write_bytes_atomic
 from .._default import default_location
-from ..deps import code_version
+from ..deps import CodeVersion, code_version
 from ..errors import warn
 from ..fingerprint import slug
 from ..hashing import hash_value
@@ -56,6 +62,14 @@ logger = logging.getLogger("mlcache")
 
 #: an older version of a pack is removed once it has not been rebuilt for this long
 _GRACE_SECONDS = 600.0
+#: builds of one class by this many runs, within this many seconds, each with a new
+#: value of the same attribute, make a warning naming it (see cache_ignore)
+_EVERY_RUN_BUILDS = 3
+_EVERY_RUN_WINDOW = 3600.0
+_WARNED_EVERY_RUN: set[tuple[type, frozenset[str]]] = set()
+#: the file, in a class's folder of packs, naming the module-level values its builds
+#: change (state: counted by type, not content)
+_STATE_FILE = ".state"
 
 
 def remove_pack(path: str) -> None:
@@ -98,6 +112,10 @@ class CachedDataset(Sequence[Any]):
     #: names of the attributes that identify the data; None means every attribute
     #: set before ``CachedDataset.__init__``
     cache_on: ClassVar[tuple[str, ...] | None] = None
+    #: names of attributes that do not change the samples (an output folder, a
+    #: logger, a large table only ``load_item`` looks things up in): left out of
+    #: the key, so they neither rebuild the pack nor cost a hash at each open
+    cache_ignore: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -112,14 +130,15 @@ class CachedDataset(Sequence[Any]):
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
-        names = self.cache_on if self.cache_on is not None else sorted(vars(self))
+        names = self._key_attributes()
         try:
             identity = {name: getattr(self, name) for name in names}
             args_key = hash_value(identity)
         except (AttributeError, TypeError) as exc:
             raise TypeError(
                 f"{type(self).__qualname__}: cannot key the dataset by its attributes ({exc}); "
-                "set cache_on = ('attr', ...) to the attributes that identify the data"
+                "set cache_on = ('attr', ...) to the attributes that identify the data, "
+                "or cache_ignore = ('attr', ...) to those that do not"
             ) from None
         root = (
             os.fspath(cache_dir)
@@ -137,23 +156,13 @@ class CachedDataset(Sequence[Any]):
             # as Memory does (the same rule: one function decides both)
             root = cache_folder(root)
         cls = type(self)
-        version = hash_value(
-            (
-                f"{cls.__module__}.{cls.__qualname__}",
-                code_version(cls).digest,
-                args_key,
-                self.source_fingerprint(),
-            )
-        )
-        # <what>-<which version>.pack: a rebuild removes the older versions of the
-        # same dataset, never the packs of other arguments
-        self._args_id = args_key[:16]
+        self._key_names = names
+        self._args_id, self._args_id_full = args_key[:16], args_key
         self._root = os.path.abspath(root)
-        self.pack_path = os.path.join(
-            self._root,
-            slug(f"{cls.__module__}.{cls.__qualname__}"),
-            f"{self._args_id}-{version[:16]}.pack",
-        )
+        self._folder = os.path.join(self._root, slug(f"{cls.__module__}.{cls.__qualname__}"))
+        self._source = self.source_fingerprint()
+        self._state = _read_state(self._folder)
+        self.pack_path = self._name_pack()
         self.transform = transform
         self._allow_pickle = allow_pickle
         self._num_workers = num_workers
@@ -170,19 +179,56 @@ class CachedDataset(Sequence[Any]):
                 "and load_item()"
             )
         items = list(self.source_items())
-        import multiprocessing
-
         # a DataLoader worker (a daemon) rebuilding the pack cannot have children
-        if self._num_workers <= 1 or multiprocessing.current_process().daemon:
+        if self._num_workers <= 1 or multiprocessing.current_process().daemon or len(items) < 2:
             return _Counted(map(self.load_item, items), len(items))
-        return _Counted(self._parallel(items), len(items))
+        method = _start_method(type(self).__qualname__)
+        if method is None:
+            return _Counted(map(self.load_item, items), len(items))
+        return _Counted(self._parallel(items, method), len(items))
 
-    def _parallel(self, items: list[Any]) -> Iterator[Mapping[str, Any]]:
-        import multiprocessing
+    def _parallel(self, items: list[Any], method: str) -> Iterator[Mapping[str, Any]]:
+        """``load_item`` over ``items`` in ``num_workers`` processes, in order.
 
-        with multiprocessing.get_context("spawn").Pool(self._num_workers) as pool:
-            chunk = max(1, min(64, len(items) // (4 * self._num_workers) or 1))
-            yield from pool.imap(self.load_item, items, chunksize=chunk)
+        The dataset reaches each worker once (inherited under fork, pickled once
+        under spawn); then only chunks of items go out and lists of samples come
+        back, a bounded number of chunks in flight. Workers that cannot start (a
+        spawned child that fails while re-importing the main script) make the rest
+        of the build run in this process, with a warning: it never waits for ever.
+        """
+        from concurrent.futures import Future, ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        workers = self._num_workers
+        size = _chunk_size(len(items), workers)
+        chunks = deque(items[i : i + size] for i in range(0, len(items), size))
+        done = 0  # items yielded so far
+        pool = ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context(method),
+            initializer=_worker_start,
+            initargs=(self,),
+        )
+        try:
+            pending: deque[Future[list[Mapping[str, Any]]]] = deque()
+            while chunks or pending:
+                while chunks and len(pending) < 4 * workers:
+                    pending.append(pool.submit(_worker_load, chunks.popleft()))
+                for sample in pending.popleft().result():
+                    yield sample
+                    done += 1
+        except BrokenProcessPool as exc:
+            warn(
+                f"mlcache: the {workers} {method} workers building {type(self).__qualname__} "
+                f"stopped ({exc}); loading the remaining {len(items) - done} items in this "
+                "process",
+                stacklevel=3,
+            )
+            yield from map(self.load_item, items[done:])
+        finally:
+            # a build stopped early (a sample that does not fit) does not wait for
+            # the chunks still queued
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def source_items(self) -> Iterable[Any]:
         """What ``load_item`` turns into samples (default: ``source_files()``)."""
@@ -198,21 +244,23 @@ class CachedDataset(Sequence[Any]):
         return None
 
     def source_fingerprint(self) -> str:
-        """A string that changes when the source data changes."""
+        """A string that changes when the source data changes.
+
+        The default combines the files of ``source_files()`` (path, size and
+        modification time of each) and, when the class defines ``source_items()``,
+        its items: an item that is a path (``str`` or ``os.PathLike``) of an
+        existing file or folder counts by its path, size and modification time,
+        any other item (a row id, a URL, a tuple) by its value
+        (:func:`mlcache.hashing.hash_value`); the list itself (order, count) is
+        part of it. Opening then costs one ``stat`` per file: override this with
+        something cheaper (a data version, a manifest's checksum) when that is
+        too slow.
+        """
         files = self.source_files()
-        if files is None:
-            return ""
-        paths, stats = [], array("q")
-        for f in files:  # the one cost that grows with the dataset when opening it
-            path = os.fspath(f)
-            if not os.path.isabs(path):
-                path = os.path.abspath(path)
-            st = os.stat(path)
-            paths.append(path)
-            stats.extend((st.st_size, st.st_mtime_ns))
-        digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
-        digest.update(stats.tobytes())
-        return digest.hexdigest()
+        found = "" if files is None else _files_digest(files)
+        if type(self).source_items is CachedDataset.source_items:
+            return found  # the items are source_files(): counted above
+        return hash_value(("items", found, _items_digest(self.source_items())))
 
     # -- building --------------------------------------------------------------------
     def _open_or_build(
@@ -235,6 +283,7 @@ class CachedDataset(Sequence[Any]):
             opened = self._try_open()
             if opened is not None:
                 return opened
+        _refuse_in_bootstrap(type(self))
         lock_fd = open_regular(self.pack_path + ".lock", os.O_RDWR | os.O_CREAT)
         with open(lock_fd, "r+b") as lock:
             # one builder at a time; a lock held by a killed process is released by
@@ -242,20 +291,96 @@ class CachedDataset(Sequence[Any]):
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 if not force:  # someone else may have built it while we waited
+                    learned = _read_state(self._folder)
+                    if learned != self._state:  # ...and learned what its build changes
+                        self._state = learned
+                        self.pack_path = self._name_pack()
                     opened = self._try_open()
                     if opened is not None and opened.file_id != damaged:
                         return opened
-                logger.info("mlcache: building %s", self.pack_path)
-                built = pack(
-                    self.load_source(),
-                    self.pack_path,
-                    progress=progress,
-                    allow_pickle=self._allow_pickle,
-                )
-                self._remove_older_versions()
+                built = self._build(progress)
+                self._after_build()
                 return built
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _key_attributes(self) -> list[str]:
+        """The names of the attributes that make the key: ``cache_on`` (or every
+        attribute set so far), less ``cache_ignore``."""
+        cls = type(self)
+        for what in ("cache_on", "cache_ignore"):
+            names = getattr(cls, what)
+            if names is None and what == "cache_on":
+                continue
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+                raise TypeError(
+                    f"{cls.__qualname__}.{what} must be a tuple of attribute names, got {names!r}"
+                )
+        ignored = set(cls.cache_ignore)
+        names = cls.cache_on if cls.cache_on is not None else sorted(vars(self))
+        return [n for n in names if n not in ignored]
+
+    def _name_pack(self) -> str:
+        """The pack's path for the code, attributes and source as they are now:
+        ``<folder of the class>/<attributes>-<version>.pack``."""
+        cls = type(self)
+        code = code_version(cls, state=self._state)
+        #: mutable module-level values the code reads: by their content now (the
+        #: walk is cached per process; a notebook may have changed one since)
+        self._watched: tuple[tuple[str, Any], ...] = code.watched
+        version = hash_value(
+            (
+                f"{cls.__module__}.{cls.__qualname__}",
+                code.digest,
+                self._args_id_full,
+                self._source,
+                _watched_digests(code),
+            )
+        )
+        # a rebuild removes the older versions of the same attributes (after a
+        # while), and packs of other attributes once unused for long
+        return os.path.join(self._folder, f"{self._args_id}-{version[:16]}.pack")
+
+    def _build(self, progress: bool) -> PackedDataset:
+        """Build the pack; a module-level value the build changed (a memo the
+        loading code fills) is state from now on, and the pack is named for it."""
+        logger.info("mlcache: building %s", self.pack_path)
+        before = _watched_digests(self._watched)
+        built = pack(
+            self.load_source(), self.pack_path, progress=progress, allow_pickle=self._allow_pickle
+        )
+        changed = {n for n, d in _watched_digests(self._watched).items() if before.get(n) != d}
+        if not changed:
+            return built
+        logger.info(
+            "mlcache: building %s changes %s: state, not input; left out of its key from now on",
+            type(self).__qualname__,
+            ", ".join(sorted(changed)),
+        )
+        self._state = _read_state(self._folder) | self._state | changed
+        _write_state(self._root, self._folder, self._state)
+        named = self._name_pack()
+        if named == self.pack_path:
+            return built
+        os.replace(self.pack_path, named)
+        self.pack_path = named
+        return PackedDataset(named, allow_pickle=self._allow_pickle)
+
+    def _after_build(self) -> None:
+        """Housekeeping after a local build (never fails it): record the digests
+        of the attributes, say if one is new at every run, remove unused packs."""
+        try:
+            mine = {n: hash_value(getattr(self, n))[:16] for n in self._key_names}
+            write_bytes_atomic(
+                os.path.join(self._folder, f".{self._args_id}.args"),
+                json.dumps({"attrs": mine, "pid": os.getpid()}).encode(),
+                durable=False,
+                root=self._root,
+            )
+            self._warn_if_new_every_run(mine)
+        except Exception as exc:  # housekeeping: never fail the build for it
+            logger.debug("mlcache: could not record the attributes of %s: %s", self.pack_path, exc)
+        self._remove_older_versions()
 
     def _remote_name(self) -> str:
         """The pack's name under the remote folder."""
@@ -312,32 +437,82 @@ class CachedDataset(Sequence[Any]):
                 opened = fetched()
                 if opened is not None:
                     return opened
-            logger.info("mlcache: building %s", url)
-            built = pack(
-                self.load_source(),
-                self.pack_path,
-                progress=progress,
-                allow_pickle=self._allow_pickle,
-            )
-            publish(self.pack_path, url, options)
+            _refuse_in_bootstrap(type(self))
+            built = self._build(progress)
+            publish(self.pack_path, f"{root}/{self._remote_name()}", options)
             return built
 
     def _remove_older_versions(self) -> None:
-        """Delete the packs this one replaces (same arguments, older code or source);
-        a process still reading one keeps its map (the file goes when it closes)."""
+        """Delete the packs this one replaces (same attributes, older code or
+        source) once they are :data:`_GRACE_SECONDS` old, and the packs of other
+        attributes not opened for :data:`~mlcache.memorized.OLD_VERSIONS_KEPT_FOR`
+        (as the function cache does with code versions); a process still reading
+        one keeps its map (the file goes when it closes)."""
+        from ..memorized import OLD_VERSIONS_KEPT_FOR
+
         folder, mine = os.path.split(self.pack_path)
         now = time.time()
         for name in os.listdir(folder):
-            if name.startswith(self._args_id + "-") and name.endswith(".pack") and name != mine:
-                path = os.path.join(folder, name)
-                try:
-                    if now - os.stat(path).st_mtime < _GRACE_SECONDS:
-                        continue  # maybe another job's current version: leave it a while
-                    remove_pack(path)
-                except OSError as exc:  # housekeeping: never fail the build for it
-                    logger.debug("mlcache: could not remove %s: %s", name, exc)
-                else:
-                    logger.info("mlcache: removed the older pack %s", name)
+            ours = name.startswith(self._args_id + "-")
+            sidecar = name.startswith(".") and name.endswith(".args")
+            if not (name.endswith(".pack") or sidecar) or name == mine:
+                continue
+            if sidecar and name == f".{self._args_id}.args":
+                continue
+            path = os.path.join(folder, name)
+            try:
+                age = now - os.stat(path, follow_symlinks=False).st_mtime
+                if age < (_GRACE_SECONDS if ours else OLD_VERSIONS_KEPT_FOR):
+                    continue  # maybe another job's current version: leave it a while
+                if sidecar:
+                    os.unlink(path)
+                    continue
+                remove_pack(path)
+            except OSError as exc:  # housekeeping: never fail the build for it
+                logger.debug("mlcache: could not remove %s: %s", name, exc)
+            else:
+                logger.info("mlcache: removed the %s pack %s", "older" if ours else "unused", name)
+
+    def _warn_if_new_every_run(self, mine: dict[str, str]) -> None:
+        """One warning when the last builds of this class, by other processes in
+        the last hour, each had a new value of the same attributes and the same
+        value of every other one: such an attribute (a temporary folder, a time)
+        makes a new pack at every run."""
+        now, others = time.time(), []
+        for name in os.listdir(self._folder):
+            if not (name.startswith(".") and name.endswith(".args")):
+                continue
+            if name == f".{self._args_id}.args":
+                continue
+            path = os.path.join(self._folder, name)
+            with contextlib.suppress(OSError, ValueError):
+                when = os.stat(path, follow_symlinks=False).st_mtime
+                if now - when < _EVERY_RUN_WINDOW:
+                    with open(path, "rb") as f:
+                        data = json.loads(f.read())
+                    if data.get("pid") != os.getpid() and isinstance(data.get("attrs"), dict):
+                        others.append((when, data["attrs"]))
+        if len(others) < _EVERY_RUN_BUILDS - 1:
+            return
+        last = [a for _, a in sorted(others, key=lambda o: o[0])[-(_EVERY_RUN_BUILDS - 1) :]]
+        differ = {n for n in mine if any(a.get(n) != mine[n] for a in last)}
+        runs = [mine, *last]
+        if not differ or any(set(a) != set(mine) for a in last):
+            return
+        same = all(a[n] == mine[n] for a in last for n in mine if n not in differ)
+        new_each_time = all(len({r[n] for r in runs}) == len(runs) for n in differ)
+        key = (type(self), frozenset(differ))
+        if same and new_each_time and key not in _WARNED_EVERY_RUN:
+            _WARNED_EVERY_RUN.add(key)
+            names = ", ".join(repr(n) for n in sorted(differ))
+            plural = "s" if len(differ) > 1 else ""
+            warn(
+                f"mlcache: {type(self).__qualname__}: the attribute{plural} {names} had a new "
+                f"value in each of the last {len(runs)} runs, so each built a new pack (unused "
+                "packs are removed after 30 days); if it does not change the samples, leave it "
+                f"out of the key: cache_ignore = ({names},)",
+                stacklevel=6,
+            )
 
     def _try_open(self) -> PackedDataset | None:
         try:
@@ -400,6 +575,7 @@ class CachedDataset(Sequence[Any]):
         # worker maps the pack itself
         state = self.__dict__.copy()
         state["_pack"] = None
+        state["_watched"] = ()  # module-level values, met through the class's code
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -417,3 +593,173 @@ class _Counted(Iterable[Mapping[str, Any]]):
 
     def __len__(self) -> int:
         return self._n
+
+
+# -- source fingerprints ----------------------------------------------------------------
+def _files_digest(files: Iterable[str | os.PathLike[str]]) -> str:
+    """Paths, sizes and modification times of ``files`` (which must exist)."""
+    paths, stats = [], array("q")
+    for f in files:  # the one cost that grows with the dataset when opening it
+        path = os.fspath(f)
+        if not os.path.isabs(path):
+            path = os.path.abspath(path)
+        st = os.stat(path)
+        paths.append(path)
+        stats.extend((st.st_size, st.st_mtime_ns))
+    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
+    digest.update(stats.tobytes())
+    return digest.hexdigest()
+
+
+def _items_digest(items: Iterable[Any]) -> str:
+    """The items of ``source_items()``: an existing path by (path, size, mtime), any
+    other item by value; which is which and their order are part of it."""
+    kinds, paths, stats, values = bytearray(), [], array("q"), []
+    for item in items:
+        if isinstance(item, (str, os.PathLike)):
+            try:
+                path = os.fsdecode(os.path.abspath(os.fspath(item)))
+                st = os.stat(path)
+            except (OSError, ValueError, TypeError):  # no such file (a row id, a URL)
+                pass
+            else:
+                kinds.append(1 if isinstance(item, str) else 2)
+                paths.append(path)
+                stats.extend((st.st_size, st.st_mtime_ns))
+                continue
+        kinds.append(0)
+        values.append(item)
+    digest = xxhash.xxh3_128(bytes(kinds))
+    digest.update("\0".join(paths).encode("utf-8", "surrogateescape"))
+    digest.update(stats.tobytes())
+    digest.update(hash_value(values).encode())
+    return digest.hexdigest()
+
+
+# -- state: module-level values a build changes ------------------------------------
+def _watched_digests(code: CodeVersion | tuple[tuple[str, Any], ...]) -> dict[str, str]:
+    """The digests of the mutable module-level values the code reads, as they are now."""
+    from ..deps import _constant  # the function cache's rule for such values
+
+    watched = code.watched if isinstance(code, CodeVersion) else code
+    return {name: _constant(value) for name, value in watched}
+
+
+def _read_state(folder: str) -> frozenset[str]:
+    """The names of the module-level values that builds of this class change."""
+    try:
+        with open(os.path.join(folder, _STATE_FILE), "rb") as f:
+            names = json.loads(f.read()).get("globals", [])
+    except FileNotFoundError:
+        return frozenset()
+    except (OSError, ValueError, AttributeError) as exc:  # unreadable: learned again
+        logger.debug("mlcache: could not read %s: %s", _STATE_FILE, exc)
+        return frozenset()
+    return frozenset(n for n in names if isinstance(n, str))
+
+
+def _write_state(root: str, folder: str, names: frozenset[str]) -> None:
+    try:
+        data = json.dumps({"globals": sorted(names)}).encode()
+        write_bytes_atomic(os.path.join(folder, _STATE_FILE), data, durable=False, root=root)
+    except OSError as exc:  # learned again by the next build
+        logger.debug("mlcache: could not record what building changes: %s", exc)
+
+
+# -- worker processes ---------------------------------------------------------------
+#: the dataset a build's worker process loads items of (set once per worker)
+_WORKER_DATASET: Any = None
+
+
+def _worker_start(dataset: CachedDataset) -> None:
+    global _WORKER_DATASET
+    _WORKER_DATASET = dataset
+
+
+def _worker_load(items: list[Any]) -> list[Mapping[str, Any]]:
+    return [_WORKER_DATASET.load_item(item) for item in items]
+
+
+def _chunk_size(n: int, workers: int) -> int:
+    """Items per task: enough that a tiny item's sample is not outweighed by the
+    round trip of a task (about 0.2 ms), small enough that every worker gets
+    several tasks and the first samples come back early."""
+    return max(1, min(256, n // (8 * workers)))
+
+
+_GUARD = re.compile(
+    r"""^if\s+(__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__)""", re.M
+)
+
+
+def _main_is_guarded() -> bool:
+    """Whether a spawned child can import the main module without re-running the
+    user's work: it has no file (an interactive session, ``python -c``, a
+    notebook), or its source has an ``if __name__ == "__main__":`` guard."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None:
+        return True
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return _GUARD.search(f.read()) is not None
+    except OSError:
+        return False
+
+
+def _other_threads() -> int:
+    """Threads other than this one, except mlcache's hashing threads (idle between
+    hashes, and forgotten by a forked child: see mlcache.hashing)."""
+    me = threading.current_thread()
+    return sum(
+        1
+        for t in threading.enumerate()
+        if t is not me and t.is_alive() and not t.name.startswith("mlcache-hash")
+    )
+
+
+def _start_method(what: str) -> str | None:
+    """How to start a build's workers, or None to build in this process.
+
+    fork (on Linux) runs nothing again: no script re-run, no import of the
+    dataset's module, so no main guard is needed. With other threads running, a
+    forked child may inherit a lock one of them held and hang, so then spawn,
+    when the main module has a guard (spawn, like forkserver, imports it again
+    in each worker); otherwise the build runs in this process, with a warning.
+    """
+    threads = _other_threads()
+    if sys.platform.startswith("linux") and threads == 0:
+        return "fork"
+    if _main_is_guarded():
+        return "spawn"
+    why = (
+        f"{threads} other thread{'s are' if threads > 1 else ' is'} running (fork is unsafe)"
+        if sys.platform.startswith("linux")
+        else "fork is not available here"
+    )
+    warn(
+        f"mlcache: building {what} in this process, not in workers: {why}, and spawn "
+        'would re-run the main script, which has no `if __name__ == "__main__":` guard; '
+        "add one to use num_workers (threads: "
+        f"{', '.join(sorted(t.name for t in threading.enumerate()))})",
+        stacklevel=5,
+    )
+    return None
+
+
+def _refuse_in_bootstrap(cls: type) -> None:
+    """Raise when a build would start while this process is a spawned child still
+    importing the main script (it re-runs the script's top level: the parent may
+    hold the build's lock, and a child cannot start workers)."""
+    # set by multiprocessing while a spawned child imports the main module and
+    # unpickles its process object (parent_process() is not known yet then)
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+        return
+    main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main module"
+    raise RuntimeError(
+        f"mlcache: {cls.__qualname__} would be built in a child process that "
+        f"multiprocessing spawned while it is re-running {main} (spawn imports the main "
+        "script again in each child). Put the script's work under "
+        '`if __name__ == "__main__":` (or build the dataset there) so that children '
+        "only import it."
+    )

@@ -1,0 +1,467 @@
+"""``CachedDataset`` as users really write and run it (issue 13).
+
+Each case is what a user does: a dataset built from ``source_items()`` +
+``load_item()`` whose files change between runs, a module-level list edited
+between two runs, ``num_workers=2`` in a script without a main guard or at the
+import of the dataset's own module, an attribute that is new at every run. The
+runs are fresh interpreters (scripts in a temporary folder sharing one cache),
+each with a timeout, so that a hang is a failure and never a stuck test run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from mlcache.data import CachedDataset
+
+#: a run that takes longer than this has hung (a build here takes a second or two)
+TIMEOUT = int(os.environ.get("MLCACHE_TEST_TIMEOUT", "120"))
+
+
+class Runner:
+    """Scripts in a temporary folder, run in fresh interpreters sharing one cache.
+
+    A script calls ``built()`` from its ``load_item``/``load_source`` (the
+    ``BUILDS`` log file counts them across processes)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cache = root / "cache"
+        self.log = root / "builds.log"
+
+    def write(self, rel: str, text: str) -> Path:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def edit(self, rel: str, old: str, new: str) -> None:
+        path = self.root / rel
+        text = path.read_text()
+        assert old in text, old
+        path.write_text(text.replace(old, new))
+
+    def run(self, rel: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        """One run of the script ``rel``; ``builds()`` then says what it loaded."""
+        self.log.unlink(missing_ok=True)
+        env = {
+            **os.environ,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "CACHE": str(self.cache),
+            "BUILDS": str(self.log),
+            "PYTHONPATH": str(self.root),
+        }
+        env.pop("PYTHONWARNINGS", None)
+        res = subprocess.run(
+            [sys.executable, str(self.root / rel), *args],
+            env=env,
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        if ok and res.returncode != 0:
+            raise AssertionError(f"{rel} failed:\n{res.stdout}\n{res.stderr}")
+        return res
+
+    def builds(self) -> list[str]:
+        """What the last run loaded (one line per ``built(...)`` call)."""
+        return self.log.read_text().split() if self.log.exists() else []
+
+    def packs(self) -> list[Path]:
+        return sorted(self.cache.rglob("*.pack"))
+
+
+HELPERS = """
+import os
+
+def built(what="x"):
+    with open(os.environ["BUILDS"], "a") as f:
+        f.write(f"{what}\\n")
+"""
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Runner:
+    r = Runner(tmp_path)
+    r.write("helpers.py", HELPERS)
+    return r
+
+
+# -- 1. source_items() + load_item(): a changed source is noticed ------------------------
+ITEMS_SCRIPT = """
+import os, sys
+from pathlib import Path
+from mlcache.data import CachedDataset
+from helpers import built
+
+class Notes(CachedDataset):
+    def __init__(self, root, **kw):
+        self.root = root
+        super().__init__(**kw)
+
+    def source_items(self):
+        return sorted(Path(self.root).glob("*.txt"))
+
+    def load_item(self, path):
+        built(path.name)
+        return {"name": path.name, "text": path.read_text()}
+
+ds = Notes(sys.argv[1], cache_dir=os.environ["CACHE"], progress=False)
+print(" ".join(f"{ds[i]['name']}={ds[i]['text']}" for i in range(len(ds))))
+"""
+
+
+def test_source_items_that_are_files_are_fingerprinted(runner: Runner) -> None:
+    """Edited (same size, new mtime), added, deleted and renamed files each
+    rebuild the pack: no run serves the old samples."""
+    src = runner.root / "notes"
+    src.mkdir()
+    for name, text in (("a.txt", "one"), ("b.txt", "two")):
+        (src / name).write_text(text)
+    runner.write("notes.py", ITEMS_SCRIPT)
+
+    def samples() -> str:
+        return runner.run("notes.py", str(src)).stdout.strip()
+
+    assert samples() == "a.txt=one b.txt=two" and runner.builds() == ["a.txt", "b.txt"]
+    assert samples() == "a.txt=one b.txt=two" and runner.builds() == []
+    (src / "a.txt").write_text("uno")  # the same size: only the mtime tells
+    st = os.stat(src / "a.txt")
+    os.utime(src / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert samples() == "a.txt=uno b.txt=two" and runner.builds()
+    (src / "c.txt").write_text("three")
+    assert samples() == "a.txt=uno b.txt=two c.txt=three" and runner.builds()
+    (src / "b.txt").unlink()
+    assert samples() == "a.txt=uno c.txt=three" and runner.builds()
+    (src / "c.txt").rename(src / "d.txt")
+    assert samples() == "a.txt=uno d.txt=three" and runner.builds()
+    assert samples() == "a.txt=uno d.txt=three" and runner.builds() == []
+
+
+class Rows(CachedDataset):
+    """Items that are not files: row ids, tuples, URLs."""
+
+    def __init__(self, ids, **kw):
+        self.n = len(ids)  # an attribute that stays the same when the ids change
+        self._ids = ids
+        super().__init__(**kw)
+
+    cache_on = ("n",)
+    loaded: ClassVar[list[object]] = []
+
+    def source_items(self):
+        return self._ids
+
+    def load_item(self, item):
+        Rows.loaded.append(item)
+        return {"item": str(item)}
+
+
+def test_source_items_that_are_not_files_count_by_value(tmp_path: Path) -> None:
+    """Row ids, tuples and strings that name no file are keyed by their hash;
+    the list itself (order, count) is part of the key."""
+    cache = tmp_path / "cache"
+    ids: list[object] = [1, ("b", 2), "https://example.org/x.csv"]
+    Rows.loaded.clear()
+    assert Rows(ids, cache_dir=cache, progress=False)[1]["item"] == "('b', 2)"
+    assert Rows(ids, cache_dir=cache, progress=False) and len(Rows.loaded) == 3
+    for changed in ([1, ("b", 3), "https://example.org/x.csv"], [ids[2], ids[1], ids[0]]):
+        Rows.loaded.clear()
+        ds = Rows(changed, cache_dir=cache, progress=False)
+        assert Rows.loaded == changed and [ds[i]["item"] for i in range(3)] == [
+            str(c) for c in changed
+        ]
+
+
+# -- 2. a module-level value the loading code reads is input; one it changes is state ------
+CONFIG_MODULE = """
+from helpers import built
+
+cols = [1, 2]
+_seen = {}  # a memo the build fills: state, not input
+
+def columns():
+    return list(cols)
+
+def scaled(c):
+    if c not in _seen:
+        _seen[c] = c * 10
+    return _seen[c]
+"""
+
+CONFIG_SCRIPT = """
+import os
+from mlcache.data import CachedDataset
+import config
+
+class Table(CachedDataset):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+
+    def source_items(self):
+        return config.columns()
+
+    def load_item(self, c):
+        config.built(str(c))
+        return {"c": c, "v": config.scaled(c)}
+
+for _ in range(2):  # a notebook cell run twice: the filled memo is no new input
+    ds = Table(cache_dir=os.environ["CACHE"], progress=False)
+print(" ".join(str(ds[i]["v"]) for i in range(len(ds))))
+"""
+
+
+def test_a_module_list_edited_between_runs_rebuilds(runner: Runner) -> None:
+    """``cols = [1, 2]`` edited to ``[1, 2, 30]`` between two fresh runs."""
+    runner.write("config.py", CONFIG_MODULE)
+    runner.write("table.py", CONFIG_SCRIPT)
+    assert runner.run("table.py").stdout.split() == ["10", "20"]
+    runner.edit("config.py", "cols = [1, 2]", "cols = [1, 2, 30]")
+    assert runner.run("table.py").stdout.split() == ["10", "20", "300"]
+    assert runner.builds() == ["1", "2", "30"]
+
+
+def test_a_memo_the_build_fills_is_state(runner: Runner) -> None:
+    """A module dict that the build changes does not make the next open (in the
+    same process, or the next run) rebuild; the values it only reads still count."""
+    runner.write("config.py", CONFIG_MODULE)
+    runner.write("table.py", CONFIG_SCRIPT)
+    assert runner.run("table.py").stdout.split() == ["10", "20"]
+    assert runner.builds() == ["1", "2"]  # once, not once per construction
+    assert runner.run("table.py").stdout.split() == ["10", "20"]
+    assert runner.builds() == []
+    assert len(runner.packs()) == 1
+    runner.edit("config.py", "cols = [1, 2]", "cols = [2]")
+    assert runner.run("table.py").stdout.split() == ["20"] and runner.builds() == ["2"]
+    assert runner.run("table.py").stdout.split() == ["20"] and runner.builds() == []
+
+
+# -- 3. num_workers: never re-runs the script, never hangs -----------------------------
+FILES_DATASET = """
+import os
+from pathlib import Path
+from mlcache.data import CachedDataset
+from helpers import built
+
+class Files(CachedDataset):
+    def __init__(self, root, **kw):
+        self.root = root
+        super().__init__(**kw)
+
+    def source_items(self):
+        return sorted(Path(self.root).glob("*.txt"))
+
+    def load_item(self, path):
+        built(str(os.getpid()))
+        return {"name": path.name, "n": int(path.read_text())}
+"""
+
+UNGUARDED = """
+import os, sys
+from filesds import Files
+ds = Files(sys.argv[1], cache_dir=os.environ["CACHE"], progress=False, num_workers=2)
+print(sum(ds[i]["n"] for i in range(len(ds))), len(ds), os.getpid())
+"""
+
+
+def _numbered_files(folder: Path, n: int = 200) -> int:
+    folder.mkdir()
+    for i in range(n):
+        (folder / f"{i:04d}.txt").write_text(str(i))
+    return sum(range(n))
+
+
+def test_num_workers_in_a_script_without_a_main_guard(runner: Runner) -> None:
+    total = _numbered_files(runner.root / "src")
+    runner.write("filesds.py", FILES_DATASET)
+    runner.write("unguarded.py", UNGUARDED)
+    res = runner.run("unguarded.py", str(runner.root / "src"))
+    total_seen, n, pid = res.stdout.split()
+    assert (total_seen, n) == (str(total), "200") and "Traceback" not in res.stderr
+    assert len(runner.builds()) == 200 and pid not in runner.builds()  # loaded by workers
+
+
+AT_IMPORT = """
+import os, sys
+from filesds import Files
+DATA = Files(os.environ["SRC"], cache_dir=os.environ["CACHE"], progress=False, num_workers=2)
+"""
+
+
+def test_num_workers_at_import_of_the_datasets_module(runner: Runner) -> None:
+    """The dataset is made while its own module is being imported."""
+    total = _numbered_files(runner.root / "src")
+    runner.write("filesds.py", FILES_DATASET)
+    runner.write("data_at_import.py", AT_IMPORT)
+    runner.write("use.py", "from data_at_import import DATA\nprint(sum(s['n'] for s in DATA))\n")
+    os.environ["SRC"] = str(runner.root / "src")
+    try:
+        assert runner.run("use.py").stdout.split() == [str(total)]
+    finally:
+        del os.environ["SRC"]
+    assert len(runner.builds()) == 200
+
+
+WITH_A_THREAD = """
+import os, sys, threading
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()  # a user's background thread
+from filesds import Files
+{guard}
+    ds = Files(sys.argv[1], cache_dir=os.environ["CACHE"], progress=False, num_workers=2)
+    print(sum(ds[i]["n"] for i in range(len(ds))), len(ds), os.getpid())
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["unguarded", "guarded"])
+def test_num_workers_with_threads_running(runner: Runner, guarded: bool) -> None:
+    """fork with a thread running is unsafe: a guarded script builds in spawn
+    workers; an unguarded one (spawn would re-run it) builds in this process and
+    says why."""
+    total = _numbered_files(runner.root / "src")
+    runner.write("filesds.py", FILES_DATASET)
+    guard = 'if __name__ == "__main__":' if guarded else "if True:"
+    runner.write("threaded.py", WITH_A_THREAD.format(guard=guard))
+    res = runner.run("threaded.py", str(runner.root / "src"))
+    total_seen, n, pid = res.stdout.split()
+    assert (total_seen, n) == (str(total), "200") and len(runner.builds()) == 200
+    if guarded:  # loaded by worker processes
+        assert pid not in runner.builds() and "Traceback" not in res.stderr
+    else:
+        assert set(runner.builds()) == {pid} and "thread is running" in res.stderr
+
+
+SPAWN_CHILD = """
+import multiprocessing, os, sys
+from filesds import Files
+# no main guard: a spawned child re-runs this, and would rebuild the pack
+ds = Files(sys.argv[1], cache_dir=os.environ["CACHE"], progress=False, force_recache=True)
+print("samples", len(ds), flush=True)
+p = multiprocessing.get_context("spawn").Process(target=print, args=("child",))
+p.start()
+p.join(60)
+print("exit", p.exitcode)
+"""
+
+
+def test_a_spawned_child_rerunning_the_script_is_told_why(runner: Runner) -> None:
+    """A spawn child that re-imports an unguarded script and reaches a build gets a
+    clear error (before this it rebuilt the pack, or waited for the parent's lock)."""
+    _numbered_files(runner.root / "src", 5)
+    runner.write("filesds.py", FILES_DATASET)
+    runner.write("spawner.py", SPAWN_CHILD)
+    res = runner.run("spawner.py", str(runner.root / "src"))
+    assert res.stdout.split()[:2] == ["samples", "5"] and "exit 1" in res.stdout
+    assert "if __name__ == " in res.stderr and "re-running" in res.stderr
+    assert len(runner.builds()) == 5  # the parent's build only
+
+
+PICKLE_COUNT = """
+import os, sys
+from filesds import Files
+from helpers import built
+
+class Heavy:
+    '''A large attribute: counts how often it reaches a worker.'''
+    def __init__(self):
+        self.blob = b"x" * 1_000_000
+    def __getstate__(self):
+        return self.blob
+    def __setstate__(self, blob):
+        built("unpickled")
+        self.blob = blob
+
+class WithHeavy(Files):
+    cache_on = ("root",)
+    def __init__(self, root, **kw):
+        self.heavy = Heavy()
+        super().__init__(root, **kw)
+
+if __name__ == "__main__":
+    method = sys.argv[2]
+    if method == "spawn":  # a thread: fork is unsafe, so the guarded script uses spawn
+        import threading
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
+    ds = WithHeavy(sys.argv[1], cache_dir=os.environ["CACHE"] + method, num_workers=2,
+                   progress=False)
+    print(len(ds))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_dataset_reaches_each_worker_once(runner: Runner, method: str) -> None:
+    """Not once per chunk of items: a large attribute is sent at most once per worker."""
+    _numbered_files(runner.root / "src", 400)
+    runner.write("filesds.py", FILES_DATASET)
+    runner.write("heavy.py", PICKLE_COUNT)
+    assert runner.run("heavy.py", str(runner.root / "src"), method).stdout.split() == ["400"]
+    assert runner.builds().count("unpickled") <= 2
+
+
+# -- 4. packs that are no longer current go; an attribute new at every run is named ----------
+TEMPDIR_SCRIPT = """
+import os, sys, tempfile
+from filesds import Files
+
+class Scratch(Files):
+    {ignore}
+    def __init__(self, root, **kw):
+        self.out_dir = tempfile.mkdtemp()  # new at every run
+        super().__init__(root, **kw)
+
+ds = Scratch(sys.argv[1], cache_dir=os.environ["CACHE"], progress=False)
+print(len(ds))
+"""
+
+
+def test_an_attribute_new_at_every_run_is_named(runner: Runner) -> None:
+    _numbered_files(runner.root / "src", 10)
+    runner.write("filesds.py", FILES_DATASET)
+    runner.write("scratch.py", TEMPDIR_SCRIPT.format(ignore=""))
+    errs = [runner.run("scratch.py", str(runner.root / "src")).stderr for _ in range(3)]
+    assert "out_dir" not in errs[0] + errs[1]
+    assert "out_dir" in errs[2] and "cache_ignore" in errs[2]
+    assert "root" not in errs[2].split("out_dir")[1].split("\n")[0]
+
+
+def test_cache_ignore_leaves_an_attribute_out(runner: Runner) -> None:
+    _numbered_files(runner.root / "src", 10)
+    runner.write("filesds.py", FILES_DATASET)
+    runner.write("scratch.py", TEMPDIR_SCRIPT.format(ignore='cache_ignore = ("out_dir",)'))
+    for _ in range(3):
+        res = runner.run("scratch.py", str(runner.root / "src"))
+        assert res.stdout.split() == ["10"] and "out_dir" not in res.stderr
+    assert len(runner.packs()) == 1
+
+
+class Numbers(CachedDataset):
+    def __init__(self, n, **kw):
+        self.n = n
+        super().__init__(**kw)
+
+    def load_source(self):
+        return ({"i": i} for i in range(self.n))
+
+
+def test_packs_unused_for_a_long_time_go(tmp_path: Path) -> None:
+    """A pack of other attributes not opened for OLD_VERSIONS_KEPT_FOR goes when
+    another pack of the class is built; one opened recently stays."""
+    from mlcache.memorized import OLD_VERSIONS_KEPT_FOR
+
+    cache = tmp_path / "cache"
+    old = Numbers(1, cache_dir=cache, progress=False)
+    recent = Numbers(2, cache_dir=cache, progress=False)
+    long_ago = time.time() - OLD_VERSIONS_KEPT_FOR - 3600
+    os.utime(old.pack_path, (long_ago, long_ago))
+    Numbers(3, cache_dir=cache, progress=False)
+    assert not os.path.exists(old.pack_path) and os.path.exists(recent.pack_path)
+    assert len(Numbers(1, cache_dir=cache, progress=False)) == 1  # rebuilt when asked again
