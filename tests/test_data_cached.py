@@ -398,7 +398,7 @@ def test_a_database_source(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_tensors_share_the_memory_map(source, tmp_path, method):
+def test_tensors_are_the_packs_samples_private_to_each_read(source, tmp_path, method):
     pytest.importorskip("torch")
     from mlcache.torch import TensorDataset
 
@@ -408,7 +408,9 @@ def test_tensors_share_the_memory_map(source, tmp_path, method):
     import torch
 
     assert isinstance(sample["vitals"], torch.Tensor) and sample["id"] == ds[3]["id"]
-    assert sample["vitals"].data_ptr() == ds[3]["vitals"].__array_interface__["data"][0]
+    torch.testing.assert_close(sample["vitals"], torch.from_numpy(ds[3]["vitals"]))
+    sample["vitals"] += 1  # in place: private to this read (issue 13)
+    assert not torch.equal(sample["vitals"], torch.from_numpy(ds[3]["vitals"]))
     loader = torch.utils.data.DataLoader(
         tds, batch_size=None, num_workers=2, multiprocessing_context=method
     )

@@ -1,14 +1,16 @@
 """PyTorch adapter (optional extra: ``pip install torch==2.13.0``, then ``mlcache[torch]``).
 
-``TensorDataset(ds)`` wraps a ``PackedDataset`` or ``CachedDataset`` so that its
-numpy arrays come out as ``torch.Tensor`` sharing the pack's memory map (no
-copy). The tensors are views of read-only memory: do not write to them in place
-(clone first), as with any tensor made from a read-only buffer.
+``TensorDataset(ds)`` wraps a ``PackedDataset``, ``ShardedDataset`` or
+``CachedDataset`` so that its numpy arrays come out as ``torch.Tensor``, without
+a copy: a pack's reads are private to each read and writable (see
+:mod:`mlcache.data.reader`), so in-place operations (``s["x"] /= 255``) work and
+never reach the pack, another read or the next epoch. A plain
+``DataLoader(ds, batch_size=None)`` over those datasets is as safe: the arrays it
+turns into tensors are the same private ones.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,18 +27,26 @@ __all__ = ["TensorDataset", "as_tensors"]
 
 
 def as_tensors(sample: dict[str, Any]) -> dict[str, Any]:
-    """``sample`` with every numpy array replaced by a zero-copy tensor."""
+    """``sample`` with every numpy array replaced by a tensor sharing its memory.
+
+    A read-only array (one a dataset other than a pack handed over) is copied
+    first: a tensor over read-only memory crashes the process on an in-place
+    operation.
+    """
     out = {}
-    with warnings.catch_warnings():
-        # torch warns about read-only buffers; the tensors are documented read-only
-        warnings.filterwarnings("ignore", message=".*not writable.*", category=UserWarning)
-        for key, value in sample.items():
-            out[key] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+    for key, value in sample.items():
+        if isinstance(value, np.ndarray):
+            if not value.flags.writeable:
+                value = value.copy()
+            out[key] = torch.from_numpy(value)
+        else:
+            out[key] = value
     return out
 
 
 class TensorDataset(torch.utils.data.Dataset):
-    """A map-style dataset giving tensors; pickles to workers as its path."""
+    """A map-style dataset giving tensors; pickles to workers as the dataset it
+    wraps does (a pack as its file or path, never its samples)."""
 
     def __init__(self, dataset: Sequence[dict[str, Any]]) -> None:
         self.dataset = dataset

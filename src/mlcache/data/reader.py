@@ -6,13 +6,48 @@ per pack, generated from the pack's fields when the pack is first read (the way
 and only the checks the pack still needs. Every name in the generated code is
 ours (``o0``, ``v1``, ...); field names and values only ever appear as objects in
 its namespace, never in its text.
+
+Arrays a read returns are private to that read and writable (``s["x"] /= 255``
+works and never reaches another read, nor the pack): an array of at least
+:data:`PRIVATE_MAP_MIN` bytes is a copy-on-write map of its own pages of the file
+(zero-copy until a page is written), a smaller one is copied, which costs less
+than a map. The pack itself is mapped read-only, once.
+
+What a reader notices, and what it cannot
+-----------------------------------------
+mlcache never changes a pack in place: a build writes a temporary file and
+renames it over the name, so a reader keeps the file it opened, whole, for as
+long as it holds it. Somebody else's tools can change a pack in place (``cp``
+onto it, an editor, ``truncate``). A reader compares the file's size and
+modification time with those it opened (one ``fstat``) at the first read, at
+every ``len()`` (a sampler calls it at the start of each epoch), ``iter()``,
+``get_batch()``, at each worker start (unpickling) and every
+:data:`CHECK_EVERY` reads. A change found is handled so that no wrong sample
+comes back: another pack (or other sizes) under the same file raises
+:class:`PackChanged` naming the file from then on; the same pack's header and
+index again (a copy of the same file, a ``touch``, damage to the data) makes
+every block be checked again against its checksum as it is read, so a
+flipped byte raises :class:`PackCorrupted`. A read of a large array maps its
+pages and so sees a truncation at once. What cannot be detected by a memory
+map reader:
+
+* a change between two checks (up to ``CHECK_EVERY - 1`` reads, or until the
+  next epoch) is served as the new bytes are: a shared map shows what is in
+  the file now. A truncation met in that window is a ``SIGBUS``, as for every
+  mmap reader: never truncate or rewrite a pack that a job is reading (write
+  a new file and rename it, as :func:`mlcache.data.pack` does);
+* a change that keeps the size and the modification time (``cp -p``,
+  ``touch -r``, damage below the file system) is found only by the checksums
+  of blocks not verified yet, or by :meth:`PackedDataset.verify`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import mmap
+import multiprocessing.context
 import os
 import pickle
 import sys
@@ -28,7 +63,51 @@ from ..errors import UnsupportedValue
 from .format import HEADER, PackCorrupted, parse_index, read_header
 from .remote import is_url, local_copy, sparse_copy
 
-__all__ = ["PackedDataset"]
+__all__ = ["CHECK_EVERY", "PRIVATE_MAP_MIN", "PackChanged", "PackedDataset", "spawning_worker"]
+
+logger = logging.getLogger("mlcache")
+
+#: arrays of at least this many bytes are returned as a private copy-on-write map
+#: of their pages; smaller ones as a copy (a map costs about as much as copying 64 KiB)
+PRIVATE_MAP_MIN = 64 << 10
+#: a reader looks at its file (one fstat) every this many reads, besides at each
+#: epoch (``len``, ``iter``), batch and worker start
+CHECK_EVERY = 256
+
+
+class PackChanged(PackCorrupted):
+    """The file an open pack reader reads was changed under it since it was opened
+    (rewritten in place, truncated, or, for a dataset reopened by path, replaced
+    by another pack). A ``PackCorrupted``, so a ``CachedDataset`` rebuilds."""
+
+
+def spawning_worker() -> bool:
+    """True while a process is being started by spawn or forkserver (a DataLoader
+    worker): a dataset pickled now can hand the child its open file."""
+    return multiprocessing.context.get_spawning_popen() is not None
+
+
+def _private_map(fd: int, base: int, path: str, a: int, z: int, view: np.ndarray) -> np.ndarray:
+    """Bytes [a, z) of the region at ``base`` of the file ``fd`` (whose read-only
+    view is ``view``) as a writable array of their own: a private copy-on-write map
+    of their pages, so that nothing is copied until a page is written."""
+    start = base + a
+    page = start - start % mmap.ALLOCATIONGRANULARITY
+    try:
+        m = mmap.mmap(fd, base + z - page, access=mmap.ACCESS_COPY, offset=page)
+    except ValueError:  # the file is shorter than the region now
+        raise PackChanged(
+            f"{path}: the pack file is shorter than when it was opened (truncated or "
+            "rewritten in place); open it again"
+        ) from None
+    except OSError:  # out of maps (vm.max_map_count) or file descriptors: a copy will do
+        return view.copy()
+    return np.ndarray(view.shape, view.dtype, buffer=m, offset=start - page)
+
+
+def _refuse(kind: type[PackCorrupted], message: str, *_: Any) -> Any:
+    raise kind(message)
+
 
 # memoryview formats that give the Python scalars of int/float/bool columns directly
 _PY_FORMATS = {("int", "<i8"): "q", ("float", "<f8"): "d", ("bool", "|b1"): "?"}
@@ -48,7 +127,9 @@ class _Region:
     __slots__ = (
         "block",
         "checked",
+        "fd",
         "fetch",
+        "file_size",
         "len",
         "mv",
         "nblocks",
@@ -75,12 +156,22 @@ class _Region:
         #: local copy of a remote pack), or None
         self.fetch: Callable[[int, int], None] | None = None
         self.on_complete: Callable[[], Callable[[], None] | None] | None = None
+        #: the pack's open file and size: before hashing a block of the map, the file
+        #: must still hold it (a block past the end of a truncated file is a SIGBUS)
+        self.fd: int | None = None
+        self.file_size = 0
 
     def check(self, start: int, stop: int) -> None:
         """Verify the blocks covering bytes [start, stop) of the region."""
         first, last = start >> self.shift, max(start, stop - 1) >> self.shift
         for b in range(first, min(last, self.nblocks - 1) + 1):
             if not self.checked[b]:
+                if self.fd is not None and os.fstat(self.fd).st_size != self.file_size:
+                    raise PackChanged(
+                        f"{self.path}: the pack file was truncated or rewritten in place "
+                        f"since it was opened ({self.file_size} bytes, now "
+                        f"{os.fstat(self.fd).st_size}); open it again"
+                    )
                 piece = self.mv[b * self.block : (b + 1) * self.block]
                 if xxhash.xxh3_64_intdigest(piece) != self.sums[b]:
                     if self.fetch is not None:  # not fetched yet: fetch, check again
@@ -189,10 +280,35 @@ class _Field:
             if row and (shapes[:, 1:] == inner).all():
                 self.inner, self.row = tuple(inner.tolist()), row
 
-    def code(self, k: int, n: int, ns: dict[str, Any], unpickle: Any) -> list[str]:
+    def code(
+        self,
+        k: int,
+        n: int,
+        ns: dict[str, Any],
+        unpickle: Any,
+        fd: int,
+        path: str,
+        private: bool,
+    ) -> list[str]:
         """Lines that leave this field's value for sample ``j`` in ``v{k}``; the
-        objects they use go into ``ns`` under names suffixed with ``k``."""
+        objects they use go into ``ns`` under names suffixed with ``k``. With
+        ``private``, arrays are made private to the read (``fd`` is the pack's
+        file, for their maps); else they are read-only views of the shared map."""
         lines = self._value_code(k, n, ns, unpickle)
+        if private and (self.kind == "ragged" or (self.kind == "column" and self.spec["shape"])):
+            ns[f"p{k}"] = functools.partial(_private_map, fd, self.regions["data"].off, path)
+            if self.kind == "column":  # one size for every row: decided here
+                if self.row < PRIVATE_MAP_MIN:
+                    lines.append(f"v{k} = v{k}.copy()")
+                else:
+                    lines.append(f"v{k} = p{k}(a, a + w{k}, v{k})")
+            else:
+                lines += [
+                    f"if z - a < {PRIVATE_MAP_MIN}:",
+                    f"    v{k} = v{k}.copy()",
+                    "else:",
+                    f"    v{k} = p{k}(a, z, v{k})",
+                ]
         if "valid" in self.regions:  # None where the sample has no value
             ns[f"m{k}"] = self.regions["valid"].mv
             lines = [
@@ -244,7 +360,7 @@ class _Field:
                 ns["unpickle"] = unpickle
                 value = f"unpickle(r{k}[a:z], n{k})"
         lines = [f"a = {start}"]
-        if data.pending or "z" in value:
+        if data.pending or "z" in value or kind == "ragged":
             lines.append(f"z = {stop}")
         if data.pending:  # blocks not yet verified: test the one byte, verify if needed
             lines += [
@@ -270,19 +386,42 @@ def _compiled(source: str) -> types.CodeType:
     return compile(source, "<mlcache pack reader>", "exec")
 
 
-def _compile(fields: list[_Field], n: int, unpickle: Any) -> Callable[[int], dict[str, Any]]:
+def _compile(
+    fields: list[_Field],
+    n: int,
+    unpickle: Any,
+    fd: int,
+    path: str,
+    tick: Callable[[], Callable[[], Any] | None],
+    private: bool = True,
+) -> Callable[[int], dict[str, Any]]:
     """The function ``j -> {name: value}`` for sample ``j`` (0 <= j < n, checked by
-    the caller) over ``fields``, which must be prepared."""
-    ns: dict[str, Any] = {"nd": np.ndarray}
+    the caller) over ``fields``, which must be prepared.
+
+    Every :data:`CHECK_EVERY` calls it calls ``tick()()`` (a weak reference to the
+    reader's file check): that raises if the file changed, or returns the reader to
+    use instead (blocks to verify again), or None."""
+    ns: dict[str, Any] = {"nd": np.ndarray, "tick": tick}
     body: list[str] = []
     for k, field in enumerate(fields):
-        body += field.code(k, n, ns, unpickle)
+        body += field.code(k, n, ns, unpickle, fd, path, private)
         ns[f"n{k}"] = field.name
     items = ", ".join(f"n{k}: v{k}" for k in range(len(fields)))
-    source = "def sample(j):\n" + "".join(f"    {line}\n" for line in body)
-    source += f"    return {{{items}}}\n"
+    head = [
+        "nonlocal left",
+        "left -= 1",
+        "if not left:",
+        f"    left = {CHECK_EVERY}",
+        "    t = tick()",
+        "    t = t() if t is not None else None",
+        "    if t is not None:",
+        "        return t(j)",
+    ]
+    source = f"def make():\n    left = {CHECK_EVERY}\n    def sample(j):\n"
+    source += "".join(f"        {line}\n" for line in head + body)
+    source += f"        return {{{items}}}\n    return sample\n"
     exec(_compiled(source), ns)  # our own text, see above
-    sample: Callable[[int], dict[str, Any]] = ns["sample"]
+    sample: Callable[[int], dict[str, Any]] = ns["make"]()
     sample.__doc__ = source
     return sample
 
@@ -300,13 +439,21 @@ class PackedDataset(Sequence[dict[str, Any]]):
     """A pack file opened for random access: ``len(ds)``, ``ds[i]`` (a dict of
     fields), ``ds.get_batch(indices)``.
 
-    Arrays come back as read-only, zero-copy views of the memory map. Opening is
-    O(1) in the number of samples. The first read verifies the small per-sample
+    Arrays come back writable and private to each read (zero-copy until written
+    for large ones; see the module docstring), or, with ``writable=False``, as
+    read-only views of the shared map (the fastest read). Opening is O(1) in the
+    number of samples. The first read verifies the small per-sample
     tables (offsets and shapes, 8 bytes a sample); each 4 MiB block of data is
     checksummed the first time it is read. So a damaged pack raises
     :class:`PackCorrupted` (a ``ValueError``) naming the file, never returns a
-    wrong sample. Pickling a PackedDataset (to a DataLoader worker) sends its
-    path, not its data.
+    wrong sample. A file changed in place under an open reader raises
+    :class:`PackChanged` or is verified again (see the module docstring).
+
+    Pickling a PackedDataset sends its path, not its data. To a DataLoader
+    worker being started (spawn, forkserver), it sends its open file: the
+    worker reads the very pack this dataset opened, even if the path has since
+    been rebuilt or removed. Sent anywhere else, it is reopened by path and
+    raises :class:`PackChanged` if the path now holds another pack.
 
     Parameters
     ----------
@@ -323,6 +470,13 @@ class PackedDataset(Sequence[dict[str, Any]]):
     fetch:
         For a URL: ``"whole"`` copies the pack once; ``"ranges"`` fetches only
         the blocks that reads touch (see :mod:`mlcache.data.remote`).
+    writable:
+        Arrays private to each read, writable (the default). ``False`` gives
+        read-only zero-copy views of the one shared map, about 0.3 µs faster per
+        small array: numpy then refuses an in-place operation (``ValueError``),
+        but a tensor made from such a view (``torch.as_tensor``, a
+        ``DataLoader`` with ``batch_size=None``) crashes the process on one, as
+        PyTorch warns.
     """
 
     def __new__(cls, path: str | os.PathLike[str], **kwargs: Any) -> Any:
@@ -340,6 +494,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         storage_options: dict[str, Any] | None = None,
         local_cache_dir: str | None = None,
         fetch: str = "whole",
+        writable: bool = True,
     ) -> None:
         if fetch not in ("whole", "ranges"):
             raise ValueError(f"fetch must be 'whole' or 'ranges', got {fetch!r}")
@@ -352,21 +507,37 @@ class PackedDataset(Sequence[dict[str, Any]]):
             path = local_copy(str(self.url), storage_options, local_cache_dir)
         self.path = os.path.abspath(os.fspath(path))
         self.allow_pickle = allow_pickle
+        self.writable = bool(writable)
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             raise FileNotFoundError(f"no pack file at {self.path}") from None
+        self._load(fd, fetcher)
+
+    def _load(self, fd: int, fetcher: Any = None) -> None:
+        """Read the pack open as ``fd``, which this dataset keeps (for its checks and
+        its private maps) and closes when it is freed."""
         try:
             st = os.fstat(fd)
             size = st.st_size
             #: which file this is, to tell a pack rebuilt under the same name from it
             #: (its inode cannot be reused while this map holds it)
             self.file_id = (st.st_dev, st.st_ino)
-            n, i_off, i_len, i_sum = read_header(os.pread(fd, HEADER.size, 0), size, self.path)
+            self._head = os.pread(fd, HEADER.size, 0)
+            n, i_off, i_len, i_sum = read_header(self._head, size, self.path)
             index = parse_index(os.pread(fd, i_len, i_off), i_sum, n, size, self.path)
             self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd = fd
+        weakref.finalize(self, os.close, fd)
+        #: a sparse copy is filled in place as it is read: only its size is checked
+        self._sparse = fetcher is not None
+        self._size = size
+        self._stat = self._stat_key(st)
+        #: why this reader refuses to read, once its file changed to another pack
+        self._broken: tuple[type[PackCorrupted], str] | None = None
         self._n = n
         self._index_len = i_len
         self._index_sum = i_sum
@@ -383,6 +554,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
                 self._fields.append(_Field(spec, regions, self.path))
                 for region in regions.values():
                     region.fetch = fetcher
+                    region.fd, region.file_size = fd, size
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, PackCorrupted):
                 raise
@@ -391,8 +563,75 @@ class PackedDataset(Sequence[dict[str, Any]]):
         self._batch_readers: dict[tuple[str, ...], Callable[[int], dict[str, Any]]] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
+        fingerprint = (self._n, self._index_len, self._index_sum)
+        if self.url is None and spawning_worker():
+            # a worker being started: its own descriptor of this very file (the
+            # path may name a rebuilt pack by the time it runs, or none)
+            from multiprocessing.reduction import DupFd
+
+            fd = DupFd(self._fd)
+            args = (fd, self.path, self.allow_pickle, fingerprint, self._stat, self.writable)
+            return (_reopen_fd, args)
         # a URL travels as a URL: a worker on another machine fetches its own copy
-        return (_reopen, (self.url or self.path, self.allow_pickle, *self._remote))
+        where = self.url or self.path
+        return (_reopen, (where, self.allow_pickle, *self._remote, fingerprint, self.writable))
+
+    # -- the file under the map -----------------------------------------------------
+    def _stat_key(self, st: os.stat_result) -> tuple[int, ...]:
+        return (st.st_size,) if self._sparse else (st.st_size, st.st_mtime_ns)
+
+    def _check_file(self) -> None:
+        """Raise :class:`PackChanged` if the file changed to another pack since it
+        was opened; if it holds the same pack's header and index again, make every
+        block be verified again as it is read."""
+        if self._broken is not None:
+            _refuse(*self._broken)
+        st = os.fstat(self._fd)
+        if self._stat_key(st) != self._stat:
+            self._changed(st)
+
+    def _tick(self) -> Callable[[int], dict[str, Any]] | None:
+        """The periodic check of the generated reader: the reader to use instead,
+        when blocks must be verified again, else None."""
+        if self._broken is None and self._stat_key(os.fstat(self._fd)) == self._stat:
+            return None
+        self._check_file()
+        return self._sample or self._prepare()
+
+    def _changed(self, st: os.stat_result) -> None:
+        where = self.path
+        if st.st_size != self._size:
+            self._refuse_from_now(
+                PackChanged,
+                f"{where}: the pack file was rewritten in place since it was opened (it had "
+                f"{self._size} bytes, now {st.st_size}); mlcache never changes a pack in "
+                "place: open it again",
+            )
+        fd = self._fd
+        head = os.pread(fd, HEADER.size, 0)
+        index = os.pread(fd, self._index_len, self._size - self._index_len)
+        if head != self._head or xxhash.xxh3_64_intdigest(index) != self._index_sum:
+            self._refuse_from_now(
+                PackChanged,
+                f"{where}: the pack file was rewritten in place with another pack since it "
+                "was opened; open it again",
+            )
+        # the same header and index (a copy of the same pack, a touch, or damage to
+        # the data): whatever changed is found by checking every block again
+        logger.info("mlcache: %s changed on disk; its blocks are verified again", where)
+        self._stat = self._stat_key(st)
+        for field in self._fields:
+            for region in field.regions.values():
+                region.checked[: region.nblocks] = bytes(region.nblocks)
+                region.pending = region.nblocks
+        self._sample = None
+        self._batch_readers.clear()
+
+    def _refuse_from_now(self, kind: type[PackCorrupted], message: str) -> None:
+        self._broken = (kind, message)
+        self._sample = functools.partial(_refuse, kind, message)
+        self._batch_readers.clear()
+        raise kind(message)
 
     def __repr__(self) -> str:
         return f"PackedDataset({self.path!r}, samples={self._n}, fields={self.field_names})"
@@ -404,7 +643,14 @@ class PackedDataset(Sequence[dict[str, Any]]):
         return ("pack", self._n, self._index_len, self._index_sum, self.allow_pickle)
 
     def __len__(self) -> int:
+        # a sampler asks at the start of every epoch: the file is checked then
+        self._check_file()
         return self._n
+
+    def __iter__(self) -> Any:
+        self._check_file()
+        for i in range(self._n):
+            yield self[i]
 
     @property
     def field_names(self) -> list[str]:
@@ -421,6 +667,10 @@ class PackedDataset(Sequence[dict[str, Any]]):
             return sample(i)
         except UnicodeDecodeError as exc:
             raise self._bad_text(i, exc) from None
+        except PackChanged as exc:  # met by a read (a truncated file): refuse from now on
+            if self._broken is None:
+                self._refuse_from_now(PackChanged, str(exc))
+            raise
 
     def _bad_text(self, i: int, exc: UnicodeDecodeError) -> PackCorrupted:
         # the writer stores any str it is given (lone surrogates too): bytes that do
@@ -434,6 +684,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         every block of a region has been, the reader is generated again without
         that region's test.
         """
+        self._check_file()
         try:
             for field in self._fields:
                 field.prepare(self._n, self.path)
@@ -450,9 +701,19 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
     def _compile(self, fields: list[_Field] | None = None) -> Callable[[int], dict[str, Any]]:
         unpickle = functools.partial(_unpickle, self.path, self.allow_pickle)  # no self: no cycle
-        return _compile(self._fields if fields is None else fields, self._n, unpickle)
+        return _compile(
+            self._fields if fields is None else fields,
+            self._n,
+            unpickle,
+            self._fd,
+            self.path,
+            weakref.WeakMethod(self._tick),
+            self.writable,
+        )
 
     def _recompile(self) -> None:
+        if self._broken is not None:
+            return
         self._sample = self._compile()
         self._batch_readers.clear()
 
@@ -468,6 +729,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         idx = np.where(idx < 0, idx + self._n, idx)
         if idx.size and (idx.min() < 0 or idx.max() >= self._n):
             raise IndexError(f"indices out of range for a pack of {self._n} samples")
+        self._check_file()
         self._sample or self._prepare()
         batch: dict[str, Any] = {}
         others = []
@@ -509,6 +771,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         """Check every byte of the pack now: each block against its checksum, and the
         padding between regions (which no read uses) for zeros. Raises
         :class:`PackCorrupted` if anything is damaged."""
+        self._check_file()
         spans = [(0, HEADER.size)]
         for field in self._fields:
             for region in field.regions.values():
@@ -533,17 +796,50 @@ def sample_index(i: Any, n: int) -> int:
     return j
 
 
+def _same_pack(ds: PackedDataset, fingerprint: tuple[int, int, int] | None) -> PackedDataset:
+    if fingerprint is not None and tuple(fingerprint) != (ds._n, ds._index_len, ds._index_sum):
+        raise PackChanged(
+            f"{ds.url or ds.path} now holds another pack than the one this dataset was "
+            "opened on (rebuilt since?): open it again to read the new one"
+        )
+    return ds
+
+
 def _reopen(
     path: str,
     allow_pickle: bool,
     options: dict[str, Any] | None,
     local_dir: str | None,
     fetch: str = "whole",
+    fingerprint: tuple[int, int, int] | None = None,
+    writable: bool = True,
 ) -> PackedDataset:
-    return PackedDataset(
+    ds = PackedDataset(
         path,
         allow_pickle=allow_pickle,
         storage_options=options,
         local_cache_dir=local_dir,
         fetch=fetch,
+        writable=writable,
     )
+    return _same_pack(ds, fingerprint)
+
+
+def _reopen_fd(
+    fd: Any,
+    path: str,
+    allow_pickle: bool,
+    fingerprint: tuple[int, int, int],
+    stat: tuple[int, ...],
+    writable: bool = True,
+) -> PackedDataset:
+    """In a worker being started: the pack its parent opened, by a descriptor the
+    parent handed over (``multiprocessing.reduction.DupFd``)."""
+    ds: PackedDataset = object.__new__(PackedDataset)
+    ds.url, ds._remote, ds.path, ds.allow_pickle = None, (None, None, "whole"), path, allow_pickle
+    ds.writable = writable
+    ds._load(fd.detach())
+    if ds._stat != tuple(stat):  # changed in place since the parent opened it
+        ds._stat = tuple(stat)
+        ds._check_file()
+    return _same_pack(ds, fingerprint)
