@@ -3,26 +3,47 @@ a worker reading part of a remote dataset fetches only the shards it reads, and
 so that workers can build the shards in parallel.
 
 A sharded pack is named ``<name>.shards`` (the manifest); its shards sit beside
-it as ``<name>-00000.pack``, ``<name>-00001.pack``... The manifest is JSON::
+it as ``<name>-<build>-00000.pack``, ``<name>-<build>-00001.pack``..., where
+``<build>`` (12 hex digits, random) names one build. The manifest is JSON::
 
     {"format": "mlcache-shards", "version": 1, "n": <samples>,
-     "shards": [{"name": "<name>-00000.pack", "n": <samples>, "size": <bytes>,
-                 "index_sum": <the shard's index checksum>}, ...],
+     "shards": [{"name": "<name>-<build>-00000.pack", "n": <samples>,
+                 "size": <bytes>, "index_sum": <the shard's index checksum>}, ...],
      "sum": <xxh3-64 of the canonical JSON of the other keys>}
 
-It is written last (after every shard is complete), so a reader never sees a
-manifest naming a shard that is not there. Each shard's index checksum (which
-covers the checksum of every block) is in the manifest and is checked when the
-shard is opened: a shard rebuilt since, or left by a rebuild that failed half
-way, is refused, never read as part of another version of the dataset.
+A sharded pack is replaced as atomically as a plain one: a build writes new
+shard names, then the manifest, last, by one rename. So a reader never sees a
+manifest naming a shard that is not there, a build that fails half way leaves
+the previous version whole, and a reader keeps reading the version it opened
+while another is built. Each shard's index checksum (which covers the
+checksum of every block) is in the manifest and is checked when the shard is
+opened: a shard replaced by hand is refused, never read as part of another
+version.
+
+Old versions go once no reader can use them. A local build holds a lock file,
+``<name>-<build>.lock``: its builder, and every process that opened the
+manifest naming it (a shared ``flock``, taken when the manifest is opened or a
+pickled dataset is reopened, and released when the dataset is freed or its
+process ends, even killed). After writing its manifest, a build removes the
+shards of every other build of ``<name>`` whose lock nobody holds (a build
+killed half way, a version nobody reads any more), and shards of the old
+unversioned names that its manifest does not name. On an fsspec URL there are
+no locks: the shards of older builds stay until removed by hand.
 ``PackedDataset("x.shards")`` (a path or a URL) returns a :class:`ShardedDataset`.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import errno
+import fcntl
 import json
+import logging
 import os
+import re
+import secrets
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,16 +53,111 @@ import xxhash
 from .._atomic import write_bytes_atomic
 from ..config import parse_bytes
 from .format import PackCorrupted
+from .reader import PackChanged
 from .remote import is_url, local_copy
 
 __all__ = ["SHARDS_SUFFIX", "ShardedDataset", "pack_sharded", "pack_with_dask"]
 
+logger = logging.getLogger("mlcache")
+
 SHARDS_SUFFIX = ".shards"
 
 
-def _shard_name(manifest: str, k: int) -> str:
-    base = os.path.basename(manifest)[: -len(SHARDS_SUFFIX)]
-    return f"{base}-{k:05d}.pack"
+def _base(manifest: str) -> str:
+    return manifest.rstrip("/").rsplit("/", 1)[-1][: -len(SHARDS_SUFFIX)]
+
+
+def _shard_name(manifest: str, build: str, k: int) -> str:
+    return f"{_base(manifest)}-{build}-{k:05d}.pack"
+
+
+def _new_build() -> str:
+    return secrets.token_hex(6)
+
+
+def _build_of(manifest: str, shard: str) -> str | None:
+    """The build id in a shard's name (None for the old unversioned names)."""
+    m = re.fullmatch(re.escape(_base(manifest)) + r"-([0-9a-f]{12})-\d{5}\.pack", shard)
+    return m.group(1) if m else None
+
+
+def _lock_path(manifest: str, build: str) -> str:
+    return os.path.join(os.path.dirname(manifest), f"{_base(manifest)}-{build}.lock")
+
+
+def _hold(path: str, *, create: bool = False) -> int | None:
+    """A shared flock on the build lock file ``path``, as an open descriptor, or
+    None when there is no such file (the build was removed, or it is a copy made
+    without its lock files)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL if create else os.O_RDONLY
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.fstat(fd).st_nlink == 0:  # removed while we waited for it
+            os.close(fd)
+            return None
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _in_use(manifest: str) -> set[str]:
+    """The shard names, and their builds, that the manifest now at ``manifest``
+    names (nothing if it is missing or unreadable)."""
+    try:
+        with open(manifest, "rb") as f:
+            names = [str(s["name"]) for s in json.loads(f.read())["shards"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    return set(names) | {b for b in (_build_of(manifest, n) for n in names) if b}
+
+
+def _remove_unused(manifest: str) -> None:
+    """Delete the shards (and lock files) of the builds of ``manifest`` that the
+    manifest does not name and no process holds, and old unversioned shards that
+    it does not name."""
+    keep = _in_use(manifest)
+    folder, base = os.path.dirname(manifest), _base(manifest)
+    shard = re.compile(re.escape(base) + r"-(?:([0-9a-f]{12})-)?\d{5}\.pack")
+    lock = re.compile(re.escape(base) + r"-([0-9a-f]{12})\.lock")
+    builds: dict[str | None, list[str]] = {}
+    locks: set[str] = set()
+    for name in os.listdir(folder):
+        if (m := shard.fullmatch(name)) is not None:
+            builds.setdefault(m.group(1), []).append(name)
+        elif (m := lock.fullmatch(name)) is not None:
+            locks.add(m.group(1))
+    for build in (set(builds) | locks) - keep:
+        names = [n for n in builds.get(build, []) if n not in keep]
+        fd = None
+        if build is not None and build in locks:
+            try:
+                fd = os.open(_lock_path(manifest, build), os.O_RDONLY | os.O_CLOEXEC)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:  # held (in use, or being built), or gone meanwhile
+                if fd is not None:
+                    os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.ENOENT):
+                    logger.debug("mlcache: cannot lock build %s of %s: %s", build, base, exc)
+                continue
+        try:
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, name))
+            if fd is not None:  # last: a shard without its lock is debris of this
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(_lock_path(manifest, str(build)))
+            if names:
+                logger.info("mlcache: removed %d shards of an older build of %s", len(names), base)
+        except OSError as exc:  # housekeeping: never fail the build for it
+            logger.debug("mlcache: could not remove a build of %s: %s", base, exc)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
 def _sibling(manifest: str, name: str) -> str:
@@ -94,6 +210,9 @@ def pack_sharded(
     if carry is None:
         raise ValueError(f"no samples to pack into {path}: the source is empty")
     shards: list[dict[str, Any]] = []
+    build = _new_build()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    held = _hold(_lock_path(path, build), create=True)  # our shards, while we write them
 
     def chunk() -> Iterator[Mapping[str, Any]]:
         nonlocal carry
@@ -106,14 +225,31 @@ def pack_sharded(
             sample, carry = carry, next(source, None)
             yield sample
 
-    while carry is not None:
-        name = _shard_name(path, len(shards))
-        shard_path = os.path.join(os.path.dirname(path), name)
-        done = pack(chunk(), shard_path, **pack_options)
-        shards.append(_shard_info(name, done, shard_path))
-    total = sum(s["n"] for s in shards)
-    write_bytes_atomic(path, _manifest_bytes(total, shards))
-    return ShardedDataset(path, allow_pickle=pack_options.get("allow_pickle", False))
+    try:
+        try:
+            while carry is not None:
+                name = _shard_name(path, build, len(shards))
+                shard_path = os.path.join(os.path.dirname(path), name)
+                done = pack(chunk(), shard_path, **pack_options)
+                shards.append(_shard_info(name, done, shard_path))
+                del done  # its map: the shard is opened again when read
+        except BaseException:
+            # the previous version (manifest and shards) is untouched; ours go now
+            folder = os.path.dirname(path)
+            with contextlib.suppress(OSError):
+                for name in os.listdir(folder):
+                    if _build_of(path, name) == build:
+                        os.unlink(os.path.join(folder, name))
+                os.unlink(_lock_path(path, build))
+            raise
+        total = sum(s["n"] for s in shards)
+        write_bytes_atomic(path, _manifest_bytes(total, shards))  # last, by one rename
+        opened = ShardedDataset(path, allow_pickle=pack_options.get("allow_pickle", False))
+        _remove_unused(path)
+    finally:
+        if held is not None:
+            os.close(held)
+    return opened
 
 
 def _shard_info(name: str, done: Any, path: str) -> dict[str, Any]:
@@ -172,7 +308,28 @@ def pack_with_dask(
     chunks = [list(items[i : i + items_per_shard]) for i in range(0, len(items), items_per_shard)]
     if not chunks:
         raise ValueError(f"no items to pack into {path}")
-    targets = [_sibling(path, _shard_name(path, k)) for k in range(len(chunks))]
+    build = _new_build()
+    targets = [_sibling(path, _shard_name(path, build, k)) for k in range(len(chunks))]
+    held = None
+    if not is_url(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        held = _hold(_lock_path(path, build), create=True)
+    try:
+        return _dask_build(path, chunks, targets, load_item, client, storage_options, allow_pickle)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _dask_build(
+    path: str,
+    chunks: list[list[Any]],
+    targets: list[str],
+    load_item: Callable[[Any], Mapping[str, Any]],
+    client: Any,
+    storage_options: dict[str, Any] | None,
+    allow_pickle: bool,
+) -> ShardedDataset:
     futures = client.map(
         _pack_shard,
         chunks,
@@ -191,13 +348,21 @@ def pack_with_dask(
         fs.pipe_file(remote, manifest)  # last: the shards are all there
     else:
         write_bytes_atomic(path, manifest)
-    return ShardedDataset(path, allow_pickle=allow_pickle, storage_options=storage_options)
+    opened = ShardedDataset(path, allow_pickle=allow_pickle, storage_options=storage_options)
+    if not is_url(path):
+        _remove_unused(path)
+    return opened
 
 
 class ShardedDataset(Sequence[dict[str, Any]]):
     """A sharded pack read as one dataset: ``len(ds)``, ``ds[i]``,
     ``ds.get_batch(indices)``. Shards are opened (and, for a URL, fetched) the
-    first time a sample in them is read."""
+    first time a sample in them is read. The parameters are those of
+    :class:`~mlcache.data.PackedDataset`, for every shard.
+
+    The dataset reads the build its manifest named when it was opened, whole,
+    for as long as it lives (and so does a copy pickled to a worker), even while
+    the pack is rebuilt under the same name: see the module docstring."""
 
     def __init__(
         self,
@@ -207,44 +372,75 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         storage_options: dict[str, Any] | None = None,
         local_cache_dir: str | None = None,
         fetch: str = "whole",
+        writable: bool = True,
     ) -> None:
         self.path = str(path) if is_url(str(path)) else os.path.abspath(os.fspath(path))
         self.allow_pickle = allow_pickle
+        self.writable = writable
         self._options = (storage_options, local_cache_dir, fetch)  # for each shard
-        where = (
-            local_copy(self.path, storage_options, local_cache_dir)
-            if is_url(self.path)
-            else self.path
-        )
-        try:
-            with open(where, "rb") as f:
-                manifest = json.loads(f.read())
-            shards = manifest["shards"]
-            body = {k: manifest[k] for k in ("format", "version", "n", "shards")}
-            canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-            if manifest["format"] != "mlcache-shards" or manifest[
-                "sum"
-            ] != xxhash.xxh3_64_intdigest(canon):
-                raise ValueError("checksum mismatch")
-            counts = [int(s["n"]) for s in shards]
-            names = [str(s["name"]) for s in shards]
-            sums = [int(s["index_sum"]) for s in shards]
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no sharded pack at {self.path}") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PackCorrupted(f"{self.path}: bad shard manifest ({exc})") from None
+        for _attempt in range(5):
+            where = (
+                local_copy(self.path, storage_options, local_cache_dir)
+                if is_url(self.path)
+                else self.path
+            )
+            try:
+                with open(where, "rb") as f:
+                    manifest = json.loads(f.read())
+                shards = manifest["shards"]
+                body = {k: manifest[k] for k in ("format", "version", "n", "shards")}
+                canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+                if manifest["format"] != "mlcache-shards" or manifest[
+                    "sum"
+                ] != xxhash.xxh3_64_intdigest(canon):
+                    raise ValueError("checksum mismatch")
+                counts = [int(s["n"]) for s in shards]
+                names = [str(s["name"]) for s in shards]
+                sums = [int(s["index_sum"]) for s in shards]
+            except FileNotFoundError:
+                raise FileNotFoundError(f"no sharded pack at {self.path}") from None
+            except (ValueError, KeyError, TypeError) as exc:
+                raise PackCorrupted(f"{self.path}: bad shard manifest ({exc})") from None
+            if self._take(names, counts, sums, manifest["sum"]):
+                return
+            # the build it names was removed between reading it and locking it: a
+            # newer manifest replaced it meanwhile
+        raise PackChanged(f"{self.path}: rebuilt again and again while being opened")
+
+    def _take(self, names: list[str], counts: list[int], sums: list[int], total: int) -> bool:
+        """Use this manifest's shards, holding their build's lock (so that no
+        build removes them while this dataset lives); False if the build is gone."""
         if any(os.path.basename(n) != n or not n.endswith(".pack") for n in names):
             raise PackCorrupted(f"{self.path}: a shard name points elsewhere")
+        if not names or len(counts) != len(names) or len(sums) != len(names):
+            raise PackCorrupted(f"{self.path}: bad shard manifest (no shards)")
         self._names, self._counts, self._sums = names, counts, sums
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self._n = self._starts[-1]
-        self._sum = manifest["sum"]
+        self._sum = total
         self._open: dict[int, Any] = {}
+        build = _build_of(self.path, names[0])
+        if is_url(self.path) or build is None:
+            return True  # no locks on a URL, nor on the old unversioned names
+        lock = _lock_path(self.path, build)
+        fd = _hold(lock)
+        if fd is None:
+            # no lock file: the build was removed (the manifest changed since it was
+            # read), or its folder was copied without lock files (the shards are there)
+            return os.path.exists(os.path.join(os.path.dirname(self.path), names[0]))
+        weakref.finalize(self, os.close, fd)
+        return True
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reopen, (self.path, self.allow_pickle, *self._options))
+        # the manifest as read (the name may hold a newer build by the time the
+        # copy is opened): the copy reads the same build, or refuses if it is gone
+        manifest = (self._names, self._counts, self._sums, self._sum)
+        args = (self.path, self.allow_pickle, *self._options, manifest, self.writable)
+        return (_reopen_build, args)
 
     def __len__(self) -> int:
+        for shard in self._open.values():  # the start of an epoch: see PackedDataset
+            shard._check_file()
         return self._n
 
     def __repr__(self) -> str:
@@ -271,6 +467,7 @@ class ShardedDataset(Sequence[dict[str, Any]]):
                 storage_options=options,
                 local_cache_dir=local,
                 fetch=fetch,
+                writable=self.writable,
             )
             if ds._index_sum != self._sums[k] or len(ds) != self._counts[k]:
                 raise PackCorrupted(
@@ -304,9 +501,31 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         return out
 
 
-def _reopen(
+def _reopen(  # what ShardedDatasets pickled before issue 13 name
     path: str, allow_pickle: bool, options: dict[str, Any] | None, local: str | None, fetch: str
 ) -> ShardedDataset:
     return ShardedDataset(
         path, allow_pickle=allow_pickle, storage_options=options, local_cache_dir=local, fetch=fetch
     )
+
+
+def _reopen_build(
+    path: str,
+    allow_pickle: bool,
+    options: dict[str, Any] | None,
+    local: str | None,
+    fetch: str,
+    manifest: tuple[list[str], list[int], list[int], int],
+    writable: bool = True,
+) -> ShardedDataset:
+    """A pickled ShardedDataset: the build it had opened, whatever the manifest
+    names now; PackChanged if that build has been removed since."""
+    ds: ShardedDataset = object.__new__(ShardedDataset)
+    ds.path, ds.allow_pickle, ds._options = path, allow_pickle, (options, local, fetch)
+    ds.writable = writable
+    if not ds._take(*manifest):
+        raise PackChanged(
+            f"{path}: the build this dataset was opened on has been removed since "
+            "(rebuilt, and nobody held it): open it again to read the new one"
+        )
+    return ds
