@@ -19,7 +19,9 @@
      │    ├── EntrySignatureError                 an entry is unsigned or its signature does
      │    │                                       not verify (possible tampering)
      │    └── PackCorrupted                       a dataset pack is truncated or damaged
-     │                                            (mlcache.data.PackCorrupted)
+     │         │                                  (mlcache.data.PackCorrupted)
+     │         └── PackChanged                    a pack file changed under an open reader
+     │                                            (mlcache.data.PackChanged)
      ├── UnsupportedValue(CacheError, TypeError)  a value no allowed codec can store
      └── StoreError(CacheError, OSError)          the store could not be created, read or written
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from .cached import CachedDataset
 from .format import PackCorrupted
-from .reader import PackedDataset
+from .reader import PackChanged, PackedDataset
 from .shards import ShardedDataset, pack_with_dask
 from .sql import SqlSource, from_sql
 from .writer import pack
 
 __all__ = [
     "CachedDataset",
+    "PackChanged",
     "PackCorrupted",
     "PackedDataset",
     "ShardedDataset",
