@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from mlcache import UnsupportedValue
 from mlcache.data import PackedDataset, from_sql, pack
@@ -67,9 +70,7 @@ def test_fixed_width_string_arrays_are_refused_before_the_rest_is_loaded(tmp_pat
 
 def test_fixed_width_string_arrays_round_trip_with_allow_pickle(tmp_path):
     values = [np.array(["ab", "c", "def"]), np.array(["x"]), np.array([b"ab", b"c"])]
-    ds = pack(
-        ({"t": v} for v in values), tmp_path / "p.pack", progress=False, allow_pickle=True
-    )
+    ds = pack(({"t": v} for v in values), tmp_path / "p.pack", progress=False, allow_pickle=True)
     for i, want in enumerate(values):
         np.testing.assert_array_equal(ds[i]["t"], want)
         assert ds[i]["t"].dtype == want.dtype
@@ -196,6 +197,39 @@ def test_nan_is_a_float_value_and_none_is_missing(tmp_path):
     assert [g["s"] for g in got] == [None, "text", None, None]  # NaN in text: missing
     assert [g["late"] for g in got] == [None, None, "x", None]
     assert math.isnan(got[0]["only"]) and got[1]["only"] is None and math.isnan(got[2]["only"])
+    ds.verify()
+
+
+_NUMBERS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**53), 2**53),
+    st.floats(width=64),
+    *(hnp.from_dtype(np.dtype(d)) for d in ("int8", "int16", "int32", "uint8", "float32", "?")),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(_NUMBERS, min_size=1, max_size=10))
+def test_mixed_numbers_read_back_as_numpy_promotes_them(tmp_path, values):
+    present = [v for v in values if v is not None]
+    ds = pack(({"v": v} for v in values), tmp_path / "h.pack", progress=False, block_size=64)
+    if not present:
+        assert ds.layout["fields"][0]["kind"] == "none"
+        return
+    dtype = np.result_type(*(np.asarray(v).dtype for v in present))
+    assert ds.layout["fields"][0]["dtype"] == dtype.str
+    python = all(type(v) in (bool, int, float) for v in present)
+    for i, want in enumerate(values):
+        got = ds[i]["v"]
+        if want is None:
+            assert got is None
+            continue
+        expected = np.asarray(want).astype(dtype)
+        assert type(got) is (type(expected.item()) if python else dtype.type), (got, want)
+        assert np.array_equal(np.asarray(got), expected, equal_nan=dtype.kind == "f")
     ds.verify()
 
 

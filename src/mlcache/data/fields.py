@@ -223,8 +223,11 @@ class FieldWriter:
         field and stay missing in any other."""
         nans = self.nans if kind == "column" and py is not None else array("q")
         if nans and self.nan_dtype is not None:
-            dtype = np.result_type(dtype, self.nan_dtype)
-            py = _merged_py(self.nan_py, py, dtype)
+            try:
+                dtype = np.result_type(dtype, self.nan_dtype)
+                py = _merged_py(self.nan_py, py, dtype)
+            except TypeError:  # numbers that do not mix with floats (dates): missing
+                nans = array("q")
         self.kind, self.py, self.dtype, self.shape = kind, py, dtype, shape
         self.first = nans[0] if nans else index
         self.fixed = kind == "column"

@@ -4,8 +4,8 @@ Samples are written as they arrive into spill files next to the target, a
 series per field, each file at most :data:`SPILL_CHUNK` bytes (memory stays
 bounded by the per-sample offsets, 8 bytes a sample). Then each field's data is
 copied into the pack, contiguous, and each spill file is deleted as soon as it
-is copied: a build needs the pack's size free plus about one spill file per
-field, not twice the pack. The pack is published by one rename. A build that
+is copied: a build needs the pack's size free plus one spill file (the one
+being copied), not twice the pack. The pack is published by one rename. A build that
 fails for any reason (a bad value, the source raising, an interrupt) leaves
 nothing: no file under the target name, no spill file.
 
