@@ -68,8 +68,10 @@ __all__ = ["CHECK_EVERY", "PRIVATE_MAP_MIN", "PackChanged", "PackedDataset", "sp
 logger = logging.getLogger("mlcache")
 
 #: arrays of at least this many bytes are returned as a private copy-on-write map
-#: of their pages; smaller ones as a copy (a map costs about as much as copying 64 KiB)
-PRIVATE_MAP_MIN = 64 << 10
+#: of their pages, smaller ones as a copy: read whole, a copy costs less below about
+#: 300 KiB (a map is ~5 us, and each page read faults), a map less above
+#: (benchmarks/bench_reader.py); a map never doubles the memory of a large sample
+PRIVATE_MAP_MIN = 256 << 10
 #: a reader looks at its file (one fstat) every this many reads, besides at each
 #: epoch (``len``, ``iter``), batch and worker start
 CHECK_EVERY = 256
