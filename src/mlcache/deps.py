@@ -61,6 +61,7 @@ import dis
 import functools
 import importlib.util
 import inspect
+import logging
 import os
 import site
 import sys
@@ -80,6 +81,8 @@ __all__ = [
     "code_version",
     "is_user_module",
     "library_version",
+    "plain_object",
+    "state_parts",
 ]
 
 #: what ``Memory(code=...)`` accepts
@@ -289,6 +292,10 @@ class _Walk:
             self.value(name, obj.__wrapped__)  # functools.lru_cache and other wrappers
         elif isinstance(obj, (list, tuple, dict, set, frozenset)):
             self._container(name, obj)
+        elif isinstance(obj, logging.Logger):
+            # what it prints is not what the function returns (and its name is
+            # __mp_main__ in spawn workers)
+            self._record(name, "<logger>")
         else:
             # a value: an instance of a user class brings its class's code too
             cls = type(obj)
@@ -297,14 +304,20 @@ class _Walk:
             self._data(name, obj)
 
     def _data(self, name: str, obj: Any) -> None:
-        """A value: by content, and watched for changes when it is mutable;
-        by type when calls are known to change it (state)."""
+        """A value: by content, and watched for changes when it is mutable. What
+        calls are known to change (``state``: the value itself, or some keys of a
+        dict or attributes of an object, see :func:`state_parts`) is left out."""
         if name in self._state:
             self._record(name, f"<state {type(obj).__qualname__}>")
             return
-        self._record(name, _constant(obj))
         if not _immutable(obj) and not _large_array(obj):
             self.watched.append((name, obj))
+            parts = state_parts(name, obj)
+            if parts is not None:  # counted key by key, or attribute by attribute
+                kept = [(sub[len(name) :], v) for sub, v in parts if sub not in self._state]
+                self._record(name, _constant((type(obj).__qualname__, kept)))
+                return
+        self._record(name, _constant(obj))
 
     def _container(self, name: str, obj: Any) -> None:
         """A container: the code of the functions and classes in it (a dispatch
@@ -374,6 +387,8 @@ class _Walk:
             obj = f.__globals__.get(head, _MISSING)
             if obj is _MISSING:
                 return  # a builtin (Python's version counts) or not defined yet
+            if head == "__name__" and isinstance(obj, str):
+                obj = _module_name(obj)  # spawn workers' __mp_main__ is __main__
             where = f"{_module_name(f.__module__)}.{head}"
         else:
             name, level, attrs = ref[1], int(ref[2]), ref[3:]
@@ -548,6 +563,61 @@ _WATCH_ARRAY_MAX = 1 << 20
 
 def _large_array(obj: Any) -> bool:
     return isinstance(obj, np.ndarray) and obj.nbytes > _WATCH_ARRAY_MAX
+
+
+def state_parts(name: str, obj: Any) -> list[tuple[str, Any]] | None:
+    """``obj``, met under ``name``, as the parts that a call may change one by one:
+    a dict by key (``name[<key digest>]``), an object whose state is its
+    ``__dict__`` by attribute (``name.attr``); anything else whole. So a call that
+    records into one key of a dict it also reads (``REG["seen"]``) makes only that
+    key state, never the keys it reads (``REG["scale"]``). None: ``obj`` counts
+    whole (a list, a set, a big dict, an object with its own pickling)."""
+    try:  # by type: a proxy's __class__ or __getattr__ may raise anything
+        if issubclass(type(obj), dict) and len(obj) <= STATE_PARTS_MAX:
+            items = list(dict.items(obj))
+            return sorted(((f"{name}[{_key_digest(k)}]", v) for k, v in items), key=_first)
+        if plain_object(obj) and len(vars(obj)) <= STATE_PARTS_MAX:
+            return sorted(((f"{name}.{k}", v) for k, v in vars(obj).items()), key=_first)
+    except Exception:
+        return None
+    return None
+
+
+#: a dict with more keys (an object with more attributes) than this counts whole:
+#: comparing it key by key before and after every computed call would cost more
+#: than telling a memo's keys from the ones a function reads is worth
+STATE_PARTS_MAX = 1000
+
+
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
+
+
+def _key_digest(key: Any) -> str:
+    from .hashing import hash_value
+
+    try:
+        return hash_value(key)[:16]
+    except Exception:  # a key the hash cannot take: its text
+        return xxhash.xxh3_64_hexdigest(repr(key).encode("utf-8", "surrogatepass"))
+
+
+def plain_object(obj: Any) -> bool:
+    """An object whose state is its ``__dict__`` (no custom pickling, no slots),
+    so that its attributes can count one by one."""
+    cls = type(obj)
+    try:
+        return (
+            isinstance(vars(obj), dict)
+            and not issubclass(cls, (type, types.ModuleType, types.FunctionType))
+            and cls.__reduce_ex__ is object.__reduce_ex__
+            and cls.__reduce__ is object.__reduce__
+            and getattr(cls, "__getstate__", None) is getattr(object, "__getstate__", None)
+            and not any("__slots__" in vars(k) for k in cls.__mro__)
+            and not hasattr(cls, "__mlcache_token__")
+        )
+    except Exception:  # no __dict__ (TypeError), or a proxy that raises
+        return False
 
 
 def _immutable(obj: Any, depth: int = 0) -> bool:

@@ -9,6 +9,7 @@ call never fails because of the cache.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -28,7 +29,7 @@ import xxhash
 from ._log import logger_for, logging_configured
 from .callkey import CallKeyer, UnhashableArgument
 from .codecs import select_codec
-from .deps import CodeVersion, code_version
+from .deps import CodeVersion, code_version, state_parts
 from .entry import EntryPlan
 from .errors import ConfigError, EntryNotFound, EntrySignatureError, UnsupportedValue, warn
 from .fingerprint import call_state, func_identity, slug, target_function
@@ -65,6 +66,9 @@ _CLEANED_LOCK = threading.Lock()
 #: were not used for this long (seconds) is removed when another version of the
 #: function is first used in a process. Size limits and ``prune`` remove them too.
 OLD_VERSIONS_KEPT_FOR = 30 * 86400
+#: module-level values (names of their parts, see deps.state_parts) that calls of
+#: any memoized function of this process were seen changing: state for all of them
+_PROCESS_STATE: set[str] = set()
 
 
 def _split_ignore(func: Callable[..., Any], ignore: Any) -> tuple[list[str], frozenset[str]]:
@@ -89,6 +93,33 @@ def _split_ignore(func: Callable[..., Any], ignore: Any) -> tuple[list[str], fro
     return [n for n in ignore if n in names], frozenset(n for n in ignore if n not in names)
 
 
+#: mutable values that a call can only add to or take from: an accumulator
+_ACCUMULATORS = (list, set, bytearray, collections.deque)
+
+
+def _learnable(entries: Iterable[tuple[str, Any]], *, expanded: bool) -> set[str]:
+    """The names among ``entries`` (name, value) that may become state: the parts
+    of dicts and plain objects, and accumulators. ``expanded``: the entries are
+    already split into parts (as :meth:`MemorizedFunc._captured` gives them), so a
+    part is any entry named below another (``self.calls``, ``conf[<key>]``)."""
+    names = set()
+    for name, value in entries:
+        if issubclass(type(value), _ACCUMULATORS):  # by type: a proxy may raise
+            names.add(name)
+        elif expanded:
+            if "." in name or "[" in name:
+                names.add(name)
+        else:
+            parts = state_parts(name, value)
+            names.update(sub for sub, _ in parts or ())
+    return names
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    """Names whose digest differs, or that are in only one of the two."""
+    return {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+
+
 def _combine(digests: dict[str, bytes]) -> bytes:
     """One digest of named digests (what the function captures), order-free."""
     if not digests:
@@ -98,21 +129,6 @@ def _combine(digests: dict[str, bytes]) -> bytes:
             n.encode("utf-8", "surrogatepass") + b"=" + d for n, d in sorted(digests.items())
         )
     ).encode()
-
-
-def _plain_object(obj: Any) -> bool:
-    """An object whose state is its ``__dict__`` (no custom pickling, no slots),
-    so that its attributes can count one by one."""
-    cls = type(obj)
-    return (
-        isinstance(getattr(obj, "__dict__", None), dict)
-        and not isinstance(obj, (type, types.ModuleType, types.FunctionType))
-        and cls.__reduce_ex__ is object.__reduce_ex__
-        and cls.__reduce__ is object.__reduce__
-        and getattr(cls, "__getstate__", None) is getattr(object, "__getstate__", None)
-        and not any("__slots__" in vars(k) for k in cls.__mro__)
-        and not hasattr(cls, "__mlcache_token__")
-    )
 
 
 def _nbytes(segment: Any) -> int:
@@ -165,9 +181,10 @@ class MemorizedFunc(Generic[P, R]):
         #: walk names); read from and written to the function's folder
         self._captured_state: set[str] = set()
         self._global_state: frozenset[str] = frozenset()
-        self._state_loaded = False
+        #: the code folder whose ``state`` record holds what was learned: the one
+        #: of the code version worked out before anything was learned in this process
+        self._state_base: str | None = None
         self._watched: tuple[tuple[str, Any], ...] = ()  # mutable values the code reads
-        self._seen_captured = threading.local()  # this thread's last call's captured digests
         self._foreign_warned: set[str] = set()  # entries seen unsigned or with another key
         self._code_changed = False  # other code versions were found
         self._code_changes: list[str] = []  # what differed from the newest of them
@@ -233,10 +250,14 @@ class MemorizedFunc(Generic[P, R]):
         a call turns out to change a value the code reads), note the function's
         other versions; None (warned once) when the code cannot be walked."""
         seen = self._code_ids()
-        if not self._state_loaded:
-            self._load_state()
+        if self._keyer is not None and not self._same_code():  # new code: learn anew
+            self._captured_state, self._global_state, self._state_base = set(), frozenset(), None
         try:
-            code = code_version(self.func, self.memory.code, self.version, self._global_state)
+            code = self._code_version()
+            if self._state_base is None:
+                self._state_base = f"{self._folder}/{code.digest[:16]}"
+                if self._load_state():
+                    code = self._code_version()
         except Exception as exc:  # a global whose attribute access raises, a bug of ours
             self._walk_failed, self._seen_code = True, seen
             self._warn_unkeyable(
@@ -249,6 +270,10 @@ class MemorizedFunc(Generic[P, R]):
         keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{code.digest[:16]}".encode())
         self._keyer, self._seen_code = keyer, seen
         return keyer
+
+    def _code_version(self) -> CodeVersion:
+        state = frozenset(self._global_state | _PROCESS_STATE)
+        return code_version(self.func, self.memory.code, self.version, state)
 
     def _use_version(self, code: CodeVersion) -> None:
         version = code.digest[:16]
@@ -338,11 +363,7 @@ class MemorizedFunc(Generic[P, R]):
             keyer = self._prepare()
             if keyer is None:
                 return None
-        extra = b""
-        if self._stateful:
-            captured = self._captured_digests()
-            self._seen_captured.digests = captured  # for _snapshot, on a miss
-            extra = _combine(captured)
+        extra = _combine(self._captured_digests()) if self._stateful else b""
         try:
             key, digests = keyer.key(args, kwargs, extra)
         except UnhashableArgument as exc:
@@ -352,17 +373,20 @@ class MemorizedFunc(Generic[P, R]):
 
     # -- state: what calls change is not input ----------------------------------------
     def _captured(self) -> list[tuple[str, Any]]:
-        """What the function captures, by name (closure variables, the bound
-        object's attributes, a partial's arguments), without what calls change."""
+        """What the function captures, by name: closure variables, the bound
+        object, a partial's arguments; dicts key by key and plain objects
+        attribute by attribute (:func:`~mlcache.deps.state_parts`), so that what
+        calls change can be left out alone. What calls change is left out."""
         found: list[tuple[str, Any]] = []
         for entry in call_state(self.func, self._state_ignore) or ():
             name = entry[0]
-            if name in ("self", "object") and _plain_object(entry[1]):
-                obj = entry[1]
-                found.append((name, type(obj)))
-                found.extend((f"{name}.{k}", v) for k, v in sorted(vars(obj).items()))
+            value = entry[1:] if name == "partial" else entry[1]
+            parts = None if name == "partial" else state_parts(name, value)
+            if parts is None:
+                found.append((name, value))
             else:
-                found.append((name, entry[1:] if name == "partial" else entry[1]))
+                found.append((name, type(value)))
+                found.extend(parts)
         return [(n, v) for n, v in found if n not in self._captured_state]
 
     def _captured_digests(self) -> dict[str, bytes]:
@@ -385,46 +409,58 @@ class MemorizedFunc(Generic[P, R]):
         return digests
 
     def _watched_digests(self) -> dict[str, str]:
+        """Digests of the mutable module-level values the code reads, part by part."""
         from .deps import _constant
 
-        return {name: _constant(value) for name, value in self._watched}
+        digests: dict[str, str] = {}
+        for name, value in self._watched:
+            parts = state_parts(name, value)
+            for sub, v in [(name, value)] if parts is None else parts:
+                digests[sub] = _constant(v)
+        return digests
 
     def _snapshot(self) -> tuple[dict[str, bytes], dict[str, str]] | None:
-        """Digests of what a call could change, taken before a computed call."""
+        """Digests of what a call could change, taken before a computed call (None
+        when there is nothing to watch, or it cannot be read: nothing is learned)."""
         if not self._stateful and not self._watched:
             return None
-        captured = getattr(self._seen_captured, "digests", None) if self._stateful else {}
-        if captured is None:
-            captured = self._captured_digests()
-        return captured, self._watched_digests()
+        try:
+            captured = self._captured_digests() if self._stateful else {}
+            return captured, self._watched_digests()
+        except Exception as exc:
+            logger.debug("mlcache: %s: cannot watch what calls change: %s", self.func_id, exc)
+            return None
 
     def _learn(
         self,
         before: tuple[dict[str, bytes], dict[str, str]] | None,
         keyed: Keyed,
     ) -> Keyed:
-        """After a computed call: what it changed of what the function captures or
-        the code reads is state, remembered with the function's cache and left out
-        of later keys. Returns the entry to store the result under (the same,
-        unless something was learned)."""
+        """After a computed call: what it changed, added or removed of what the
+        function captures or the code reads is state, remembered with the
+        function's cache and left out of later keys (a dict's other keys, an
+        object's other attributes still count). Returns the entry to store the
+        result under (the same, unless something was learned)."""
         if before is None:
             return keyed
         captured, watched = before
-        changed_captured = {
-            n
-            for n, d in (self._captured_digests() if captured else {}).items()
-            if captured.get(n, d) != d
-        }
-        changed_globals = {n for n, d in self._watched_digests().items() if watched.get(n, d) != d}
+        changed_captured = _changed(captured, self._captured_digests() if self._stateful else {})
+        changed_globals = _changed(watched, self._watched_digests())
+        # only a part (a dict's key, an object's attribute) or an accumulator (a
+        # list, a set) becomes state: an object that changes as a whole (a seeded
+        # random generator) keeps counting, so that it never gives a wrong hit
+        changed_captured &= _learnable(self._captured(), expanded=True)
+        changed_globals &= _learnable(self._watched, expanded=False)
         if not changed_captured and not changed_globals:
             return keyed
         self._captured_state |= changed_captured
         self._global_state |= changed_globals
+        _PROCESS_STATE.update(changed_globals)
         if self._verbose:
             logger_for(self._verbose).info(
                 "[Memory] %s changes %s: state, not input; left out of its keys from now on",
                 self.func_id,
-                ", ".join(sorted(changed_captured | changed_globals)),
+                ", ".join(sorted(changed_captured | changed_globals)[:8]),
             )
         self._save_state()
         keyer = self._keyer if not changed_globals else self._prepare()
@@ -433,26 +469,39 @@ class MemorizedFunc(Generic[P, R]):
         kept = {n: d for n, d in captured.items() if n not in self._captured_state}
         return f"{self._code_dir}/{keyer.combine(keyed[1], _combine(kept))}", keyed[1]
 
-    def _load_state(self) -> None:
-        """What earlier processes learned calls of this function change."""
-        self._state_loaded = True
+    def _load_state(self) -> bool:
+        """Add what earlier processes learned calls of this code version change
+        (a signed record: a planted one cannot take anything out of a key). True
+        if module-level values were learned (the version is worked out again)."""
         try:
-            with self._store.open(f"{self._folder}/{STATE}") as f:
-                data = json.loads(f.read())
-            captured, globals_ = data.get("captured", []), data.get("globals", [])
-            if all(isinstance(n, str) for n in [*captured, *globals_]):
-                self._captured_state |= set(captured)
-                self._global_state |= frozenset(globals_)
+            reader = open_entry(
+                self._store, f"{self._state_base}/{STATE}", signer=self.memory._signer
+            )
+            data = decode(reader, allow_pickle=False)
+            captured, globals_ = data["captured"], data["globals"]
+            if not all(isinstance(n, str) for n in [*captured, *globals_]):
+                raise ValueError("names that are not strings")
         except EntryNotFound:
-            return
-        except Exception as exc:  # unreadable: learned again
+            return False
+        except Exception as exc:  # unreadable, unsigned, another key: learned again
             logger.debug("could not read what %s changes: %s", self.func_id, exc)
+            return False
+        self._captured_state |= set(captured)
+        new = frozenset(globals_) - self._global_state - _PROCESS_STATE
+        self._global_state |= frozenset(globals_)
+        return bool(new)
 
     def _save_state(self) -> None:
-        data = {"captured": sorted(self._captured_state), "globals": sorted(self._global_state)}
+        if self._state_base is None:
+            return
+        name = f"{self._state_base}/{STATE}"
+        value = {"captured": sorted(self._captured_state), "globals": sorted(self._global_state)}
         try:
-            with self._store.write(f"{self._folder}/{STATE}") as f:
-                f.write(json.dumps(data).encode())
+            codec = select_codec(value, allow_pickle=False)
+            info = {"func": self.func_id, "time": time.time()}
+            plan = EntryPlan(codec.name, codec.encode(value), info, None, self.memory._signer, name)
+            with self._store.write(name) as f:
+                plan.write(f)
         except Exception as exc:  # learned again by the next process
             logger.debug("could not record what %s changes: %s", self.func_id, exc)
 
@@ -658,7 +707,12 @@ class MemorizedFunc(Generic[P, R]):
         """Store the result of a computed call; (value, metadata or None when not
         stored, the entry's name)."""
         duration = time.perf_counter() - t0
-        keyed = self._learn(before, keyed)
+        try:
+            keyed = self._learn(before, keyed)
+        except Exception as exc:  # learning is an optimisation: never fail the call
+            logger.debug(
+                "mlcache: %s: could not learn what the call changed: %s", self.func_id, exc
+            )
         if self._verbose > 0:
             logger_for(self._verbose).info("[Memory] %s computed in %.3fs", self.func_id, duration)
         self.memory._usage.miss(keyed[0], self.func_id, duration)  # type: ignore[union-attr]
@@ -756,6 +810,8 @@ class MemorizedFunc(Generic[P, R]):
 
     def clear(self, warn: bool = True) -> None:
         """Remove every cached result of this function (all code versions)."""
+        if self.memory._cannot_clear():
+            return
         if warn and self._verbose:
             logger_for(self._verbose).info("[Memory] clearing the cache of %s", self.func_id)
         self._store.delete(self._folder)

@@ -192,6 +192,18 @@ class Memory:
             )
         return True
 
+    def _cannot_clear(self) -> bool:
+        """True (with one warning) when the cache is read-only: nothing can be
+        removed from it, and clearing it never fails a program for that."""
+        if not self._read_only:
+            return False
+        warn(
+            f"mlcache: the cache at {self.store.location if self.store else None} is "
+            "read-only: nothing was cleared",
+            stacklevel=4,
+        )
+        return True
+
     # joblib-compatible attributes
     @property
     def store_backend(self) -> Store | None:
@@ -353,7 +365,7 @@ class Memory:
     def clear(self, warn: bool = True) -> None:
         """Remove every cached result of this location (other files there, such as
         dataset packs, stay)."""
-        if self.store is None:
+        if self.store is None or self._cannot_clear():
             return
         if warn and self._verbose:
             logger_for(self._verbose).info("[Memory] clearing the whole cache at %s", self.location)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -295,6 +296,63 @@ def test_a_cache_on_a_read_only_mount_serves_its_hits(tmpfs, tmp_path):
     assert len(out["warnings"]) == 1, out["warnings"]
     assert "read-only" in out["warnings"][0]
     assert "Traceback" not in done.stderr
+
+
+RO_CLEAR_JOB = textwrap.dedent(
+    """
+    import sys, warnings
+    from mlcache import Memory
+
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as seen:
+        mem = Memory(sys.argv[1], verbose=0)  # a folder: filled before, or never made
+        double = mem.cache(lambda x: 2 * x)
+        assert double(4) == 8 and double(4) == 8
+        mem.clear()
+        double.clear()
+    print(len(seen), "|".join(str(w.message) for w in seen))
+    """
+)
+
+
+def test_clearing_a_read_only_cache_or_one_never_made_there_never_fails(tmpfs, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(RO_CLEAR_JOB)
+    filled = _run(script, str(tmpfs / "cache"))
+    assert filled.returncode == 0, filled.stderr
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    for where in (tmpfs / "cache", tmpfs / "never-made"):
+        done = _run(script, str(where))
+        assert done.returncode == 0, done.stderr
+        assert "read-only" in done.stdout and "Traceback" not in done.stderr
+    assert (tmpfs / "cache").exists() and not (tmpfs / "never-made").exists()
+
+
+@pytest.mark.parametrize("name", ["CACHEDIR.TAG", ".gitignore", ".size.counter"])
+def test_a_link_planted_at_a_top_level_name_does_not_move_the_cache(tmp_path, name):
+    """One link where mlcache keeps a file of its own is repaired in place: the
+    folder stays the cache (its entries still hit), it is not taken for a user's."""
+    from mlcache import Memory
+
+    cache, outside = tmp_path / "cache", tmp_path / "outside"
+    outside.write_text("a file of the user's\n")
+    calls = []
+
+    def double(x):
+        calls.append(x)
+        return 2 * x
+
+    assert Memory(cache, verbose=0, bytes_limit="1M").cache(double)(3) == 6
+    (cache / name).unlink(missing_ok=True)
+    (cache / name).symlink_to(outside)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the link is reported; what matters is below
+        mem = Memory(cache, verbose=0, bytes_limit="1M")
+        assert mem.store.location == str(cache)
+        assert mem.cache(double)(3) == 6
+        assert mem.cache(double)(4) == 8
+    assert calls == [3, 4]
+    assert outside.read_text() == "a file of the user's\n"
 
 
 # -- a location never takes over a user's folder ---------------------------------------

@@ -152,11 +152,15 @@ SPAWN = (
     + """
 import multiprocessing as mp
 
+import logging
+logger = logging.getLogger(__name__)
+
 def helper(x):
     return x * 2
 
 @mem.cache
 def work(x):
+    logger.debug("work %s in %s", x, __name__)  # __mp_main__ in spawn workers
     _log(f"work{x}-{mp.current_process().name}")
     return helper(x)
 
@@ -382,7 +386,9 @@ def test_globals_whose_attribute_access_raises_never_fail_the_call(tmp_path):
 def test_versions_unused_for_a_month_go_when_another_version_runs(runner):
     import time
 
-    runner.write("old.py", HEADER + "\n@mem.cache\ndef f(x):\n    _log('f')\n    return x\n\nf(1)\n")
+    runner.write(
+        "old.py", HEADER + "\n@mem.cache\ndef f(x):\n    _log('f')\n    return x\n\nf(1)\n"
+    )
     runner.run("old.py")
     folder = next(runner.cache.glob("**/__main__.old.f*"))
     (version,) = [p for p in folder.iterdir() if len(p.name) == 16]
@@ -413,3 +419,117 @@ def test_a_walk_that_raises_calls_uncached_with_one_warning_naming_the_global(tm
         assert calls == [2] and not f.check_call_in_cache(1)
     finally:
         del sys.modules["lazymod"]
+
+
+REGISTRY = (
+    HEADER
+    + """
+REG = {"scale": int(sys.argv[1])}
+
+class Model:
+    def __init__(self, w):
+        self.w = w
+        self.n_calls = 0
+
+model = Model(int(sys.argv[1]))
+
+def make(w):
+    conf = {"w": w}
+    def g(x):
+        conf["last"] = x  # a record of the last call: state
+        return x * conf["w"]  # what it reads: input
+    return g
+
+@mem.cache
+def f(x):
+    _log("f")
+    REG.setdefault("seen", []).append(x)
+    return x * REG["scale"]
+
+@mem.cache
+def predict(x):
+    _log("predict")
+    model.n_calls += 1
+    return x * model.w
+
+g = mem.cache(make(int(sys.argv[1])))
+print(f(1), f(1), predict(1), predict(1), g(1), g(1))
+"""
+)
+
+
+def test_what_a_call_changes_never_hides_what_it_reads(runner):
+    """A registry the function writes one key of and reads another, an object
+    whose counter it bumps and whose weight it reads, a closure dict: the part
+    that changes is state, the rest stays input."""
+    runner.write("reg.py", REGISTRY)
+    assert runner.run("reg.py", "2") == (["f", "predict"], "2 2 2 2 2 2")
+    assert runner.run("reg.py", "2") == ([], "2 2 2 2 2 2")  # what they change is state
+    assert runner.run("reg.py", "3")[1] == "3 3 3 3 3 3"
+    assert runner.run("reg.py", "2")[1] == "2 2 2 2 2 2"
+
+
+def test_a_seeded_generator_is_input(runner):
+    runner.write(
+        "rng.py",
+        HEADER
+        + """
+import numpy as np
+rng = np.random.default_rng(int(sys.argv[1]))
+
+@mem.cache
+def sample(n):
+    _log("sample")
+    return rng.integers(0, 1000, n).tolist()
+
+print(sample(3))
+""",
+    )
+    import numpy as np
+
+    for seed in (0, 1, 0):
+        expected = str(np.random.default_rng(seed).integers(0, 1000, 3).tolist())
+        assert runner.run("rng.py", str(seed))[1] == expected
+
+
+def test_what_was_learned_belongs_to_its_code_version(runner):
+    runner.write(
+        "learn.py",
+        HEADER
+        + """
+REG = {"scale": int(sys.argv[1])}
+
+@mem.cache
+def f(x):
+    REG["last"] = x
+    return x * REG["scale"]
+
+print(f(2))
+""",
+    )
+    assert runner.run("learn.py", "2")[1] == "4"
+    runner.edit("learn.py", '    REG["last"] = x\n', "")
+    assert runner.run("learn.py", "3")[1] == "6"
+
+
+def test_a_planted_state_record_cannot_take_an_input_out_of_the_key(runner):
+    runner.write(
+        "planted.py",
+        HEADER
+        + """
+REG = {"scale": int(sys.argv[1])}
+
+@mem.cache
+def f(x):
+    return x * REG["scale"]
+
+print(f(2))
+""",
+    )
+    assert runner.run("planted.py", "2")[1] == "4"
+    (version,) = [
+        p for p in next(runner.cache.glob("**/__main__.planted.f*")).iterdir() if len(p.name) == 16
+    ]
+    (version / "state").write_text('{"captured": [], "globals": ["__main__.REG"]}')
+    assert runner.run("planted.py", "2")[1] == "4"
+    assert runner.run("planted.py", "3")[1] == "6"

@@ -118,6 +118,10 @@ class LocalStore:
         try:
             os.makedirs(root, mode=mode, exist_ok=True)
         except OSError as exc:
+            if exc.errno == errno.EROFS and not os.path.exists(root):
+                # on a read-only mount: a cache with nothing in it, that stores nothing
+                self.read_only = True
+                return
             raise StoreError(f"cannot create the cache folder {root!r}: {exc.strerror}") from exc
         if not os.path.isdir(root):
             raise StoreError(f"the cache location {root!r} exists and is not a folder")
@@ -464,7 +468,12 @@ def _written_by_mlcache(root: str, e: os.DirEntry[str]) -> bool:
     name = e.name
     try:
         if e.is_symlink():
-            return False
+            # a link planted at a name of ours is damage the store repairs (one
+            # warning, the link replaced), not a sign of a user's folder: else one
+            # planted link would move the whole cache to ./mlcache
+            return name in (MARKER, ".gitignore") or (
+                name.startswith(".") and name.endswith((".counter", _LOCK_SUFFIX))
+            )
         if name == ".gitignore":
             with open(e.path, "rb") as f:
                 return f.read(64).startswith(b"# created by mlcache")
