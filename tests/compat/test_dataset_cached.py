@@ -57,7 +57,9 @@ class Runner:
             "PYTHONDONTWRITEBYTECODE": "1",
             "CACHE": str(self.cache),
             "BUILDS": str(self.log),
-            "PYTHONPATH": str(self.root),
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(self.root), os.environ.get("PYTHONPATH")])
+            ),
         }
         env.pop("PYTHONWARNINGS", None)
         res = subprocess.run(
@@ -228,6 +230,27 @@ def test_a_module_list_edited_between_runs_rebuilds(runner: Runner) -> None:
     runner.edit("config.py", "cols = [1, 2]", "cols = [1, 2, 30]")
     assert runner.run("table.py").stdout.split() == ["10", "20", "300"]
     assert runner.builds() == ["1", "2", "30"]
+
+
+NOTEBOOK = """
+import os
+import config
+from table import Table  # the class of table.py, built once there
+
+config.cols.append(30)  # a notebook cell edits the list, the next one reopens
+ds = Table(cache_dir=os.environ["CACHE"], progress=False)
+print(" ".join(str(ds[i]["v"]) for i in range(len(ds))))
+"""
+
+
+def test_a_module_list_changed_in_the_same_process_rebuilds(runner: Runner) -> None:
+    """The code version is walked once per process, but what it reads counts as
+    it is at each open (a notebook changing ``config.cols`` between two cells)."""
+    runner.write("config.py", CONFIG_MODULE)
+    runner.write("table.py", CONFIG_SCRIPT)
+    runner.write("notebook.py", NOTEBOOK)
+    assert runner.run("notebook.py").stdout.split() == ["10", "20", "10", "20", "300"]
+    assert runner.builds() == ["1", "2", "1", "2", "30"]
 
 
 def test_a_memo_the_build_fills_is_state(runner: Runner) -> None:
