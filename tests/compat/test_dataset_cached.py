@@ -314,6 +314,19 @@ def test_num_workers_in_a_script_without_a_main_guard(runner: Runner) -> None:
     assert len(runner.builds()) == 200 and set(runner.builds()) - {pid}  # workers loaded
 
 
+def test_num_workers_after_a_progress_bar(runner: Runner) -> None:
+    """A progress bar on a terminal (ours while building, or the user's) starts
+    tqdm's monitor thread: it does not stop the build from forking."""
+    total = _numbered_files(runner.root / "src")
+    runner.write("filesds.py", FILES_DATASET)
+    bar = "import sys, tqdm\nfor _ in tqdm.tqdm(range(3), file=sys.stderr, disable=False): pass\n"
+    runner.write("barred.py", bar + UNGUARDED)
+    res = runner.run("barred.py", str(runner.root / "src"))
+    total_seen, n, pid = res.stdout.split()
+    assert (total_seen, n) == (str(total), "200") and "thread" not in res.stderr
+    assert set(runner.builds()) - {pid}  # workers loaded
+
+
 AT_IMPORT = """
 import os, sys
 from filesds import Files

@@ -772,13 +772,18 @@ def _main_is_guarded() -> bool:
 
 
 def _other_threads() -> int:
-    """Threads other than this one, except mlcache's hashing threads (idle between
-    hashes, and forgotten by a forked child: see mlcache.hashing)."""
+    """Threads other than this one, except two kinds of helpers that sleep and
+    that a forked worker never needs: mlcache's hashing threads (forgotten by a
+    forked child: see mlcache.hashing) and tqdm's monitor (started by the first
+    progress bar on a terminal, ours included; it wakes every 10 s)."""
     me = threading.current_thread()
     return sum(
         1
         for t in threading.enumerate()
-        if t is not me and t.is_alive() and not t.name.startswith("mlcache-hash")
+        if t is not me
+        and t.is_alive()
+        and not t.name.startswith("mlcache-hash")
+        and type(t).__name__ != "TMonitor"
     )
 
 
