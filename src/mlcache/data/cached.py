@@ -824,7 +824,11 @@ def _refuse_in_bootstrap(cls: type) -> None:
     # unpickles its process object (parent_process() is not known yet then)
     if not getattr(multiprocessing.current_process(), "_inheriting", False):
         return
-    main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main module"
+    # while a spawned child prepares, __main__ may not have its __file__ yet; argv has
+    # the parent's
+    main = getattr(sys.modules.get("__main__"), "__file__", None) or (
+        sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else "the main module"
+    )
     raise RuntimeError(
         f"mlcache: {cls.__qualname__} would be built in a child process that "
         f"multiprocessing spawned while it is re-running {main} (spawn imports the main "
