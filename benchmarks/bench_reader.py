@@ -13,6 +13,9 @@ as it was before (loaded from git, ``--before``, default the commit before issue
 * ``large``: 256 samples ``{"x": uint8[512, 512, 3]}``, 768 KiB (the map path),
   read only, and read whole (``x.sum()``: every page touched, the map's page
   faults included);
+* ``patients``: 2,000 synthetic patients (``mlcache.data.synthetic``, as in
+  ``bench_data.py``: vitals float32[T, 6], age, label, sex, id), every field
+  touched, as ``bench_data.py``'s pass does;
 * each also with ``writable=False`` (read-only views of the shared map, the
   reads of before with today's file checks);
 * ``torch``: ``mlcache.torch.TensorDataset`` over the medium and large packs
@@ -117,6 +120,12 @@ def main() -> None:
                 progress=False,
             ).path,
         }
+        from mlcache.data.synthetic import read_patient, write_patients
+
+        files = write_patients(os.path.join(where, "src"), 2_000 // scale, seed=0)
+        packs["patients"] = pack(
+            (read_patient(f) for f in files), os.path.join(where, "p.pack"), progress=False
+        ).path
         readers: dict[str, Any] = {"after": now, "after, writable=False": now}
         if old is not None:
             readers["before"] = old
@@ -136,7 +145,12 @@ def main() -> None:
 
         def full_pass(ds: Any, order: list[int], touch: bool) -> Callable[[], None]:
             def run() -> None:
-                if touch:
+                if "vitals" in ds.field_names:
+                    for i in order:
+                        s = ds[i]
+                        float(s["vitals"].sum()) + s["age"] + s["label"] + len(s["sex"])
+                        len(s["id"])
+                elif touch:
                     for i in order:
                         ds[i]["x"].sum()
                 else:
@@ -159,10 +173,12 @@ def main() -> None:
             ("medium", False),
             ("large", False),
             ("large", True),
+            ("patients", True),
         ]
         for name, touch in cases:
             for which in readers:
-                label = f"{name}{' read whole' if touch else ''}: {which}"
+                whole = " read whole" if touch and name != "patients" else ""
+                label = f"{name}{whole}: {which}"
                 contenders.append(
                     Contender(label, full_pass(opened[which, name], orders[name], touch), trials)
                 )
