@@ -360,6 +360,37 @@ def test_a_truncated_pack_raises_instead_of_sigbus(tmp_path, how):
     assert _run(TRUNCATED, str(tmp_path), how, cwd=tmp_path).strip() == "ok"
 
 
+WORKER_START = """
+import os, sys
+import numpy as np
+import torch
+from mlcache.data import PackCorrupted, pack
+
+if __name__ == "__main__":
+    path = os.path.join(sys.argv[1], "d.pack")
+    ds = pack(({"x": np.full(300_000, i % 200, np.uint8)} for i in range(20)), path,
+              progress=False)
+    ds[0]
+    os.truncate(path, os.path.getsize(path) // 3)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context=sys.argv[2]
+    )
+    try:
+        for s in loader:
+            pass
+    except PackCorrupted as exc:
+        assert "d.pack" in str(exc), exc
+        print("ok")
+"""
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_worker_started_on_a_truncated_pack_reports_it(tmp_path, context):
+    """The workers get the open file (spawn and forkserver alike), find it
+    truncated, and the DataLoader raises the error naming the file."""
+    assert _run(WORKER_START, str(tmp_path), context, cwd=tmp_path).strip() == "ok"
+
+
 # -- 4. sharded packs ----------------------------------------------------------------
 
 

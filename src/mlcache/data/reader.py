@@ -836,12 +836,36 @@ def _reopen_fd(
     writable: bool = True,
 ) -> PackedDataset:
     """In a worker being started: the pack its parent opened, by a descriptor the
-    parent handed over (``multiprocessing.reduction.DupFd``)."""
+    parent handed over (``multiprocessing.reduction.DupFd``); if it cannot be read
+    any more, a stand-in that raises why at its first use."""
     ds: PackedDataset = object.__new__(PackedDataset)
     ds.url, ds._remote, ds.path, ds.allow_pickle = None, (None, None, "whole"), path, allow_pickle
     ds.writable = writable
-    ds._load(fd.detach())
-    if ds._stat != tuple(stat):  # changed in place since the parent opened it
-        ds._stat = tuple(stat)
-        ds._check_file()
-    return _same_pack(ds, fingerprint)
+    try:
+        ds._load(fd.detach())
+        if ds._stat != tuple(stat):  # changed in place since the parent opened it
+            ds._stat = tuple(stat)
+            ds._check_file()
+        return _same_pack(ds, fingerprint)
+    except PackCorrupted as exc:
+        # raised here, it would only show as "worker exited unexpectedly"; raised
+        # by a read, the DataLoader hands it to the training loop
+        return _Unreadable(type(exc), str(exc))  # type: ignore[return-value]
+
+
+class _Unreadable(Sequence[dict[str, Any]]):
+    """A pack a worker could not reopen: every use raises the error it met."""
+
+    file_id = None
+
+    def __init__(self, kind: type[PackCorrupted], message: str) -> None:
+        self._kind, self._message = kind, message
+
+    def __len__(self) -> int:
+        raise self._kind(self._message)
+
+    def __getitem__(self, i: Any) -> Any:
+        raise self._kind(self._message)
+
+    def get_batch(self, indices: Any) -> dict[str, Any]:
+        raise self._kind(self._message)
