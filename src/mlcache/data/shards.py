@@ -134,16 +134,27 @@ def _remove_unused(manifest: str) -> None:
     for build in (set(builds) | locks) - keep:
         names = [n for n in builds.get(build, []) if n not in keep]
         fd = None
-        if build is not None and build in locks:
+        if build is not None:
+            # looked up again, not taken from the listing (which may have missed a
+            # lock made while it ran): a build's lock is made before its shards, so
+            # a shard seen without a lock that exists now is debris of a removal
             try:
                 fd = os.open(_lock_path(manifest, build), os.O_RDONLY | os.O_CLOEXEC)
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:  # held (in use, or being built), or gone meanwhile
-                if fd is not None:
-                    os.close(fd)
-                if exc.errno not in (errno.EWOULDBLOCK, errno.ENOENT):
-                    logger.debug("mlcache: cannot lock build %s of %s: %s", build, base, exc)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                logger.debug(
+                    "mlcache: cannot open the lock of build %s of %s: %s", build, base, exc
+                )
                 continue
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:  # held: in use, or being built
+                    os.close(fd)
+                    if exc.errno != errno.EWOULDBLOCK:
+                        logger.debug("mlcache: cannot lock build %s of %s: %s", build, base, exc)
+                    continue
         try:
             for name in names:
                 with contextlib.suppress(FileNotFoundError):
