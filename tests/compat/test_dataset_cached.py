@@ -12,67 +12,28 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from scripts import ScriptFolder
 
 from mlcache.data import CachedDataset
 
-#: a run that takes longer than this has hung (a build here takes a second or two)
-TIMEOUT = int(os.environ.get("MLCACHE_TEST_TIMEOUT", "120"))
 
-
-class Runner:
+class Runner(ScriptFolder):
     """Scripts in a temporary folder, run in fresh interpreters sharing one cache.
 
     A script calls ``built()`` from its ``load_item``/``load_source`` (the
     ``BUILDS`` log file counts them across processes)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.cache = root / "cache"
-        self.log = root / "builds.log"
-
-    def write(self, rel: str, text: str) -> Path:
-        path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-        return path
-
-    def edit(self, rel: str, old: str, new: str) -> None:
-        path = self.root / rel
-        text = path.read_text()
-        assert old in text, old
-        path.write_text(text.replace(old, new))
+        super().__init__(root, log="builds.log")
 
     def run(self, rel: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
         """One run of the script ``rel``; ``builds()`` then says what it loaded."""
-        self.log.unlink(missing_ok=True)
-        env = {
-            **os.environ,
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "CACHE": str(self.cache),
-            "BUILDS": str(self.log),
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(self.root), os.environ.get("PYTHONPATH")])
-            ),
-        }
-        env.pop("PYTHONWARNINGS", None)
-        res = subprocess.run(
-            [sys.executable, str(self.root / rel), *args],
-            env=env,
-            cwd=self.root,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        if ok and res.returncode != 0:
-            raise AssertionError(f"{rel} failed:\n{res.stdout}\n{res.stderr}")
-        return res
+        return self.execute(rel, *args, env={"BUILDS": str(self.log)}, ok=ok)
 
     def builds(self) -> list[str]:
         """What the last run loaded (one line per ``built(...)`` call)."""

@@ -6,12 +6,10 @@ DESIGN.md held."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
+from scripts import ScriptFolder
 
 HEADER = """
 import os, sys
@@ -25,48 +23,12 @@ def _log(name):
 """
 
 
-class Runner:
-    """Scripts in a temporary folder, run in fresh interpreters sharing one cache."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.cache = root / "cache"
-        self.log = root / "computed.log"
-
-    def write(self, rel: str, text: str) -> Path:
-        path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-        return path
-
-    def edit(self, rel: str, old: str, new: str) -> None:
-        path = self.root / rel
-        text = path.read_text()
-        assert old in text, old
-        path.write_text(text.replace(old, new))
-
-    def run(self, rel: str, *args: str, cwd: Path | None = None) -> tuple[list[str], str]:
+class Runner(ScriptFolder):
+    def run(self, rel: str, *args: str) -> tuple[list[str], str]:
         """(what computed, stdout) of one run of the script ``rel``."""
-        self.log.unlink(missing_ok=True)
-        env = {
-            **os.environ,
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "CACHE": str(self.cache),
-            "LOG": str(self.log),
-            "PYTHONPATH": str(self.root),
-        }
-        res = subprocess.run(
-            [sys.executable, str(self.root / rel), *args],
-            env=env,
-            cwd=cwd or self.root,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert res.returncode == 0, res.stderr
+        res = self.execute(rel, *args)
         self.stderr = res.stderr
-        computed = self.log.read_text().split() if self.log.exists() else []
-        return computed, res.stdout.strip()
+        return self.logged(), res.stdout.strip()
 
 
 @pytest.fixture
