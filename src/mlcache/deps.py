@@ -107,6 +107,12 @@ class CodeVersion(NamedTuple):
     digest: str
     parts: dict[str, str]
     watched: tuple[tuple[str, Any], ...] = ()
+    #: the digest of the same code with every mutable value counted by its type
+    #: only: what stays when calls change those values (where what calls change
+    #: is remembered); equal to ``digest`` when there is no such value
+    shape: str = ""
+    #: the names of ``state`` the walk met (and so counted by type)
+    state_used: frozenset[str] = frozenset()
 
 
 def code_version(
@@ -196,8 +202,16 @@ def _walk_version(func: Callable[..., Any], state: frozenset[str] = frozenset())
         )
         f = getattr(target, "__wrapped__", None)
     parts = walk.result()
-    blob = "\0".join(f"{k}={v}" for k, v in parts.items()).encode()
-    return CodeVersion(xxhash.xxh3_128_hexdigest(blob), parts, tuple(walk.watched))
+    digest = xxhash.xxh3_128_hexdigest("\0".join(f"{k}={v}" for k, v in parts.items()).encode())
+    shape = walk.result(shape=True)
+    blob = "\0".join(f"{k}={v}" for k, v in shape.items()).encode()
+    return CodeVersion(
+        digest,
+        parts,
+        tuple(walk.watched),
+        xxhash.xxh3_128_hexdigest(blob),
+        frozenset(walk.state_used),
+    )
 
 
 def _source_version(func: Callable[..., Any]) -> CodeVersion:
@@ -232,6 +246,8 @@ class _Walk:
 
     def __init__(self, state: frozenset[str] = frozenset()) -> None:
         self._found: dict[str, set[str]] = {}
+        self._shape: dict[str, set[str]] = {}  # the same, mutable values by type
+        self.state_used: set[str] = set()  # names of ``state`` met
         self._seen: set[int] = set()
         self._keep: list[Any] = []  # what ``_seen`` refers to, alive for the walk
         self._state = state  # names of values that calls change: by type only
@@ -246,15 +262,18 @@ class _Walk:
         self._keep.append(obj)
         return True
 
-    def _record(self, name: str, digest: str) -> None:
+    def _record(self, name: str, digest: str, shape: str | None = None) -> None:
         """Add ``digest`` under ``name``; two things of one name (two lambdas of a
         module, two closures of one factory) are both kept, in an order that does
-        not depend on the order they were met in (see :meth:`result`)."""
+        not depend on the order they were met in (see :meth:`result`). ``shape``
+        stands for it in :attr:`CodeVersion.shape` (a mutable value's type)."""
         self._found.setdefault(name, set()).add(digest)
+        self._shape.setdefault(name, set()).add(digest if shape is None else shape)
 
-    def result(self) -> dict[str, str]:
+    def result(self, *, shape: bool = False) -> dict[str, str]:
         """Name -> digest (the sorted digests of every thing of that name)."""
-        return {k: "+".join(sorted(v)) for k, v in sorted(self._found.items())}
+        found = self._shape if shape else self._found
+        return {k: "+".join(sorted(v)) for k, v in sorted(found.items())}
 
     def value(self, name: str, obj: Any, *, root: bool = False) -> None:
         """Record what ``obj``, met under ``name``, contributes."""
@@ -307,16 +326,21 @@ class _Walk:
         """A value: by content, and watched for changes when it is mutable. What
         calls are known to change (``state``: the value itself, or some keys of a
         dict or attributes of an object, see :func:`state_parts`) is left out."""
+        kind = f"<{type(obj).__qualname__}>"
         if name in self._state:
-            self._record(name, f"<state {type(obj).__qualname__}>")
+            self.state_used.add(name)
+            self._record(name, f"<state {type(obj).__qualname__}>", kind)
             return
         if not _immutable(obj) and not _large_array(obj):
             self.watched.append((name, obj))
             parts = state_parts(name, obj)
             if parts is not None:  # counted key by key, or attribute by attribute
                 kept = [(sub[len(name) :], v) for sub, v in parts if sub not in self._state]
-                self._record(name, _constant((type(obj).__qualname__, kept)))
+                self.state_used.update(sub for sub, _ in parts if sub in self._state)
+                self._record(name, _constant((type(obj).__qualname__, kept)), kind)
                 return
+            self._record(name, _constant(obj), kind)
+            return
         self._record(name, _constant(obj))
 
     def _container(self, name: str, obj: Any) -> None:

@@ -181,8 +181,8 @@ class MemorizedFunc(Generic[P, R]):
         #: walk names); read from and written to the function's folder
         self._captured_state: set[str] = set()
         self._global_state: frozenset[str] = frozenset()
-        #: the code folder whose ``state`` record holds what was learned: the one
-        #: of the code version worked out before anything was learned in this process
+        #: the record of what was learned (``<folder>/<shape>.state``): named by
+        #: the code version's shape (CodeVersion.shape), the same in every process
         self._state_base: str | None = None
         self._watched: tuple[tuple[str, Any], ...] = ()  # mutable values the code reads
         self._foreign_warned: set[str] = set()  # entries seen unsigned or with another key
@@ -255,9 +255,17 @@ class MemorizedFunc(Generic[P, R]):
         try:
             code = self._code_version()
             if self._state_base is None:
-                self._state_base = f"{self._folder}/{code.digest[:16]}"
+                # by the code's shape: every process finds it, whatever the
+                # values calls change held when it started
+                shape = (code.shape or code.digest)[:16]
+                self._state_base = f"{self._folder}/{shape}.{STATE}"
                 if self._load_state():
                     code = self._code_version()
+            if code.state_used - self._global_state:
+                # learned from another function of this process (a memo they share):
+                # recorded for this one too, so that its next process starts with it
+                self._global_state |= code.state_used
+                self._save_state()
         except Exception as exc:  # a global whose attribute access raises, a bug of ours
             self._walk_failed, self._seen_code = True, seen
             self._warn_unkeyable(
@@ -473,10 +481,10 @@ class MemorizedFunc(Generic[P, R]):
         """Add what earlier processes learned calls of this code version change
         (a signed record: a planted one cannot take anything out of a key). True
         if module-level values were learned (the version is worked out again)."""
+        if self._state_base is None:
+            return False
         try:
-            reader = open_entry(
-                self._store, f"{self._state_base}/{STATE}", signer=self.memory._signer
-            )
+            reader = open_entry(self._store, self._state_base, signer=self.memory._signer)
             data = decode(reader, allow_pickle=False)
             captured, globals_ = data["captured"], data["globals"]
             if not all(isinstance(n, str) for n in [*captured, *globals_]):
@@ -494,7 +502,7 @@ class MemorizedFunc(Generic[P, R]):
     def _save_state(self) -> None:
         if self._state_base is None:
             return
-        name = f"{self._state_base}/{STATE}"
+        name = self._state_base
         value = {"captured": sorted(self._captured_state), "globals": sorted(self._global_state)}
         try:
             codec = select_codec(value, allow_pickle=False)

@@ -6,10 +6,12 @@ Inside a store::
     <function folder>/stats/<process>          one process's hit and miss counts
     <function folder>/<code version>/code      what the version depends on (JSON:
                                                name -> digest), to say what changed
-    <function folder>/<code version>/state     what calls of the function change
+    <function folder>/<code shape>.state       what calls of the function change
                                                (a signed entry: captured names,
                                                module-level value names): state,
-                                               not input, for that code version
+                                               not input, for code of that shape
+                                               (its version with mutable values
+                                               by type: the same in every process)
 
 ``<function folder>`` is a slug of the function's identity with a short hash
 (:func:`mlcache.fingerprint.slug`), ``<code version>`` 16 hex digits, ``<key>``
@@ -40,7 +42,7 @@ __all__ = [
 STATS = "stats"
 #: a code version's manifest, beside its entries
 CODE_MANIFEST = "code"
-#: what calls of a function's code version change, beside its entries
+#: what calls of a function change: ``<folder>/<code shape>.state``
 STATE = "state"
 _ENTRY = re.compile(r"[^/]+/[0-9a-f]{16}/[0-9a-f]{32}")
 _STATS = re.compile(r"[^/]+/stats/[^/]+")

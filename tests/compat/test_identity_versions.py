@@ -483,15 +483,55 @@ REG = {"scale": int(sys.argv[1])}
 
 @mem.cache
 def f(x):
+    REG["last"] = x  # learned: a record of what it learned is written
     return x * REG["scale"]
 
 print(f(2))
 """,
     )
     assert runner.run("planted.py", "2")[1] == "4"
-    (version,) = [
-        p for p in next(runner.cache.glob("**/__main__.planted.f*")).iterdir() if len(p.name) == 16
-    ]
-    (version / "state").write_text('{"captured": [], "globals": ["__main__.REG"]}')
+    (record,) = next(runner.cache.glob("**/__main__.planted.f*")).glob("*.state")
+    # someone who can write into the cache claims the whole registry is state
+    record.write_text('{"captured": [], "globals": ["__main__.REG"]}')
     assert runner.run("planted.py", "2")[1] == "4"
     assert runner.run("planted.py", "3")[1] == "6"
+
+
+SHARED_ACCUMULATOR = (
+    HEADER
+    + """
+import multiprocessing as mp
+
+CALLS = []
+
+@mem.cache
+def other(x):
+    CALLS.append(x)
+    return x
+
+@mem.cache
+def double(x):
+    CALLS.append(x)
+    _log(f"double{x}")
+    return 2 * x
+
+def in_child(x):
+    return double.check_call_in_cache(x), double(x)
+
+if __name__ == "__main__":
+    other(1), other(2)  # the accumulator holds [1, 2] when double is first called
+    double(6)
+    with mp.get_context("spawn").Pool(2) as pool:
+        print(pool.map(in_child, [6, 7]))
+"""
+)
+
+
+def test_spawn_workers_find_what_the_parent_learned_from_another_function(runner):
+    """The parent learned that an accumulator is state from one function before
+    another's first call; a spawn worker (where the accumulator starts empty)
+    must find the second function's results all the same."""
+    runner.write("acc.py", SHARED_ACCUMULATOR)
+    computed, out = runner.run("acc.py")
+    assert out == "[(True, 12), (False, 14)]"
+    assert sorted(computed) == ["double6", "double7"]
