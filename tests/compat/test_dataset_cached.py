@@ -482,3 +482,35 @@ def test_packs_unused_for_a_long_time_go(tmp_path: Path) -> None:
     Numbers(3, cache_dir=cache, progress=False)
     assert not os.path.exists(old.pack_path) and os.path.exists(recent.pack_path)
     assert len(Numbers(1, cache_dir=cache, progress=False)) == 1  # rebuilt when asked again
+
+
+TORCH_BUILD = """
+import time
+import torch
+from mlcache.data import CachedDataset
+
+a = torch.randn(1000, 1000)
+(a @ a).sum()  # torch's OpenMP pool has run: a forked child must not use it
+
+class T(CachedDataset):
+    def source_items(self):
+        return list(range(120))
+
+    def load_item(self, i):
+        x = torch.randn(200, 200)
+        time.sleep(0.02)  # slow enough that the build uses its workers
+        return {"i": i, "s": float((x @ x).sum())}
+
+import os
+ds = T(cache_dir=os.environ["CACHE"], num_workers=2, progress=False)
+print(len(ds), ds[7]["i"])
+"""
+
+
+def test_num_workers_after_torch_ran_does_not_hang(runner):
+    """A script (no main guard) that ran a torch op before a parallel build:
+    forked workers used to wait for ever on the parent's OpenMP pool."""
+    pytest.importorskip("torch")
+    runner.write("torch_build.py", TORCH_BUILD)
+    res = runner.run("torch_build.py")
+    assert res.stdout.split() == ["120", "7"]

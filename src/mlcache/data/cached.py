@@ -738,6 +738,13 @@ _WORKER_DATASET: Any = None
 def _worker_start(dataset: CachedDataset) -> None:
     global _WORKER_DATASET
     _WORKER_DATASET = dataset
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # a forked child of a process whose OpenMP pool ran (any torch op) hangs
+        # at its first parallel region; one thread per worker, as PyTorch's own
+        # DataLoader workers do (the workers are the parallelism here)
+        with contextlib.suppress(Exception):
+            torch.set_num_threads(1)
 
 
 def _worker_load(items: list[Any]) -> list[Mapping[str, Any]]:
