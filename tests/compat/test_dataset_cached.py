@@ -110,6 +110,62 @@ def test_source_items_that_are_files_are_fingerprinted(runner: Runner) -> None:
     assert samples() == "a.txt=uno d.txt=three" and runner.builds() == []
 
 
+SHAPES_SCRIPT = """
+import os, sys
+from pathlib import Path
+from mlcache.data import CachedDataset
+
+class Pairs(CachedDataset):  # (path, label) tuples
+    def __init__(self, root, **kw):
+        self.root = root
+        super().__init__(**kw)
+
+    def source_items(self):
+        return [(str(p), i) for i, p in enumerate(sorted(Path(self.root).glob("*.txt")))]
+
+    def load_item(self, item):
+        return {"text": Path(item[0]).read_text(), "label": item[1]}
+
+class Relative(Pairs):  # names relative to the dataset's folder
+    def source_items(self):
+        return sorted(n for n in os.listdir(self.root) if n.endswith(".txt"))
+
+    def load_item(self, name):
+        return {"text": Path(self.root, name).read_text()}
+
+class Folders(Pairs):  # one folder per patient
+    def source_items(self):
+        return sorted(p for p in Path(self.root).iterdir() if p.is_dir())
+
+    def load_item(self, folder):
+        return {"text": (folder / "a.txt").read_text()}
+
+kind = {"pairs": Pairs, "relative": Relative, "folders": Folders}[sys.argv[2]]
+ds = kind(sys.argv[1], cache_dir=os.environ["CACHE"], progress=False)
+print(" ".join(ds[i]["text"] for i in range(len(ds))))
+"""
+
+
+@pytest.mark.parametrize("kind", ["pairs", "relative", "folders"])
+def test_source_items_that_hold_or_name_files_notice_an_edit(runner: Runner, kind: str) -> None:
+    """(path, label) tuples, names relative to the dataset's folder, and folders
+    of files: editing a file (same size, new mtime) rebuilds the pack."""
+    src = runner.root / "src"
+    target = src / ("p0" if kind == "folders" else "") / "a.txt"
+    target.parent.mkdir(parents=True)
+    target.write_text("one")
+    runner.write("shapes.py", SHAPES_SCRIPT)
+
+    def samples() -> str:
+        return runner.run("shapes.py", str(src), kind).stdout.strip()
+
+    assert samples() == "one"
+    target.write_text("uno")
+    st = os.stat(target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert samples() == "uno"
+
+
 class Rows(CachedDataset):
     """Items that are not files: row ids, tuples, URLs."""
 

@@ -310,11 +310,12 @@ class CachedDataset(Sequence[Any]):
 
         The default combines the files of ``source_files()`` (path, size and
         modification time of each) and, when the class defines ``source_items()``,
-        its items: an item that is a path (``str`` or ``os.PathLike``) of an
-        existing file or folder counts by its path, size and modification time,
-        any other item (a row id, a URL, a tuple) by its value
-        (:func:`mlcache.hashing.hash_value`); the list itself (order, count) is
-        part of it. Opening then costs one ``stat`` per file: override this with
+        its items: by value (:func:`mlcache.hashing.hash_value`: the list, its
+        order and count), and each existing file or folder they name by its path,
+        size and modification time: an item that is a path, a tuple or list
+        holding paths (``(path, label)``), or a name relative to a folder the
+        dataset holds as an attribute (``os.listdir(self.root)``); a folder by
+        every file in it. Opening then costs one ``stat`` per file: override this with
         something cheaper (a data version, a manifest's checksum) when that is
         too slow.
         """
@@ -322,7 +323,12 @@ class CachedDataset(Sequence[Any]):
         found = "" if files is None else _files_digest(files)
         if type(self).source_items is CachedDataset.source_items:
             return found  # the items are source_files(): counted above
-        return hash_value(("items", found, _items_digest(self.source_items())))
+        bases = [
+            os.fspath(v)
+            for v in vars(self).values()
+            if isinstance(v, (str, os.PathLike)) and os.path.isdir(v)
+        ][:4]
+        return hash_value(("items", found, _items_digest(self.source_items(), bases)))
 
     # -- building --------------------------------------------------------------------
     def _open_or_build(
@@ -675,29 +681,60 @@ def _files_digest(files: Iterable[str | os.PathLike[str]]) -> str:
     return digest.hexdigest()
 
 
-def _items_digest(items: Iterable[Any]) -> str:
-    """The items of ``source_items()``: an existing path by (path, size, mtime), any
-    other item by value; which is which and their order are part of it."""
-    kinds, paths, stats, values = bytearray(), [], array("q"), []
+def _items_digest(items: Iterable[Any], bases: Sequence[str] = ()) -> str:
+    """The items of ``source_items()``: by value (their order and count too), and
+    every existing file or folder they name by its path, size and modification
+    time: an item that is a path, or a tuple or list holding paths (``(path,
+    label)``), or a name relative to one of ``bases`` (the dataset's own folder
+    attributes, for ``os.listdir(self.root)``). A folder counts by every file in
+    it (editing ``p0/a.txt`` changes nothing of ``p0`` itself)."""
+    items = list(items)
+    paths, stats = [], array("q")
     for item in items:
-        if isinstance(item, (str, os.PathLike)):
-            try:
-                path = os.fsdecode(os.path.abspath(os.fspath(item)))
-                st = os.stat(path)
-            except (OSError, ValueError, TypeError):  # no such file (a row id, a URL)
-                pass
-            else:
-                kinds.append(1 if isinstance(item, str) else 2)
-                paths.append(path)
-                stats.extend((st.st_size, st.st_mtime_ns))
+        for part in item if isinstance(item, (tuple, list)) else (item,):
+            path = _existing_path(part, bases)
+            if path is None:
                 continue
-        kinds.append(0)
-        values.append(item)
-    digest = xxhash.xxh3_128(bytes(kinds))
-    digest.update("\0".join(paths).encode("utf-8", "surrogateescape"))
+            paths.append(path)
+            _add_stats(path, paths, stats)
+    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
     digest.update(stats.tobytes())
-    digest.update(hash_value(values).encode())
+    digest.update(hash_value(items).encode())
     return digest.hexdigest()
+
+
+def _existing_path(part: Any, bases: Sequence[str]) -> str | None:
+    """``part`` as the absolute path of an existing file or folder, or None."""
+    if not isinstance(part, (str, os.PathLike)):
+        return None
+    try:
+        name = os.fsdecode(os.fspath(part))
+        if not name or "\0" in name:
+            return None
+        for candidate in (name, *(os.path.join(b, name) for b in bases)):
+            if os.path.exists(candidate):
+                return os.path.abspath(candidate)
+    except (OSError, ValueError, TypeError):
+        return None
+    return None
+
+
+def _add_stats(path: str, paths: list[str], stats: array) -> None:
+    """Size and modification time of ``path``; of a folder, of each file in it too."""
+    st = os.stat(path)
+    stats.extend((st.st_size, st.st_mtime_ns))
+    if not os.path.isdir(path):
+        return
+    for folder, subdirs, files in os.walk(path):
+        subdirs.sort()
+        for name in sorted(files):
+            inner = os.path.join(folder, name)
+            try:
+                st = os.stat(inner)
+            except OSError:  # removed meanwhile: its absence counts
+                continue
+            paths.append(inner)
+            stats.extend((st.st_size, st.st_mtime_ns))
 
 
 # -- state: module-level values a build changes ------------------------------------
