@@ -56,6 +56,7 @@ caches it); a hit never pays for it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dis
 import functools
@@ -68,7 +69,7 @@ import sys
 import sysconfig
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -80,9 +81,11 @@ __all__ = [
     "CodeWalkError",
     "code_version",
     "is_user_module",
+    "learnable",
     "library_version",
     "plain_object",
     "state_parts",
+    "watched_digests",
 ]
 
 #: what ``Memory(code=...)`` accepts
@@ -605,6 +608,40 @@ def state_parts(name: str, obj: Any) -> list[tuple[str, Any]] | None:
     except Exception:
         return None
     return None
+
+
+#: mutable values that a call can only add to or take from: an accumulator
+_ACCUMULATORS = (list, set, bytearray, collections.deque)
+
+
+def learnable(entries: Iterable[tuple[str, Any]], *, expanded: bool) -> set[str]:
+    """The names among ``entries`` (name, value) that may become state: the parts
+    of dicts and plain objects, and accumulators. ``expanded``: the entries are
+    already split into parts (as :meth:`mlcache.memorized.MemorizedFunc._captured` gives them), so a
+    part is any entry named below another (``self.calls``, ``conf[<key>]``)."""
+    names = set()
+    for name, value in entries:
+        if issubclass(type(value), _ACCUMULATORS):  # by type: a proxy may raise
+            names.add(name)
+        elif expanded:
+            if "." in name or "[" in name:
+                names.add(name)
+        else:
+            parts = state_parts(name, value)
+            names.update(sub for sub, _ in parts or ())
+    return names
+
+
+def watched_digests(watched: Iterable[tuple[str, Any]]) -> dict[str, str]:
+    """Digests of mutable values met by the walk (:attr:`CodeVersion.watched`), part
+    by part (:func:`state_parts`): compared before and after a call to find what
+    it changes."""
+    digests: dict[str, str] = {}
+    for name, value in watched:
+        parts = state_parts(name, value)
+        for sub, v in [(name, value)] if parts is None else parts:
+            digests[sub] = _constant(v)
+    return digests
 
 
 #: a dict with more keys (an object with more attributes) than this counts whole:

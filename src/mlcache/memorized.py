@@ -9,7 +9,6 @@ call never fails because of the cache.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import json
@@ -29,7 +28,7 @@ import xxhash
 from ._log import logger_for, logging_configured
 from .callkey import CallKeyer, UnhashableArgument
 from .codecs import select_codec
-from .deps import CodeVersion, code_version, state_parts
+from .deps import CodeVersion, code_version, learnable, state_parts, watched_digests
 from .entry import EntryPlan
 from .errors import ConfigError, EntryNotFound, EntrySignatureError, UnsupportedValue, warn
 from .fingerprint import call_state, func_identity, slug, target_function
@@ -91,28 +90,6 @@ def _split_ignore(func: Callable[..., Any], ignore: Any) -> tuple[list[str], fro
             + (f" and it captures {sorted(captured)}" if captured else "")
         )
     return [n for n in ignore if n in names], frozenset(n for n in ignore if n not in names)
-
-
-#: mutable values that a call can only add to or take from: an accumulator
-_ACCUMULATORS = (list, set, bytearray, collections.deque)
-
-
-def _learnable(entries: Iterable[tuple[str, Any]], *, expanded: bool) -> set[str]:
-    """The names among ``entries`` (name, value) that may become state: the parts
-    of dicts and plain objects, and accumulators. ``expanded``: the entries are
-    already split into parts (as :meth:`MemorizedFunc._captured` gives them), so a
-    part is any entry named below another (``self.calls``, ``conf[<key>]``)."""
-    names = set()
-    for name, value in entries:
-        if issubclass(type(value), _ACCUMULATORS):  # by type: a proxy may raise
-            names.add(name)
-        elif expanded:
-            if "." in name or "[" in name:
-                names.add(name)
-        else:
-            parts = state_parts(name, value)
-            names.update(sub for sub, _ in parts or ())
-    return names
 
 
 def _changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
@@ -418,14 +395,7 @@ class MemorizedFunc(Generic[P, R]):
 
     def _watched_digests(self) -> dict[str, str]:
         """Digests of the mutable module-level values the code reads, part by part."""
-        from .deps import _constant
-
-        digests: dict[str, str] = {}
-        for name, value in self._watched:
-            parts = state_parts(name, value)
-            for sub, v in [(name, value)] if parts is None else parts:
-                digests[sub] = _constant(v)
-        return digests
+        return watched_digests(self._watched)
 
     def _snapshot(self) -> tuple[dict[str, bytes], dict[str, str]] | None:
         """Digests of what a call could change, taken before a computed call (None
@@ -457,8 +427,8 @@ class MemorizedFunc(Generic[P, R]):
         # only a part (a dict's key, an object's attribute) or an accumulator (a
         # list, a set) becomes state: an object that changes as a whole (a seeded
         # random generator) keeps counting, so that it never gives a wrong hit
-        changed_captured &= _learnable(self._captured(), expanded=True)
-        changed_globals &= _learnable(self._watched, expanded=False)
+        changed_captured &= learnable(self._captured(), expanded=True)
+        changed_globals &= learnable(self._watched, expanded=False)
         if not changed_captured and not changed_globals:
             return keyed
         self._captured_state |= changed_captured

@@ -285,6 +285,36 @@ def test_a_memo_the_build_fills_is_state(runner: Runner) -> None:
     assert runner.run("table.py").stdout.split() == ["20"] and runner.builds() == []
 
 
+VOCAB = """
+import os
+from mlcache.data import CachedDataset
+
+vocab = {"<pad>": 0}  # the build adds the words it meets: a memo it also reads
+
+class Tokens(CachedDataset):
+    def source_items(self):
+        return ["a", "b", "a"]
+
+    def load_item(self, word):
+        vocab.setdefault(word, len(vocab))
+        return {"id": vocab[word]}
+
+ds = Tokens(cache_dir=os.environ["CACHE"], progress=False)
+print(" ".join(str(ds[i]["id"]) for i in range(len(ds))))
+"""
+
+
+def test_a_dict_the_build_fills_still_counts_by_what_it_held(runner: Runner) -> None:
+    """Only the keys a build adds are state: editing the dict's literal (another
+    starting vocabulary) rebuilds, and the first version comes back."""
+    runner.write("tokens.py", VOCAB)
+    assert runner.run("tokens.py").stdout.split() == ["1", "2", "1"]
+    assert runner.run("tokens.py").stdout.split() == ["1", "2", "1"]
+    assert len(runner.packs()) == 1  # the second run opened the first pack
+    runner.edit("tokens.py", '{"<pad>": 0}', '{"<pad>": 0, "<unk>": 1}')
+    assert runner.run("tokens.py").stdout.split() == ["2", "3", "2"]
+
+
 # -- 3. num_workers: never re-runs the script, never hangs -----------------------------
 FILES_DATASET = """
 import os, time

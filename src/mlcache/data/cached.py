@@ -80,7 +80,7 @@ import xxhash
 
 from .._atomic import open_folder, open_regular, write_bytes_atomic
 from .._default import default_location
-from ..deps import CodeVersion, code_version
+from ..deps import code_version, learnable, watched_digests
 from ..errors import warn
 from ..fingerprint import slug
 from ..hashing import hash_value
@@ -204,7 +204,10 @@ class CachedDataset(Sequence[Any]):
         self._root = os.path.abspath(root)
         self._folder = os.path.join(self._root, slug(f"{cls.__module__}.{cls.__qualname__}"))
         self._source = self.source_fingerprint()
-        self._state = _read_state(self._folder)
+        # what builds change is recorded by the code's shape (its version with
+        # mutable values by type): editing the code learns anew
+        self._shape = code_version(cls).shape[:16]
+        self._state = _read_state(self._folder, self._shape)
         self.pack_path = self._name_pack()
         self.transform = transform
         self._allow_pickle = allow_pickle
@@ -359,7 +362,7 @@ class CachedDataset(Sequence[Any]):
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 if not force:  # someone else may have built it while we waited
-                    learned = _read_state(self._folder)
+                    learned = _read_state(self._folder, self._shape)
                     if learned != self._state:  # ...and learned what its build changes
                         self._state = learned
                         self.pack_path = self._name_pack()
@@ -402,7 +405,7 @@ class CachedDataset(Sequence[Any]):
                 code.digest,
                 self._args_id_full,
                 self._source,
-                _watched_digests(code),
+                {k: v for k, v in watched_digests(code.watched).items() if k not in self._state},
             )
         )
         # a rebuild removes the older versions of the same attributes (after a
@@ -413,11 +416,16 @@ class CachedDataset(Sequence[Any]):
         """Build the pack; a module-level value the build changed (a memo the
         loading code fills) is state from now on, and the pack is named for it."""
         logger.info("mlcache: building %s", self.pack_path)
-        before = _watched_digests(self._watched)
+        before = watched_digests(self._watched)
         built = pack(
             self.load_source(), self.pack_path, progress=progress, allow_pickle=self._allow_pickle
         )
-        changed = {n for n, d in _watched_digests(self._watched).items() if before.get(n) != d}
+        after = watched_digests(self._watched)
+        # as for functions: a dict's key or an object's attribute the build writes,
+        # or an accumulator, is state; the keys it only reads stay input, and an
+        # object that changes whole (a generator) keeps counting
+        changed = {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+        changed &= learnable(self._watched, expanded=False)
         if not changed:
             return built
         logger.info(
@@ -425,8 +433,8 @@ class CachedDataset(Sequence[Any]):
             type(self).__qualname__,
             ", ".join(sorted(changed)),
         )
-        self._state = _read_state(self._folder) | self._state | changed
-        _write_state(self._root, self._folder, self._state)
+        self._state = _read_state(self._folder, self._shape) | self._state | changed
+        _write_state(self._root, self._folder, self._shape, self._state)
         named = self._name_pack()
         if named == self.pack_path:
             return built
@@ -738,18 +746,12 @@ def _add_stats(path: str, paths: list[str], stats: array) -> None:
 
 
 # -- state: module-level values a build changes ------------------------------------
-def _watched_digests(code: CodeVersion | tuple[tuple[str, Any], ...]) -> dict[str, str]:
-    """The digests of the mutable module-level values the code reads, as they are now."""
-    from ..deps import _constant  # the function cache's rule for such values
-
-    watched = code.watched if isinstance(code, CodeVersion) else code
-    return {name: _constant(value) for name, value in watched}
-
-
-def _read_state(folder: str) -> frozenset[str]:
-    """The names of the module-level values that builds of this class change."""
+def _read_state(folder: str, shape: str) -> frozenset[str]:
+    """The names of the module-level values (or their parts: see
+    :func:`mlcache.deps.state_parts`) that builds of this class, with code of this
+    shape, change."""
     try:
-        with open(os.path.join(folder, _STATE_FILE), "rb") as f:
+        with open(os.path.join(folder, f"{_STATE_FILE}-{shape}"), "rb") as f:
             names = json.loads(f.read()).get("globals", [])
     except FileNotFoundError:
         return frozenset()
@@ -759,10 +761,11 @@ def _read_state(folder: str) -> frozenset[str]:
     return frozenset(n for n in names if isinstance(n, str))
 
 
-def _write_state(root: str, folder: str, names: frozenset[str]) -> None:
+def _write_state(root: str, folder: str, shape: str, names: frozenset[str]) -> None:
     try:
         data = json.dumps({"globals": sorted(names)}).encode()
-        write_bytes_atomic(os.path.join(folder, _STATE_FILE), data, durable=False, root=root)
+        path = os.path.join(folder, f"{_STATE_FILE}-{shape}")
+        write_bytes_atomic(path, data, durable=False, root=root)
     except OSError as exc:  # learned again by the next build
         logger.debug("mlcache: could not record what building changes: %s", exc)
 
