@@ -368,13 +368,14 @@ def test_a_join_keeps_both_id_columns(tmp_path):
     assert [ds[i] for i in range(2)] == rows
 
 
-def test_repeated_names_follow_pandas_read_csv_rule(tmp_path):
+def test_a_name_the_query_gives_is_never_taken_by_a_renamed_repeat(tmp_path):
     db = _join_db(tmp_path / "j.db")
     query = 'SELECT t.id, u.id, t.x AS "id.1", u.id FROM t JOIN u ON u.t_id = t.id ORDER BY t.id'
     ds = pack(from_sql(query, db), tmp_path / "k.pack", progress=False)
-    # as pandas.read_csv names repeated headers: id, id.1, then id.1.1, id.2
-    assert ds.field_names == ["id", "id.1", "id.1.1", "id.2"]
-    assert ds[0] == {"id": 1, "id.1": 10, "id.1.1": 0.5, "id.2": 10}
+    # repeats are <name>.<k> as pandas.read_csv names them, but "id.1" is the
+    # query's own name for t.x: the repeats take id.2 and id.3
+    assert ds.field_names == ["id", "id.2", "id.1", "id.3"]
+    assert ds[0] == {"id": 1, "id.2": 10, "id.1": 0.5, "id.3": 10}
 
 
 # -- 5. SQL: columns at once -----------------------------------------------------------------

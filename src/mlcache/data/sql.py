@@ -30,9 +30,9 @@ them to rebuild.
 
 Columns become fields, named as the query names them. A name that repeats (a
 join's ``SELECT t.id, u.id``) is kept under a new name, as ``pandas.read_csv``
-names repeated headers: the second ``id`` becomes ``id.1``, the third ``id.2``,
-skipping names already taken (``id``, ``id``, ``id.1`` give ``id``, ``id.1``,
-``id.1.1``). A NULL is a missing value (``None``); a column of numbers of
+names repeated headers: the second ``id`` becomes ``id.1``, the third ``id.2``;
+a name the query gives itself is never taken (``id``, ``id``, ``id.1`` give
+``id``, ``id.2``, ``id.1``). A NULL is a missing value (``None``); a column of numbers of
 several types (a ``NUMERIC`` column holding 1.5 and 2) is promoted as numpy
 does (here float64); see :mod:`mlcache.data.writer` for the rules.
 
@@ -52,25 +52,34 @@ __all__ = ["SqlSource", "from_sql", "unique_names"]
 
 
 def unique_names(names: Sequence[str]) -> list[str]:
-    """``names`` with each repeat renamed ``<name>.<k>``, as ``pandas.read_csv``
-    names repeated headers (``k`` counts the repeats of that name; a name that is
-    taken already gets the next suffix on top).
+    """``names`` with each repeat renamed ``<name>.<k>`` (``k`` counts the repeats
+    of that name), as ``pandas.read_csv`` names repeated headers, except that a
+    name the query gives itself is never taken by a renamed repeat: the repeat
+    gets the next free suffix instead (``SELECT t.id, u.id, t.id AS "id.1"``
+    keeps ``id.1`` for the column so named).
 
     >>> unique_names(["id", "id", "label", "id"])
     ['id', 'id.1', 'label', 'id.2']
     >>> unique_names(["id", "id", "id.1", "id"])
-    ['id', 'id.1', 'id.1.1', 'id.2']
+    ['id', 'id.2', 'id.1', 'id.3']
     """
-    seen: dict[str, int] = {}
+    given = set(names)
+    taken: set[str] = set()
+    counts: dict[str, int] = {}
     out = []
     for name in names:
-        repeats = seen.get(name, 0)
-        while repeats:  # taken: the next suffix, itself perhaps taken
-            seen[name] = repeats + 1
-            name = f"{name}.{repeats}"
-            repeats = seen.get(name, 0)
-        seen[name] = 1
-        out.append(name)
+        if name not in taken:
+            out.append(name)
+            taken.add(name)
+            continue
+        k = counts.get(name, 0)
+        candidate = name
+        while candidate in taken or candidate in given:
+            k += 1
+            candidate = f"{name}.{k}"
+        counts[name] = k
+        out.append(candidate)
+        taken.add(candidate)
     return out
 
 
