@@ -274,11 +274,17 @@ def temporary_folder(folder: str, name: str) -> Iterator[str]:
         os.close(fd)
 
 
-def sweep_dead(folder: str, name: str, min_age: float = DEAD_MIN_AGE) -> int:
-    """Remove the dead writers' temporaries of ``name`` in ``folder``; return how many."""
-    prefix = f".{name}{TMP_MARK}"
+def sweep_dead(folder: str, name: str | None, min_age: float = DEAD_MIN_AGE) -> int:
+    """Remove the dead writers' temporaries of ``name`` in ``folder`` (of any name
+    with None: a killed build of another pack, or of a shard with a random name,
+    left them); return how many. A temporary whose writer lives holds its lock and
+    is left alone."""
     try:
-        found = [n for n in os.listdir(folder) if n.startswith(prefix)]
+        found = [
+            n
+            for n in os.listdir(folder)
+            if (is_temporary(n) if name is None else n.startswith(f".{name}{TMP_MARK}"))
+        ]
     except OSError:
         return 0
     return sum(remove_if_dead(os.path.join(folder, n), min_age) for n in found)

@@ -406,3 +406,27 @@ def test_from_sql_packs_columns_without_a_dict_per_row(tmp_path, monkeypatch):
     ds.verify()
     reopened = PackedDataset(ds.path)
     assert reopened[3] == ds[3]
+
+
+def test_a_build_sweeps_what_killed_builds_of_other_packs_left(tmp_path):
+    """A build killed part way leaves its temporary (and spill folder) under a name
+    no later build uses (another version's pack, a shard's random name): the next
+    build in the folder removes them, and leaves a live writer's alone."""
+    import fcntl
+    import time
+
+    dead = tmp_path / ".old-version.pack.tmp-0123456789ab"
+    dead.write_bytes(b"\0" * 4096)
+    dead_spill = tmp_path / ".shard-3f2a-00006.pack.tmp-spillabcdef"
+    dead_spill.mkdir()
+    (dead_spill / "field0").write_bytes(b"\0" * 4096)
+    live = tmp_path / ".other.pack.tmp-livewriter00"
+    live.write_bytes(b"x")
+    old = time.time() - 3600
+    for p in (dead, dead_spill, live):
+        os.utime(p, (old, old))
+    with open(live, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # its writer is alive
+        pack([{"x": 1}], tmp_path / "new.pack", progress=False)
+        assert not dead.exists() and not dead_spill.exists()
+        assert live.exists()

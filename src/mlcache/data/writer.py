@@ -382,7 +382,9 @@ def pack(
     target = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)
-    sweep_dead(folder, os.path.basename(target))  # what a killed build of it left
+    # what killed builds left in this folder: of this pack, of another (an older
+    # version's, a shard's, whose names a rebuild never uses again)
+    sweep_dead(folder, None)
     with temporary_folder(folder, os.path.basename(target)) as spill_dir:
         build = _Build(spill_dir, allow_pickle)
         try:
