@@ -600,3 +600,45 @@ def test_num_workers_after_torch_ran_does_not_hang(runner):
     runner.write("torch_build.py", TORCH_BUILD)
     res = runner.run("torch_build.py")
     assert res.stdout.split() == ["120", "7"]
+
+
+IMPORTED_BUILD = """
+import os, threading, time
+from mlcache.data import CachedDataset
+
+class Slow(CachedDataset):
+    def source_items(self):
+        return list(range(60))
+
+    def load_item(self, i):
+        time.sleep(0.03)
+        return {"i": i}
+
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()  # fork is unsafe now
+ds = Slow(cache_dir=os.environ["CACHE"], num_workers=2, progress=False)
+stop.set()
+"""
+
+GUARDED_MAIN = """
+import warnings
+
+if __name__ == "__main__":
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        import slowmod
+    print(len(slowmod.ds), "|".join(str(w.message) for w in seen))
+"""
+
+
+def test_a_dataset_built_at_import_of_its_module_with_threads_running(runner: Runner) -> None:
+    """Spawn workers would import the module again and build again (each printing
+    an error about a main guard the script has): one warning naming the module,
+    and the build runs here."""
+    runner.write("slowmod.py", IMPORTED_BUILD)
+    runner.write("main.py", GUARDED_MAIN)
+    res = runner.run("main.py")
+    count, _, said = res.stdout.strip().partition(" ")
+    assert count == "60"
+    assert "'slowmod' is being imported" in said
+    assert "Traceback" not in res.stderr and "RuntimeError" not in res.stderr

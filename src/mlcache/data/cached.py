@@ -846,6 +846,18 @@ def _start_method(what: str) -> str | None:
     threads = _other_threads()
     if sys.platform.startswith("linux") and threads == 0:
         return "fork"
+    importing = _module_being_imported()
+    if importing is not None:
+        # spawn workers would import that module again to unpickle the dataset,
+        # and so build it again each: never workers then
+        warn(
+            f"mlcache: building {what} in this process, not in workers: it is built "
+            f"while the module {importing!r} is being imported, which spawn workers "
+            "would import (and build) again; build it in a function, or under the "
+            'main script\'s `if __name__ == "__main__":` guard, to use num_workers',
+            stacklevel=5,
+        )
+        return None
     if _main_is_guarded():
         return "spawn"
     why = (
@@ -860,6 +872,21 @@ def _start_method(what: str) -> str | None:
         f"{', '.join(sorted(t.name for t in threading.enumerate()))})",
         stacklevel=5,
     )
+    return None
+
+
+def _module_being_imported() -> str | None:
+    """The name of a module (not the main script) whose import is running this
+    code: a dataset built at the top level of a module, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if isinstance(name, str) and name not in ("__main__", "__mp_main__"):
+            module = sys.modules.get(name)
+            spec = vars(module).get("__spec__") if module is not None else None
+            if getattr(spec, "_initializing", False) and not name.startswith("mlcache"):
+                return name
+        frame = frame.f_back  # type: ignore[assignment]
     return None
 
 
