@@ -112,12 +112,7 @@ def hash_value(obj: Any) -> str:
     False
     """
     h = Hasher()
-    try:
-        h.update(obj)
-    except TypeError:
-        raise
-    except Exception as exc:  # whatever a value raises while it is read
-        raise _unhashable(obj, exc) from exc
+    h.update_checked(obj)
     return h.hexdigest()
 
 
@@ -183,14 +178,19 @@ class Hasher:
         self._buf.clear()
         if self._memo:
             self._memo.clear()
+        self.update_checked(obj)
+        self._h.update(self._buf)
+        return self._h.digest()
+
+    def update_checked(self, obj: Any) -> None:
+        """:meth:`update`, with whatever reading ``obj`` raises (a proxy's
+        ``__getattr__``, a broken ``__reduce__``) as a ``TypeError`` naming it."""
         try:
             self.update(obj)
         except TypeError:
             raise
         except Exception as exc:  # whatever a value raises while it is read
             raise _unhashable(obj, exc) from exc
-        self._h.update(self._buf)
-        return self._h.digest()
 
     # -- helpers -----------------------------------------------------------
     def _raw(self, data: Any) -> None:
