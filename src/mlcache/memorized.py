@@ -448,7 +448,7 @@ class MemorizedFunc(Generic[P, R]):
         return f"{self._code_dir}/{keyer.combine(keyed[1], _combine(kept))}", keyed[1]
 
     def _load_state(self) -> bool:
-        """Add what earlier processes learned calls of this code version change
+        """Add what earlier processes learned calls of code of this shape change
         (a signed record: a planted one cannot take anything out of a key). True
         if module-level values were learned (the version is worked out again)."""
         if self._state_base is None:
