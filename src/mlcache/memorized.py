@@ -23,8 +23,6 @@ from contextlib import AbstractContextManager
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-import xxhash
-
 from ._log import logger_for, logging_configured
 from .callkey import CallKeyer, UnhashableArgument
 from .codecs import select_codec
@@ -32,7 +30,7 @@ from .deps import CodeVersion, code_version, learnable, state_parts, watched_dig
 from .entry import EntryPlan
 from .errors import ConfigError, EntryNotFound, EntrySignatureError, UnsupportedValue, warn
 from .fingerprint import call_state, func_identity, slug, target_function
-from .hashing import hash_value
+from .hashing import Hasher
 from .names import CODE_MANIFEST, STATE, STATS, is_entry
 from .results import (
     MemorizedResult,
@@ -95,17 +93,6 @@ def _split_ignore(func: Callable[..., Any], ignore: Any) -> tuple[list[str], fro
 def _changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
     """Names whose digest differs, or that are in only one of the two."""
     return {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
-
-
-def _combine(digests: dict[str, bytes]) -> bytes:
-    """One digest of named digests (what the function captures), order-free."""
-    if not digests:
-        return b""
-    return xxhash.xxh3_128_hexdigest(
-        b"\0".join(
-            n.encode("utf-8", "surrogatepass") + b"=" + d for n, d in sorted(digests.items())
-        )
-    ).encode()
 
 
 def _nbytes(segment: Any) -> int:
@@ -348,7 +335,7 @@ class MemorizedFunc(Generic[P, R]):
             keyer = self._prepare()
             if keyer is None:
                 return None
-        extra = _combine(self._captured_digests()) if self._stateful else b""
+        extra = self._captured_key() if self._stateful else b""
         try:
             key, digests = keyer.key(args, kwargs, extra)
         except UnhashableArgument as exc:
@@ -357,16 +344,22 @@ class MemorizedFunc(Generic[P, R]):
         return f"{self._code_dir}/{key}", digests
 
     # -- state: what calls change is not input ----------------------------------------
-    def _captured(self) -> list[tuple[str, Any]]:
+    def _captured(self, *, split: bool = True) -> list[tuple[str, Any]]:
         """What the function captures, by name: closure variables, the bound
         object, a partial's arguments; dicts key by key and plain objects
         attribute by attribute (:func:`~mlcache.deps.state_parts`), so that what
-        calls change can be left out alone. What calls change is left out."""
+        calls change can be left out alone. What calls change is left out.
+        ``split=False`` (the key, at every call) splits only a value some part of
+        which is known to be state: hashing a value whole is cheaper."""
         found: list[tuple[str, Any]] = []
+        learned = self._captured_state
         for entry in call_state(self.func, self._state_ignore) or ():
             name = entry[0]
             value = entry[1:] if name == "partial" else entry[1]
-            parts = None if name == "partial" else state_parts(name, value)
+            whole = name == "partial" or (
+                not split and not any(n.startswith((f"{name}.", f"{name}[")) for n in learned)
+            )
+            parts = None if whole else state_parts(name, value)
             if parts is None:
                 found.append((name, value))
             else:
@@ -374,13 +367,29 @@ class MemorizedFunc(Generic[P, R]):
                 found.extend(parts)
         return [(n, v) for n, v in found if n not in self._captured_state]
 
+    def _captured_key(self) -> bytes:
+        """The digest of what the function captures, for the key: one hash of the
+        (name, value) pairs (this runs at every call); a value that cannot be
+        hashed is left out, with one warning (see :meth:`_captured_digests`)."""
+        entries = self._captured(split=False)
+        try:
+            return Hasher().digest_of(entries)
+        except TypeError:
+            hashable = self._digests(entries)
+            return Hasher().digest_of([(n, v) for n, v in entries if n in hashable])
+
     def _captured_digests(self) -> dict[str, bytes]:
-        """Name -> digest of what the function captures; a value that cannot be
-        hashed is left out of the key, with one warning (joblib ignores them all)."""
+        """Name -> digest of each part of what the function captures (on a miss)."""
+        return self._digests(self._captured())
+
+    def _digests(self, entries: list[tuple[str, Any]]) -> dict[str, bytes]:
+        """Name -> digest of each entry; a value that cannot be hashed is left out
+        (of the key too), with one warning (joblib ignores them all)."""
         digests: dict[str, bytes] = {}
-        for name, value in self._captured():
+        hasher = Hasher()
+        for name, value in entries:
             try:
-                digests[name] = hash_value(value).encode()
+                digests[name] = hasher.digest_of(value)
             except Exception as exc:
                 if name not in self._unhashable_warned:
                     self._unhashable_warned.add(name)
@@ -422,12 +431,12 @@ class MemorizedFunc(Generic[P, R]):
         if before is None:
             return keyed
         captured, watched = before
-        changed_captured = _changed(captured, self._captured_digests() if self._stateful else {})
+        changed = _changed(captured, self._captured_digests() if self._stateful else {})
         changed_globals = _changed(watched, self._watched_digests())
         # only a part (a dict's key, an object's attribute) or an accumulator (a
         # list, a set) becomes state: an object that changes as a whole (a seeded
         # random generator) keeps counting, so that it never gives a wrong hit
-        changed_captured &= learnable(self._captured(), expanded=True)
+        changed_captured = changed & learnable(self._captured(), expanded=True)
         changed_globals &= learnable(self._watched, expanded=False)
         if not changed_captured and not changed_globals:
             return keyed
@@ -442,10 +451,13 @@ class MemorizedFunc(Generic[P, R]):
             )
         self._save_state()
         keyer = self._keyer if not changed_globals else self._prepare()
-        if keyer is None:
+        if keyer is None or changed - changed_captured:
+            # something captured changed that stays input: what remains is not as
+            # it was before the call, so the result keeps the key it was asked under
             return keyed
-        kept = {n: d for n, d in captured.items() if n not in self._captured_state}
-        return f"{self._code_dir}/{keyer.combine(keyed[1], _combine(kept))}", keyed[1]
+        # what remains of what it captures is as it was before the call
+        extra = self._captured_key() if self._stateful else b""
+        return f"{self._code_dir}/{keyer.combine(keyed[1], extra)}", keyed[1]
 
     def _load_state(self) -> bool:
         """Add what earlier processes learned calls of code of this shape change
