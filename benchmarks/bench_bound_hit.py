@@ -12,8 +12,8 @@ import tempfile
 import timeit
 
 from mlcache import Memory
-from mlcache.fingerprint import call_state
-from mlcache.hashing import hash_value
+from mlcache.keys.hashing import hash_value
+from mlcache.keys.identity import call_state
 
 
 class Model:

@@ -36,8 +36,8 @@ from _bench import (
     report,
     scratch_dir,
 )
-from mlcache import deps
-from mlcache.hashing import bytes_hashed
+from mlcache.keys import code_version as deps
+from mlcache.keys.hashing import bytes_hashed
 
 
 def load(n: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Datasets (issue 3): opening a pack, and a random-order full pass.
 
-On synthetic MIMIC-like patients (``mlcache.data.synthetic``: one CSV file per patient,
+On synthetic MIMIC-like patients (``mlcache.demo.synthetic``: one CSV file per patient,
 20,000 in the full run):
 
 1. opening an existing pack, ``PackedDataset(path)``, of small samples
@@ -61,7 +61,7 @@ from _bench import (
     scratch_dir,
 )
 from mlcache.data import CachedDataset, PackedDataset, pack
-from mlcache.data.synthetic import read_patient, write_patients
+from mlcache.demo.synthetic import read_patient, write_patients
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ as it was before (loaded from git, ``--before``, default the commit before issue
 * ``large``: 256 samples ``{"x": uint8[512, 512, 3]}``, 768 KiB (the map path),
   read only, and read whole (``x.sum()``: every page touched, the map's page
   faults included);
-* ``patients``: 2,000 synthetic patients (``mlcache.data.synthetic``, as in
+* ``patients``: 2,000 synthetic patients (``mlcache.demo.synthetic``, as in
   ``bench_data.py``: vitals float32[T, 6], age, label, sex, id), every field
   touched, as ``bench_data.py``'s pass does;
 * each also with ``writable=False`` (read-only views of the shared map, the
@@ -120,7 +120,7 @@ def main() -> None:
                 progress=False,
             ).path,
         }
-        from mlcache.data.synthetic import read_patient, write_patients
+        from mlcache.demo.synthetic import read_patient, write_patients
 
         files = write_patients(os.path.join(where, "src"), 2_000 // scale, seed=0)
         packs["patients"] = pack(

@@ -179,7 +179,7 @@ def bench_scaling(
 ) -> tuple[dict[str, Result], list[Outcome]]:
     import distributed
 
-    from mlcache.parallel import cached_map
+    from mlcache.memo.parallel import cached_map
 
     res: dict[str, Result] = {}
     for workers in (1, 2, 4):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from mlcache import Memory
-from mlcache.names import is_entry
+from mlcache.memo.layout import is_entry
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -206,7 +206,7 @@ def _storm(location, worker, n):
 
 
 def _entries_size(store):
-    from mlcache.names import entries
+    from mlcache.memo.layout import entries
 
     return sum(e.size for e in entries(store))
 
@@ -287,7 +287,7 @@ def _hold_the_size_total(location, seconds):
 def test_a_stuck_size_total_does_not_block_writers(tmp_path, monkeypatch):
     """A process that holds the shared size total and stops (here: sleeps) makes
     writers wait at most counter_timeout, then keep the limit on their own."""
-    from mlcache.limits import SizeGuard
+    from mlcache.memo.eviction import SizeGuard
 
     monkeypatch.setattr(SizeGuard, "counter_timeout", 0.2)
     holder = multiprocessing.get_context("fork").Process(

@@ -28,7 +28,7 @@ import pytest
 from mlcache import CacheWarning, Memory
 from mlcache.data import CachedDataset, PackCorrupted
 from mlcache.entry import HEADER
-from mlcache.names import is_entry
+from mlcache.memo.layout import is_entry
 
 CALLS: Counter = Counter()
 

@@ -89,7 +89,7 @@ def test_a_dask_graph_on_a_shared_store_computes_nothing_the_second_time(
 def test_cached_map_computes_only_what_is_missing(client, s3_bucket, tmp_path):
     from functools import partial
 
-    from mlcache.parallel import cached_map
+    from mlcache.memo.parallel import cached_map
 
     log = str(tmp_path / "calls.log")
     f = _s3_memory(s3_bucket, tmp_path, "map").cache(partial(_logged_square, log=log))
@@ -107,7 +107,7 @@ def test_cached_map_computes_only_what_is_missing(client, s3_bucket, tmp_path):
 def test_cached_map_on_local_executors(tmp_path, backend):
     from functools import partial
 
-    from mlcache.parallel import cached_map
+    from mlcache.memo.parallel import cached_map
 
     log = str(tmp_path / "calls.log")
     f = Memory(tmp_path / "c", verbose=0).cache(partial(_logged_square, log=log))
@@ -127,8 +127,8 @@ def test_cached_map_results_chain_like_hits(tmp_path):
     the next."""
     from functools import partial
 
-    from mlcache.hashing import REF_ATTR
-    from mlcache.parallel import cached_map
+    from mlcache.keys.hashing import REF_ATTR
+    from mlcache.memo.parallel import cached_map
 
     log = str(tmp_path / "calls.log")
     mem = Memory(tmp_path / "c", verbose=0, mmap_mode="r")

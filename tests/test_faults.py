@@ -24,9 +24,9 @@ import pytest
 from mlcache import Memory
 from mlcache.data import PackCorrupted, PackedDataset, pack
 from mlcache.errors import EntryCorrupted, EntryNotFound
-from mlcache.names import is_entry
-from mlcache.results import decode, open_entry
-from mlcache.stats import collect
+from mlcache.memo.layout import is_entry
+from mlcache.memo.results import decode, open_entry
+from mlcache.memo.usage import collect
 
 SIZES = (10, 100_000, 1_500_000)  # int64 elements: up to 12 MB, a wide write window
 PACK_SAMPLES = (50, 1500)

@@ -46,11 +46,11 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from mlcache.codecs import codecs
-from mlcache.compression import Compression
+from mlcache.codecs.compression import Compression
 from mlcache.data import PackCorrupted, PackedDataset, pack
 from mlcache.entry import EntryReader, read_info, verify_file, write_entry
 from mlcache.errors import EntryCorrupted, UnsupportedValue
-from mlcache.results import decode
+from mlcache.memo.results import decode
 
 ENTRY_MAGIC = b"\x93MLCACHE"
 PACK_MAGIC = b"\x93MLCPACK"

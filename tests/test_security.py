@@ -12,7 +12,7 @@ import pytest
 
 from mlcache import CacheWarning, Memory
 from mlcache.data import CachedDataset
-from mlcache.names import is_entry
+from mlcache.memo.layout import is_entry
 
 HOSTILE = [
     "../../escape",
@@ -150,7 +150,7 @@ def test_a_planted_malicious_pickle_is_never_loaded_when_signed(tmp_path, caplog
     signed with a key that is not ours, or carrying our key's (public) id with a
     MAC it cannot make, is refused before it is decoded, logged, and recomputed;
     the attacker's code never runs."""
-    from mlcache.signing import Signer
+    from mlcache.entry.signing import Signer
 
     marker = tmp_path / "pwned"
     cache = tmp_path / "cache"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging as _logging
 
-from ._default import cache, default_location
 from .codecs import register_codec
 from .errors import (
     CacheError,
@@ -25,16 +24,18 @@ from .errors import (
     UnknownBackend,
     UnsupportedValue,
 )
-from .hashing import hash_value
-from .memory import (
+from .keys.hashing import hash_value
+from .memo.memory import (
     MemorizedFunc,
     MemorizedResult,
     Memory,
     NotMemorizedFunc,
     NotMemorizedResult,
+    cache,
     expires_after,
 )
 from .store import register_store_backend
+from .store.local import default_location
 
 __version__ = "0.1.0"
 

@@ -17,12 +17,11 @@ import time
 from typing import Any
 
 from . import __version__
-from ._default import default_location
 from ._tables import print_table
-from .config import parse_bytes, parse_duration
+from ._util import parse_bytes, parse_duration
 from .data.cached import remove_pack
-from .memory import Memory
-from .store.local import cache_folder
+from .memo.memory import Memory
+from .store.local import cache_folder, default_location
 
 OK, PROBLEM, USAGE = 0, 1, 2
 
@@ -58,7 +57,7 @@ def _dump(obj: Any) -> None:
 
 # -- commands ---------------------------------------------------------------------------
 def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import inventory
+    from . import admin as inventory
 
     funcs, found = inventory.functions(mem), inventory.packs(location)
     if args.json:
@@ -100,7 +99,7 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
 
 
 def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import inventory
+    from . import admin as inventory
 
     st = inventory.find_function(mem, args.name)
     if st is not None:
@@ -153,7 +152,7 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
 
 
 def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import inventory
+    from . import admin as inventory
 
     if args.name is None:
         funcs, found = inventory.functions(mem), inventory.packs(location, detail=False)
@@ -181,7 +180,7 @@ def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
 
 
 def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import inventory
+    from . import admin as inventory
 
     try:
         max_size = parse_bytes(args.max_size)
@@ -211,9 +210,9 @@ def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
 
 
 def _verify(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import inventory
-    from .data.format import PackCorrupted
+    from . import admin as inventory
     from .data.reader import PackedDataset
+    from .errors import PackCorrupted
 
     damaged = mem.verify(fix=args.fix)
     bad_packs = []

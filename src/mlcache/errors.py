@@ -22,6 +22,8 @@
      │         │                                  (mlcache.data.PackCorrupted)
      │         └── PackChanged                    a pack file changed under an open reader
      │                                            (mlcache.data.PackChanged)
+     ├── UnhashableArgument(CacheError, TypeError)  an argument of a call cannot be hashed
+     │                                            (the call runs uncached, with a warning)
      ├── UnsupportedValue(CacheError, TypeError)  a value no allowed codec can store
      └── StoreError(CacheError, OSError)          the store could not be created, read or written
 
@@ -52,8 +54,11 @@ __all__ = [
     "EntryNotFound",
     "EntrySignatureError",
     "InvalidRegistration",
+    "PackChanged",
+    "PackCorrupted",
     "RegistryError",
     "StoreError",
+    "UnhashableArgument",
     "UnknownBackend",
     "UnsupportedValue",
 ]
@@ -119,6 +124,20 @@ class EntrySignatureError(EntryCorrupted):
     def __init__(self, message: str, reason: str = "mismatch") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class PackCorrupted(EntryCorrupted):
+    """A pack file is truncated, damaged or not a pack (a ``ValueError``)."""
+
+
+class PackChanged(PackCorrupted):
+    """The file an open pack reader reads was changed under it since it was opened
+    (rewritten in place, truncated, or, for a dataset reopened by path, replaced
+    by another pack). A ``PackCorrupted``, so a ``CachedDataset`` rebuilds."""
+
+
+class UnhashableArgument(CacheError, TypeError):
+    """An argument of a call cannot be hashed (a lock, an open file, a generator)."""
 
 
 class UnsupportedValue(CacheError, TypeError):

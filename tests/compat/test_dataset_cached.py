@@ -558,7 +558,7 @@ class Numbers(CachedDataset):
 def test_packs_unused_for_a_long_time_go(tmp_path: Path) -> None:
     """A pack of other attributes not opened for OLD_VERSIONS_KEPT_FOR goes when
     another pack of the class is built; one opened recently stays."""
-    from mlcache.memorized import OLD_VERSIONS_KEPT_FOR
+    from mlcache.memo.func import OLD_VERSIONS_KEPT_FOR
 
     cache = tmp_path / "cache"
     old = Numbers(1, cache_dir=cache, progress=False)

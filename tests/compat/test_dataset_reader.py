@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from mlcache.data import PackCorrupted, PackedDataset, ShardedDataset, pack
-from mlcache.data.reader import PackChanged
+from mlcache.errors import PackChanged
 
 #: a "large" array: well above the size from which a read maps its pages privately
 BIG = 300_000

@@ -2,7 +2,7 @@
 its key, nothing raised while hashing reaches the call, and functions and classes
 passed as arguments or defaults bring their code version.
 
-Each case failed before the changes of issue 12 to ``mlcache.hashing``."""
+Each case failed before the changes of issue 12 to ``mlcache.keys.hashing``."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from mlcache import CacheWarning, Memory
-from mlcache.hashing import hash_value
+from mlcache.keys.hashing import hash_value
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_deps import Project  # the fresh-interpreter package helper
+from scripts import Project  # the fresh-interpreter package helper
 
 
 def distinct(*values: object) -> None:
@@ -381,7 +381,7 @@ def test_functions_and_classes_passed_as_values_bring_their_code_version(passed)
 
 
 def test_library_functions_and_classes_are_keyed_by_name_and_library_version():
-    from mlcache.deps import library_version
+    from mlcache.keys.code_version import library_version
 
     assert library_version("numpy") in repr_of_stream(np.mean)
     assert library_version("numpy") in repr_of_stream(np.add)
@@ -395,7 +395,7 @@ def test_library_functions_and_classes_are_keyed_by_name_and_library_version():
 
 def repr_of_stream(obj: object) -> str:
     """The canonical stream of ``obj``, as text (for what it contains)."""
-    from mlcache.hashing import Hasher
+    from mlcache.keys.hashing import Hasher
 
     h = Hasher()
     h.update(obj)

@@ -290,7 +290,7 @@ def test_a_captured_value_that_cannot_be_hashed_is_left_out_with_one_warning(tmp
 
 
 def test_exec_namespaces_without_a_name_are_user_code():
-    from mlcache.deps import code_version
+    from mlcache.keys.code_version import code_version
 
     def make(helper_body: str):
         ns: dict = {}
@@ -302,7 +302,7 @@ def test_exec_namespaces_without_a_name_are_user_code():
 
 
 def test_a_notebooks_functions_carry_the_notebook_they_come_from():
-    from mlcache.fingerprint import func_identity
+    from mlcache.keys.identity import func_identity
 
     def cell(notebook: str | None):
         ns: dict = {"__name__": "__main__"}

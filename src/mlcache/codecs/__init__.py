@@ -94,7 +94,7 @@ def select_codec(value: Any, *, allow_pickle: bool) -> Codec:
 
 
 def _register_builtin() -> None:
-    from .numpy import NumpyCodec
+    from .npy import NumpyCodec
     from .pickle import PickleCodec
 
     register_codec(NumpyCodec())

@@ -4,9 +4,9 @@ back with random access (``PackedDataset``). The byte layout is in
 
 from __future__ import annotations
 
+from ..errors import PackChanged, PackCorrupted
 from .cached import CachedDataset
-from .format import PackCorrupted
-from .reader import PackChanged, PackedDataset
+from .reader import PackedDataset
 from .shards import ShardedDataset, pack_with_dask
 from .sql import SqlSource, from_sql
 from .writer import pack

@@ -17,7 +17,7 @@ Subclass it, set your attributes, call ``super().__init__(...)``::
 What the pack is keyed by (any change is a rebuild; so is ``force_recache=True``):
 
 - the class: its qualified name and its code version, by the function cache's
-  rule (:func:`mlcache.deps.code_version`): the code of its methods and of the
+  rule (:func:`mlcache.keys.code_version.code_version`): the code of its methods and of the
   user code they reach, and the module-level values that code reads (``cols =
   [1, 2]`` edited to ``[1, 2, 30]`` is a rebuild). A module-level value that a
   build *changes* (a memo its ``load_item`` fills) is state, not input: it is
@@ -26,7 +26,7 @@ What the pack is keyed by (any change is a rebuild; so is ``force_recache=True``
   only, so the next open does not rebuild;
 - the attributes set before ``super().__init__`` (or only those in
   ``cache_on``), less those in ``cache_ignore``, by value
-  (:func:`mlcache.hashing.hash_value`, at every open: a large attribute that
+  (:func:`mlcache.keys.hashing.hash_value`, at every open: a large attribute that
   does not change the samples, such as a lookup table or an output folder,
   belongs in ``cache_ignore``);
 - the source fingerprint (:meth:`CachedDataset.source_fingerprint`): the paths,
@@ -53,7 +53,7 @@ Which packs are kept (a pack is ``<folder of the class>/<attributes>-<version>.p
 the older versions of the same attributes (code or source changed) go when a
 newer one is built, once 10 minutes old; packs of other attributes go when a
 pack of the class is built and they have not been opened for
-:data:`mlcache.memorized.OLD_VERSIONS_KEPT_FOR` (30 days, as function results of
+:data:`mlcache.memo.func.OLD_VERSIONS_KEPT_FOR` (30 days, as function results of
 an old code version); ``mlcache clear`` removes any. When the last three builds
 of a class, by three runs within an hour, each had a new value of the same
 attribute (``self.out_dir = mkdtemp()``), a warning names it.
@@ -79,15 +79,13 @@ from typing import Any, ClassVar
 import xxhash
 
 from .._atomic import open_folder, open_regular, write_bytes_atomic
-from .._default import default_location
-from ..deps import code_version, learnable, watched_digests
-from ..errors import warn
-from ..fingerprint import slug
-from ..hashing import hash_value
-from ..store.local import cache_folder, mark_cache_folder
-from .format import PackCorrupted
+from ..errors import PackCorrupted, warn
+from ..keys.code_version import code_version, learnable, watched_digests
+from ..keys.hashing import hash_value
+from ..keys.identity import slug
+from ..store.local import cache_folder, default_location, mark_cache_folder
+from .fetch import is_url, publish
 from .reader import PackedDataset, spawning_worker
-from .remote import is_url, publish
 from .writer import pack
 
 __all__ = ["CachedDataset", "remove_pack"]
@@ -313,7 +311,7 @@ class CachedDataset(Sequence[Any]):
 
         The default combines the files of ``source_files()`` (path, size and
         modification time of each) and, when the class defines ``source_items()``,
-        its items: by value (:func:`mlcache.hashing.hash_value`: the list, its
+        its items: by value (:func:`mlcache.keys.hashing.hash_value`: the list, its
         order and count), and each existing file or folder they name by its path,
         size and modification time: an item that is a path, a tuple or list
         holding paths (``(path, label)``), or a name relative to a folder the
@@ -468,7 +466,7 @@ class CachedDataset(Sequence[Any]):
     ) -> PackedDataset:
         """The pack in the remote folder, through this machine's copy; built here,
         under the key's lease, when it is not there (or damaged, or ``force``)."""
-        from ..store.remote import FsspecStore
+        from ..store.fsspec import FsspecStore
 
         assert self._remote is not None
         root, options = self._remote
@@ -521,10 +519,10 @@ class CachedDataset(Sequence[Any]):
     def _remove_older_versions(self) -> None:
         """Delete the packs this one replaces (same attributes, older code or
         source) once they are :data:`_GRACE_SECONDS` old, and the packs of other
-        attributes not opened for :data:`~mlcache.memorized.OLD_VERSIONS_KEPT_FOR`
+        attributes not opened for :data:`~mlcache.memo.func.OLD_VERSIONS_KEPT_FOR`
         (as the function cache does with code versions); a process still reading
         one keeps its map (the file goes when it closes)."""
-        from ..memorized import OLD_VERSIONS_KEPT_FOR
+        from ..memo.func import OLD_VERSIONS_KEPT_FOR
 
         folder, mine = os.path.split(self.pack_path)
         now = time.time()
@@ -748,7 +746,7 @@ def _add_stats(path: str, paths: list[str], stats: array) -> None:
 # -- state: module-level values a build changes ------------------------------------
 def _read_state(folder: str, shape: str) -> frozenset[str]:
     """The names of the module-level values (or their parts: see
-    :func:`mlcache.deps.state_parts`) that builds of this class, with code of this
+    :func:`mlcache.keys.code_version.state_parts`) that builds of this class, with code of this
     shape, change."""
     try:
         with open(os.path.join(folder, f"{_STATE_FILE}-{shape}"), "rb") as f:
@@ -821,7 +819,7 @@ def _main_is_guarded() -> bool:
 def _other_threads() -> int:
     """Threads other than this one, except two kinds of helpers that sleep and
     that a forked worker never needs: mlcache's hashing threads (forgotten by a
-    forked child: see mlcache.hashing) and tqdm's monitor (started by the first
+    forked child: see mlcache.keys.hashing) and tqdm's monitor (started by the first
     progress bar on a terminal, ours included; it wakes every 10 s)."""
     me = threading.current_thread()
     return sum(

@@ -60,9 +60,9 @@ from typing import Any
 
 import xxhash
 
-from ..errors import EntryCorrupted
+from ..errors import PackCorrupted
 
-__all__ = ["ALIGN", "BLOCK", "FORMAT_VERSION", "HEADER", "MAGIC", "PackCorrupted", "pack_header"]
+__all__ = ["ALIGN", "BLOCK", "FORMAT_VERSION", "HEADER", "MAGIC", "pack_header"]
 
 MAGIC = b"\x93MLCPACK"
 FORMAT_VERSION = 1
@@ -70,10 +70,6 @@ ALIGN = 64
 BLOCK = 4 << 20
 HEADER = struct.Struct("<8sHHIQQQQQQ")
 assert HEADER.size == 64
-
-
-class PackCorrupted(EntryCorrupted):
-    """A pack file is truncated, damaged or not a pack (a ``ValueError``)."""
 
 
 def pad(n: int) -> int:

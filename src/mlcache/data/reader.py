@@ -59,11 +59,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import UnsupportedValue
-from .format import HEADER, PackCorrupted, parse_index, read_header
-from .remote import is_url, local_copy, sparse_copy
+from ..errors import PackChanged, PackCorrupted, UnsupportedValue
+from .fetch import is_url, local_copy, sparse_copy
+from .format import HEADER, parse_index, read_header
 
-__all__ = ["CHECK_EVERY", "PRIVATE_MAP_MIN", "PackChanged", "PackedDataset", "spawning_worker"]
+__all__ = ["CHECK_EVERY", "PRIVATE_MAP_MIN", "PackedDataset", "spawning_worker"]
 
 logger = logging.getLogger("mlcache")
 
@@ -75,12 +75,6 @@ PRIVATE_MAP_MIN = 256 << 10
 #: a reader looks at its file (one fstat) every this many reads, besides at each
 #: epoch (``len``, ``iter``), batch and worker start
 CHECK_EVERY = 256
-
-
-class PackChanged(PackCorrupted):
-    """The file an open pack reader reads was changed under it since it was opened
-    (rewritten in place, truncated, or, for a dataset reopened by path, replaced
-    by another pack). A ``PackCorrupted``, so a ``CachedDataset`` rebuilds."""
 
 
 def spawning_worker() -> bool:
@@ -462,7 +456,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
     path:
         The pack file, as written by :func:`mlcache.data.pack`, or its URL
         (``s3://bucket/train.pack``, any fsspec URL): then a local copy is read,
-        fetched once (see :mod:`mlcache.data.remote`).
+        fetched once (see :mod:`mlcache.data.fetch`).
     allow_pickle:
         Unpickle fields stored with pickle (refused by default).
     storage_options:
@@ -471,7 +465,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         Where a URL's local copy goes (default: the user cache folder).
     fetch:
         For a URL: ``"whole"`` copies the pack once; ``"ranges"`` fetches only
-        the blocks that reads touch (see :mod:`mlcache.data.remote`).
+        the blocks that reads touch (see :mod:`mlcache.data.fetch`).
     writable:
         Arrays private to each read, writable (the default). ``False`` gives
         read-only zero-copy views of the one shared map, about 0.3 µs faster per

@@ -51,10 +51,9 @@ import numpy as np
 import xxhash
 
 from .._atomic import write_bytes_atomic
-from ..config import parse_bytes
-from .format import PackCorrupted
-from .reader import PackChanged
-from .remote import is_url, local_copy
+from .._util import parse_bytes
+from ..errors import PackChanged, PackCorrupted
+from .fetch import is_url, local_copy
 
 __all__ = ["SHARDS_SUFFIX", "ShardedDataset", "pack_sharded", "pack_with_dask"]
 
@@ -287,7 +286,7 @@ def _pack_shard(
     """On a worker: load ``items``, pack them, put the shard at ``target``."""
     import tempfile
 
-    from .remote import publish
+    from .fetch import publish
     from .writer import pack
 
     with tempfile.TemporaryDirectory(prefix="mlcache-shard-") as tmp:
@@ -353,7 +352,7 @@ def _dask_build(
     shards = client.gather(futures)
     manifest = _manifest_bytes(sum(s["n"] for s in shards), shards)
     if is_url(path):
-        from .remote import _fs
+        from .fetch import _fs
 
         fs, remote = _fs(path, storage_options)
         fs.pipe_file(remote, manifest)  # last: the shards are all there

@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..hashing import hash_value
+from ..keys.hashing import hash_value
 
 __all__ = ["SqlSource", "from_sql", "unique_names"]
 

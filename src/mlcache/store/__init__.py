@@ -153,7 +153,7 @@ def register_store_backend(name: str, backend_class: type | str, *, replace: boo
 
 
 stores.register("local", "mlcache.store.local:LocalStore")
-stores.register("fsspec", "mlcache.store.remote:FsspecStore")
+stores.register("fsspec", "mlcache.store.fsspec:FsspecStore")
 
 
 def backend_for(location: str, backend: str) -> str:

@@ -19,6 +19,7 @@ import re
 import secrets
 import stat
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -532,3 +533,21 @@ def _create_whole(root: str, name: str, text: str) -> None:
 
 def _rebuild(location: str, durable: bool, mode: int) -> LocalStore:
     return LocalStore(location, durable=durable, mode=mode)
+
+
+def default_location() -> str:
+    """The default cache folder (absolute): ``$MLCACHE_DIR``, else the platform's
+    per-user cache folder plus ``mlcache``; its ``mlcache`` subfolder when that
+    folder holds a user's files (see :func:`mlcache.store.local.cache_folder`).
+    Function results and dataset packs (``datasets/``) both live there."""
+    env = os.environ.get("MLCACHE_DIR")
+    if env:
+        return cache_folder(os.path.expanduser(env))
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
+        return cache_folder(os.path.join(base, "mlcache", "Cache"))
+    if sys.platform == "darwin":
+        return cache_folder(os.path.expanduser("~/Library/Caches/mlcache"))
+    return cache_folder(
+        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlcache")
+    )

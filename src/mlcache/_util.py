@@ -1,0 +1,111 @@
+"""Base utilities every layer may use: byte sizes and durations as users write
+them, waiting with backoff, and progress bars.
+
+Nothing here imports another mlcache module except :mod:`mlcache.errors`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import time
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+
+__all__ = ["backoff", "parse_bytes", "parse_duration", "progress"]
+
+_T = TypeVar("_T")
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: int | str | None) -> int | None:
+    """``10_000``, ``"10K"``, ``"1.5GB"``, ``"2GiB"`` -> bytes (powers of 1024, as joblib)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"a byte size must be an int or a string like '10GB', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"a byte size cannot be negative, got {value}")
+        return value
+    if isinstance(value, str):
+        m = _BYTES.match(value)
+        if m:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ConfigError(f"a byte size must be an int or a string like '10GB', got {value!r}")
+
+
+def parse_duration(value: _dt.timedelta | str | float | None) -> float | None:
+    """A timedelta, seconds, or ``"7d"``/``"12h"``/``"30m"``/``"10s"`` -> seconds."""
+    if value is None:
+        return None
+    if isinstance(value, _dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and re.match(r"^\s*\d+(\.\d+)?\s*[smhdw]?\s*$", value):
+        v = value.strip()
+        unit = v[-1] if v[-1].isalpha() else "s"
+        number = v[:-1] if v[-1].isalpha() else v
+        seconds = float(number) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+    else:
+        raise ConfigError(f"a duration must be a timedelta, seconds or like '7d', got {value!r}")
+    if not seconds >= 0:  # also nan
+        raise ConfigError(f"a duration cannot be negative or nan, got {value!r}")
+    return seconds
+
+
+def backoff(
+    timeout: float, first: float = 0.001, most: float = 0.05, factor: float = 2.0
+) -> Iterator[int]:
+    """Attempts of a retry loop: yields 0, 1, 2, ... and sleeps between them, from
+    ``first`` seconds growing by ``factor`` up to ``most``, until ``timeout``
+    seconds have passed since the first attempt; then it stops (the caller's
+    ``for`` loop ends: give up there).
+
+    >>> for attempt in backoff(0.1):  # doctest: +SKIP
+    ...     if try_once():
+    ...         break
+    ... else:
+    ...     give_up()
+    """
+    deadline = time.monotonic() + timeout
+    delay = first
+    attempt = 0
+    while True:
+        yield attempt
+        attempt += 1
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(delay, left))
+        delay = min(delay * factor, most)
+
+
+def progress(
+    iterable: Iterable[_T],
+    desc: str,
+    *,
+    total: int | None = None,
+    unit: str = " items",
+    enabled: bool = True,
+    leave: bool = True,
+) -> Iterable[_T]:
+    """``iterable`` with a progress bar (tqdm, when it is installed, ``enabled`` and
+    the output is a terminal: ``disable=None``), else ``iterable`` itself."""
+    if not enabled:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return iterable
+    if total is None and isinstance(iterable, Sized):
+        total = len(iterable)
+    bar: Any = tqdm(
+        iterable, desc=desc, total=total, unit=unit, mininterval=0.5, leave=leave, disable=None
+    )
+    return bar

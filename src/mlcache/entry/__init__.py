@@ -1,0 +1,894 @@
+"""The entry file format of the function cache (one file per cached call).
+
+This module alone reads and writes these bytes; ``docs/format.md`` holds the
+same table. All integers are little-endian.
+
+========  ======  ===========================================================
+offset    size    field
+========  ======  ===========================================================
+0         8       magic ``b"\\x93MLCACHE"``
+8         2       format version (u16), currently 1
+10        2       flags (u16): 1 signed, 2 the signature covers segment 0 too,
+                  4 a block table follows the info
+12        4       layout length L (u32): JSON, how to decode the payload
+16        4       info length I (u32): JSON, metadata (time, duration, args)
+20        4       segment count (u32)
+24        8       payload offset P (u64), a multiple of 64
+32        8       payload length N (u64)
+40        8       xxh3-64 of the payload bytes [P, P+N); with flag 4, xxh3-64
+                  of the block table
+48        8       xxh3-64 of layout + info (+ block table), seeded with the
+                  xxh3-64 of bytes [0, 48)
+56        8       reserved, zero
+64        L       layout JSON: ``{"codec", "c": codec layout, "seg": [[off, len], ...],
+                  "z": compression or null, "raw": [uncompressed len, ...]}``
+64+L      I       info JSON
+64+L+I    T       flag 4 only, the block table: block size B (u64, a power of
+                  two from 64 to 2**40), then ceil(N / B) xxh3-64 (u64), one per
+                  B-byte block of the payload (the last one shorter);
+                  T = 8 + 8 * ceil(N / B), else T = 0
+64+L+I+T  40      signed entries only: key id (8) and HMAC-SHA256 (32) of bytes
+                  [0, 48) + layout + info + block table + the entry's name
+                  (+ SHA-256 of segment 0 when flag 2 is set)
+...               zero padding up to P
+P         N       segments, each at a 64-byte aligned offset (relative to P),
+                  zero padding between them
+========  ======  ===========================================================
+
+Writers add the block table (B = :data:`BLOCK_SIZE`, 4 MiB) to payloads of at
+least :data:`BLOCK_TABLE_MIN` (16 MiB); smaller entries are byte for byte as
+before. Readers read entries with and without it.
+
+When the payload is checked
+    Before its first use in a process, whatever the size or the mode. The
+    header checksum (which covers the block table) is checked at every read.
+    A read into memory checks the payload as it reads it (it costs ~4% of
+    reading the bytes). A memory-mapped read (``"r"``, ``"c"``) checks the
+    mapped payload unless this process has already checked that file: each
+    block of a block table on all cores (:func:`mlcache.keys.hashing.parallel_map`),
+    an older entry without one in one pass. A file that passed is remembered by
+    its identity (device, inode, size, mtime, ctime) once its last change is
+    :data:`SETTLED_NS` old (:data:`COARSE_SETTLED_NS` for whole-second file
+    times), so a repeated mapped hit stays O(1) in the array size; a file
+    replaced or changed in place has another identity and is checked again.
+    mlcache's own last-use touch (which sets the mtime) keeps the mark
+    (:func:`keep_verified`); another process's touch makes one new check.
+    ``"r+"`` maps are the caller's to change (as in joblib, edits persist), so
+    they are not checked; handing one out drops the file's mark, and while one
+    is alive in this process the file's other mapped reads are checked every
+    time (writes through a shared map need not change the mtime at once).
+    ``"c"`` maps are private: nothing reaches the file. A mismatch raises
+    :class:`EntryCorrupted`: a miss, recomputed. :func:`verify_file`
+    (``Memory.verify()``) reads and checks every byte.
+
+Signed entries (:mod:`mlcache.entry.signing`)
+    A reader given a signer refuses, before decoding anything, an entry that is
+    unsigned or whose signature does not verify (:class:`EntrySignatureError`).
+    The signature covers the header (with the payload's checksum), the layout,
+    the info, the block table and the entry's name, and the whole of segment 0
+    of entries whose codec runs code when decoding (the pickle stream): it is
+    read into private memory, checked there and decoded from there. Other segments (raw arrays,
+    a pickle's out-of-band buffers) are bound to the signature only through
+    their signed xxh3 checksums (of the payload, or of each block), checked as
+    above: altered array bytes can give wrong numbers but never run code.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import mmap
+import os
+import struct
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, BinaryIO, Literal, NamedTuple
+
+import numpy as np
+import xxhash
+
+from ..codecs import Encoded, codecs
+from ..codecs.compression import Compression
+from ..errors import ConfigError, EntryCorrupted, EntrySignatureError
+from ..keys.hashing import REF_ATTR, parallel_map
+from .signing import KEY_ID_SIZE, MAC_SIZE, Signer
+
+__all__ = [
+    "BLOCK_SIZE",
+    "BLOCK_SUMS",
+    "BLOCK_TABLE_MIN",
+    "CODE_SIGNED",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "SIGNED",
+    "EntryPlan",
+    "EntryReader",
+    "forget_verified",
+    "keep_verified",
+    "read_info",
+    "verify_file",
+    "write_entry",
+]
+
+MAGIC = b"\x93MLCACHE"
+FORMAT_VERSION = 1
+ALIGN = 64
+HEADER = struct.Struct("<8sHHIII QQQQQ")  # 64 bytes
+assert HEADER.size == 64
+#: header flags: the entry is signed; its segment 0 (code) is covered too; a table
+#: of block checksums follows the info
+SIGNED, CODE_SIGNED, BLOCK_SUMS = 1, 2, 4
+_KNOWN_FLAGS = SIGNED | CODE_SIGNED | BLOCK_SUMS
+#: the signature that follows the info: the signing key's id, then the MAC
+SIGNATURE_SIZE = KEY_ID_SIZE + MAC_SIZE
+#: payloads of at least this many bytes are written with a table of block checksums
+BLOCK_TABLE_MIN = 16 << 20
+#: the block size of the tables this writer makes (readers take any power of two
+#: from ALIGN to 2**40)
+BLOCK_SIZE = 4 << 20
+_BLOCK_MAX = 1 << 40
+#: a mapped file is remembered as verified only when its last change (mtime,
+#: ctime) is at least this old: file times are coarse (a clock tick, 1 to 10 ms
+#: on Linux), and a change made within the same tick as the check would not show
+#: in them. Files whose times are whole seconds (FAT, HFS+, some network file
+#: systems) need COARSE_SETTLED_NS.
+SETTLED_NS = 50_000_000
+COARSE_SETTLED_NS = 2_000_000_000
+_VERIFIED_MAX = 1 << 16
+_FIRST_READ = 1 << 16
+# checksum and copy in chunks that stay in the CPU cache between the two passes
+_CHUNK = 1 << 20
+_PREALLOCATE_MIN = 16 << 20
+
+_MMAP_ACCESS = {"r": mmap.ACCESS_READ, "r+": mmap.ACCESS_WRITE, "c": mmap.ACCESS_COPY}
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGN
+
+
+def _as_bytes(seg: Any) -> memoryview:
+    if isinstance(seg, np.ndarray):
+        a = seg if seg.flags.c_contiguous else seg.T  # F-ordered: its transpose is C
+        return memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    mv = memoryview(seg)
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+_fallocate: Any = None
+
+
+def _preallocate(f: BinaryIO, size: int) -> None:
+    """Reserve the file's blocks before a large write (as numpy.save does): the
+    file system then allocates once instead of growing the file chunk by chunk.
+    Uses Linux's fallocate(2) directly: posix_fallocate would emulate it on file
+    systems without support by writing every block. Best effort."""
+    global _fallocate
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if _fallocate is None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            _fallocate = libc.fallocate
+            _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        _fallocate(f.fileno(), 0, 0, size)  # errors (EOPNOTSUPP, ENOSPC) are ignored
+    except (OSError, AttributeError, ValueError):
+        _fallocate = False if _fallocate is None else _fallocate
+
+
+def _write_all(f: BinaryIO, data: memoryview) -> None:
+    while data:
+        n = f.write(data)
+        if n is None or n <= 0:
+            raise OSError("short write")
+        data = data[n:]
+
+
+class _BlockSums:
+    """xxh3-64 of each ``block``-byte block of a stream fed in pieces of any size
+    (of the whole stream, as one digest, when ``block`` is 0)."""
+
+    __slots__ = ("_block", "_filled", "_h", "_sums")
+
+    def __init__(self, block: int) -> None:
+        self._block, self._filled = block, 0
+        self._h = xxhash.xxh3_64()
+        self._sums: list[int] = []
+
+    def update(self, data: Any) -> None:
+        block = self._block
+        if not block:
+            self._h.update(data)
+            return
+        mv = memoryview(data)
+        while mv.nbytes:
+            take = mv[: block - self._filled]
+            self._h.update(take)
+            self._filled += take.nbytes
+            mv = mv[take.nbytes :]
+            if self._filled == block:
+                self._sums.append(self._h.intdigest())
+                self._h.reset()
+                self._filled = 0
+
+    def digests(self) -> list[int]:
+        """The digests so far, the last (partial) block included."""
+        if not self._block:
+            return [self._h.intdigest()]
+        if self._filled:
+            self._sums.append(self._h.intdigest())
+            self._h.reset()
+            self._filled = 0
+        return self._sums
+
+
+def _pack_sums(sums: list[int]) -> bytes:
+    return struct.pack(f"<{len(sums)}Q", *sums)
+
+
+def _n_blocks(payload_len: int, block: int) -> int:
+    return -(-payload_len // block)
+
+
+def _valid_block(block: int) -> bool:
+    return ALIGN <= block <= _BLOCK_MAX and not block & (block - 1)
+
+
+class EntryPlan:
+    """One entry laid out and ready to write: :attr:`size` is its exact size in
+    bytes (a size limit can make room for it first), :meth:`write` writes it.
+
+    With ``signer`` the entry is signed for the store name ``name`` (an entry
+    moved to another name no longer verifies); when ``codec`` may run code when
+    decoding (not a safe codec), its segment 0, where such a codec keeps
+    everything that runs code, is covered by the signature too."""
+
+    def __init__(
+        self,
+        codec: str,
+        encoded: Encoded,
+        info: dict[str, Any],
+        compression: Compression | None = None,
+        signer: Signer | None = None,
+        name: str = "",
+    ) -> None:
+        raws = [_as_bytes(s) for s in encoded.segments]
+        datas = (
+            [memoryview(compression.compress(r)) for r in raws] if compression is not None else raws
+        )
+        seg_table = []
+        pos = 0
+        for d in datas:
+            seg_table.append([pos, d.nbytes])
+            pos += d.nbytes + _pad(d.nbytes)
+        layout = {
+            "codec": codec,
+            "c": encoded.layout,
+            "seg": seg_table,
+            "z": None if compression is None else [compression.name, compression.level],
+            "raw": [r.nbytes for r in raws],
+        }
+        self._layout_b = json.dumps(layout, separators=(",", ":")).encode()
+        self._info_b = json.dumps(info, separators=(",", ":"), default=str).encode()
+        self._datas = datas
+        self._signer, self._name = signer, name
+        self._flags = 0
+        if signer is not None:
+            safe = codec in codecs and codecs[codec].safe
+            self._flags = SIGNED if safe or not datas else SIGNED | CODE_SIGNED
+        # a large payload gets a table of block checksums, so that a mapped read
+        # can check it on all cores; read as globals, so that fixtures can be small
+        self._block = BLOCK_SIZE if pos >= BLOCK_TABLE_MIN else 0
+        self._meta_end = HEADER.size + len(self._layout_b) + len(self._info_b)
+        self._table_end = self._meta_end
+        if self._block:
+            self._flags |= BLOCK_SUMS
+            self._table_end += 8 + 8 * _n_blocks(pos, self._block)
+        sig_end = self._table_end + (SIGNATURE_SIZE if self._flags & SIGNED else 0)
+        self._payload_off = sig_end + _pad(sig_end)
+        self._payload_len = pos
+        #: the entry's size in bytes
+        self.size = self._payload_off + self._payload_len
+
+    def write(self, f: BinaryIO) -> int:
+        """Write the entry to the seekable binary file ``f``; return its size."""
+        datas, layout_b, info_b = self._datas, self._layout_b, self._info_b
+        if self._payload_len >= _PREALLOCATE_MIN:
+            _preallocate(f, self.size)
+        f.write(bytes(HEADER.size))
+        # zeros where the block table and the signature go, then up to the payload
+        f.write(layout_b + info_b + bytes(self._payload_off - self._meta_end))
+        sums = _BlockSums(self._block)
+        zeros = bytes(ALIGN)
+        for d in datas:
+            for start in range(0, d.nbytes, _CHUNK):
+                chunk = d[start : start + _CHUNK]
+                sums.update(chunk)  # hash then write while the chunk is in the CPU cache
+                _write_all(f, chunk)
+            pad = zeros[: _pad(d.nbytes)]
+            sums.update(pad)
+            f.write(pad)
+        table = b""
+        if self._block:
+            # the payload checksum is then the xxh3-64 of the table: each byte of
+            # the payload is hashed once, as without a table
+            table = struct.pack("<Q", self._block) + _pack_sums(sums.digests())
+            payload_sum = xxhash.xxh3_64_intdigest(table)
+        else:
+            payload_sum = sums.digests()[0]
+        fields = [MAGIC, FORMAT_VERSION, self._flags, len(layout_b), len(info_b), len(datas)]
+        fields += [self._payload_off, self._payload_len, payload_sum]
+        head = HEADER.pack(*fields, 0, 0)
+        meta = layout_b + info_b + table
+        f.seek(0)
+        f.write(HEADER.pack(*fields, _header_sum(head[:48], meta), 0))
+        if table:
+            f.seek(self._meta_end)
+            f.write(table)
+        if self._signer is not None:
+            code = hashlib.sha256(datas[0]).digest() if self._flags & CODE_SIGNED else b""
+            mac = self._signer.sign(_signed_message(head[:48], meta, self._name, code))
+            f.seek(self._table_end)
+            f.write(self._signer.key_id + mac)
+        return self.size
+
+
+def write_entry(
+    f: BinaryIO,
+    codec: str,
+    encoded: Encoded,
+    info: dict[str, Any],
+    compression: Compression | None = None,
+    signer: Signer | None = None,
+    name: str = "",
+) -> int:
+    """Write one entry to the seekable binary file ``f``; return its size in bytes
+    (see :class:`EntryPlan`)."""
+    return EntryPlan(codec, encoded, info, compression, signer, name).write(f)
+
+
+def _signed_message(head48: bytes, meta: Any, name: str, code: bytes) -> bytes:
+    """What the MAC covers (``docs/format.md``), as one buffer."""
+    name_b = name.encode()
+    return b"".join((head48, meta, len(name_b).to_bytes(4, "little"), name_b, code))
+
+
+def _header_sum(fixed: Any, body: Any) -> int:
+    """xxh3-64 of the layout, info (and block table), seeded with xxh3-64 of the
+    first 48 bytes."""
+    return xxhash.xxh3_64_intdigest(body, seed=xxhash.xxh3_64_intdigest(fixed))
+
+
+class _Layout(NamedTuple):
+    codec: str
+    codec_layout: dict[str, Any]
+    seg: list[list[int]]
+    raw: list[int]
+    comp: Compression | None
+    end: int  # where the last segment ends, relative to the payload
+
+
+def _uints(x: Any, n: int) -> bool:
+    """``x`` is a list of ``n`` non-negative ints (layouts are data: check, never trust)."""
+    return type(x) is list and len(x) == n and all(type(i) is int and i >= 0 for i in x)
+
+
+_CACHED_LAYOUT_MAX = 4096
+
+
+def _parse_layout(data: bytes) -> _Layout:
+    """Parse and validate a layout; raise ``ValueError`` if it is not well formed.
+
+    Hits of one function mostly share their layout, so small layouts are parsed
+    once and shared (never mutated); large ones (a result of 100,000 floats) are
+    not kept: the cache would hold them for ever."""
+    if len(data) <= _CACHED_LAYOUT_MAX:
+        return _parse_small_layout(data)
+    return _parse_layout_uncached(data)
+
+
+def _parse_layout_uncached(data: bytes) -> _Layout:
+    lay = json.loads(data)
+    if type(lay) is not dict:
+        raise ValueError("not an object")
+    try:
+        codec, codec_layout, seg, raw, z = lay["codec"], lay["c"], lay["seg"], lay["raw"], lay["z"]
+        comp = None if z is None else Compression(z[0], z[1])
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"missing or malformed field ({exc})") from None
+    if type(codec) is not str or type(codec_layout) is not dict:
+        raise ValueError("bad codec fields")
+    if type(seg) is not list or not all(_uints(x, 2) for x in seg) or not _uints(raw, len(seg)):
+        raise ValueError("bad segment table")
+    if comp is None and any(n != r for (_, n), r in zip(seg, raw)):
+        raise ValueError("segment lengths do not match")
+    end = max((off + n for off, n in seg), default=0)
+    return _Layout(codec, codec_layout, seg, raw, comp, end)
+
+
+_parse_small_layout = functools.lru_cache(maxsize=1024)(_parse_layout_uncached)
+
+
+class _Header:
+    __slots__ = (
+        "block",
+        "flags",
+        "head",
+        "info_b",
+        "layout",
+        "meta_end",
+        "n_seg",
+        "payload_len",
+        "payload_off",
+        "payload_sum",
+        "sums",
+    )
+
+    def __init__(self, head: bytes, where: str) -> None:
+        if len(head) < HEADER.size:
+            raise EntryCorrupted(f"{where}: truncated header ({len(head)} bytes)")
+        magic, version, flags, lay_n, info_n, n_seg, p_off, p_len, p_sum, h_sum, _r = (
+            HEADER.unpack_from(head)
+        )
+        if magic != MAGIC:
+            raise EntryCorrupted(f"{where}: not an mlcache entry (bad magic)")
+        if version != FORMAT_VERSION:
+            raise EntryCorrupted(f"{where}: unsupported entry format version {version}")
+        if _r != 0:
+            raise EntryCorrupted(f"{where}: reserved header bytes are not zero")
+        if flags & ~_KNOWN_FLAGS or flags & (SIGNED | CODE_SIGNED) == CODE_SIGNED:
+            raise EntryCorrupted(f"{where}: unknown header flags {flags:#x}")
+        end = meta_end = HEADER.size + lay_n + info_n
+        limit = min(len(head), p_off)
+        self.block, self.sums = 0, b""
+        if flags & BLOCK_SUMS:
+            if end + 8 > limit:
+                raise EntryCorrupted(f"{where}: header longer than the data read")
+            (block,) = struct.unpack_from("<Q", head, end)
+            if not _valid_block(block):
+                raise EntryCorrupted(f"{where}: bad block size {block}")
+            meta_end += 8 + 8 * _n_blocks(p_len, block)
+            self.block = block
+        if meta_end + (SIGNATURE_SIZE if flags & SIGNED else 0) > limit:
+            raise EntryCorrupted(f"{where}: header longer than the data read")
+        mv = memoryview(head)
+        if _header_sum(mv[:48], mv[HEADER.size : meta_end]) != h_sum:
+            raise EntryCorrupted(f"{where}: header checksum mismatch")
+        if self.block:
+            if xxhash.xxh3_64_intdigest(mv[end:meta_end]) != p_sum:
+                raise EntryCorrupted(f"{where}: the block table does not match the checksum")
+            self.sums = head[end + 8 : meta_end]
+        try:
+            self.layout = _parse_layout(head[HEADER.size : HEADER.size + lay_n])
+        except (ValueError, ConfigError) as exc:
+            raise EntryCorrupted(f"{where}: bad layout ({exc})") from None
+        if len(self.layout.seg) != n_seg or self.layout.end > p_len:
+            raise EntryCorrupted(f"{where}: segment table does not match the header")
+        self.info_b = head[HEADER.size + lay_n : end]
+        #: where the layout, info and block table end (the signature starts there)
+        self.head, self.meta_end, self.flags = head, meta_end, flags
+        self.n_seg = n_seg
+        self.payload_off = p_off
+        self.payload_len = p_len
+        self.payload_sum = p_sum
+
+
+def _head_need(head: bytes) -> int:
+    """How many bytes the header, layout, info, block table and signature take, as
+    far as ``head`` (at least the fixed header) tells: a block table's length is
+    known once its first 8 bytes (the block size) are in ``head``."""
+    flags, lay_n, info_n = struct.unpack_from("<HII", head, 10)
+    need = HEADER.size + lay_n + info_n
+    if flags & BLOCK_SUMS:
+        if len(head) < need + 8:
+            return need + 8
+        (block,) = struct.unpack_from("<Q", head, need)
+        if _valid_block(block):  # else the header check refuses it
+            need += 8 + 8 * _n_blocks(struct.unpack_from("<Q", head, 32)[0], block)
+    return need + (SIGNATURE_SIZE if flags & SIGNED else 0)
+
+
+def _complete_head(head: bytes, size: int, fd: int, f: BinaryIO | None) -> bytes:
+    """``head`` plus the rest of the layout, info, block table and signature when
+    they are longer than the first read."""
+    if len(head) < HEADER.size:
+        return head
+    for _ in range(2):  # twice when the block size itself was beyond the first read
+        need = _head_need(head)
+        if not len(head) < need <= size:
+            break
+        if f is None:
+            head += os.pread(fd, need - len(head), len(head))
+        else:
+            f.seek(len(head))
+            head += f.read(need - len(head))
+    return head
+
+
+def _size(f: BinaryIO) -> int:
+    try:
+        return os.fstat(f.fileno()).st_size
+    except (OSError, AttributeError, ValueError):
+        pos = f.tell()
+        size = f.seek(0, os.SEEK_END)
+        f.seek(pos)
+        return size
+
+
+class EntryReader:
+    """Reads one entry; its :meth:`array` and :meth:`buffer` serve the codec.
+
+    Parameters
+    ----------
+    path:
+        The entry file.
+    mmap_mode:
+        ``None`` reads the payload into memory; ``"r"``, ``"r+"`` or ``"c"`` map
+        arrays from the file (as :class:`numpy.memmap`).
+    signer:
+        Require a valid signature made with this key for the store name ``name``
+        (:class:`~mlcache.errors.EntrySignatureError` otherwise). The code
+        segment of a signed entry is then read into private memory, checked
+        there and decoded from there, so that the file cannot be changed between
+        the check and the decoding.
+    name:
+        The entry's name in its store (signed entries are bound to it).
+    """
+
+    def __init__(
+        self,
+        source: str | BinaryIO,
+        mmap_mode: str | None = None,
+        signer: Signer | None = None,
+        name: str = "",
+    ) -> None:
+        self._signer, self._name = signer, name
+        self._code: bytes | None = None
+        if isinstance(source, str):
+            # a raw descriptor: a small hit is one open, one read and one close
+            self.path = source
+            fd = os.open(source, os.O_RDWR if mmap_mode == "r+" else os.O_RDONLY)
+            try:
+                head = os.read(fd, _FIRST_READ)
+                # a short read of a regular file means we have all of it
+                size = len(head) if len(head) < _FIRST_READ else os.fstat(fd).st_size
+                self._read(head, size, fd, mmap_mode)
+            finally:
+                os.close(fd)
+        else:  # an open file of a store without local paths
+            self.path = str(getattr(source, "name", "<entry>"))
+            try:
+                fd = source.fileno()
+            except (OSError, AttributeError, ValueError):
+                fd, mmap_mode = -1, None  # nothing to map
+            size = _size(source)
+            source.seek(0)
+            self._read(source.read(min(size, _FIRST_READ)), size, fd, mmap_mode, source)
+
+    def _read(
+        self, head: bytes, size: int, fd: int, mmap_mode: str | None, f: BinaryIO | None = None
+    ) -> None:
+        path = self.path
+        head = _complete_head(head, size, fd, f)
+        h = self._h = _Header(head, path)
+        end = h.payload_off + h.payload_len
+        if size != end and fd >= 0 and f is None:
+            size = os.fstat(fd).st_size  # the short read was not the end of the file
+        if size != end:
+            raise EntryCorrupted(f"{path}: size {size} bytes, header says {end}")
+        lay = h.layout
+        if self._signer is not None:
+            self._check_signable(lay.codec)
+        self.codec: str = lay.codec
+        self.codec_layout: dict[str, Any] = lay.codec_layout
+        self._seg = lay.seg
+        self._raw_len = lay.raw
+        self._comp = lay.comp
+        # compressed entries cannot be mapped: they are read into memory
+        self._mode = mmap_mode if self._comp is None else None
+        self._mm: mmap.mmap | None = None
+        self._payload: Any
+        if self._mode is not None:
+            # map now, through this open file: mapping later by path could
+            # see a newer entry published under the same name meanwhile
+            self._mm = mmap.mmap(fd, 0, access=_MMAP_ACCESS[self._mode])
+            self._payload = memoryview(self._mm)[h.payload_off :]
+            self._check_mapped(fd)
+        elif end <= len(head):
+            # small: already read. A private writable copy when not mapping, so
+            # that arrays come back writable as they would from a fresh compute.
+            view = memoryview(head)[h.payload_off : end]
+            self._check(view)
+            self._payload = bytearray(view)
+        else:
+            self._payload = self._read_payload(fd, f)
+        if self._signer is not None:
+            self._check_signature()
+
+    def _read_payload(self, fd: int, f: BinaryIO | None) -> np.ndarray:
+        """Read the payload into fresh memory, checksumming each chunk while it is
+        still in the CPU cache."""
+        h = self._h
+        buf = np.empty(h.payload_len, dtype=np.uint8)  # no zero-fill pass
+        mv = memoryview(buf)  # type: ignore[arg-type]
+        sums = _BlockSums(h.block)
+        got = 0
+        while got < h.payload_len:
+            chunk = mv[got : got + _CHUNK]
+            if f is None:
+                n = os.preadv(fd, [chunk], h.payload_off + got)
+            else:
+                f.seek(h.payload_off + got)
+                n = f.readinto(chunk)  # type: ignore[attr-defined]
+            if not n:
+                raise EntryCorrupted(f"{self.path}: truncated payload")
+            sums.update(chunk[:n])
+            got += n
+        self._compare(sums.digests())
+        return buf
+
+    def _compare(self, digests: list[int]) -> None:
+        """Raise unless ``digests`` (one per block, or one of the whole payload) are
+        the entry's."""
+        h = self._h
+        if h.block:
+            if _pack_sums(digests) != h.sums:
+                raise EntryCorrupted(f"{self.path}: payload checksum mismatch (block table)")
+        elif digests != [h.payload_sum]:
+            raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
+
+    def _check(self, payload: Any) -> None:
+        """Check the whole ``payload`` (in memory or mapped): the blocks of an entry
+        with a block table on all cores, other entries in one pass."""
+        block = self._h.block
+        if block:
+            mv = memoryview(payload)
+            blocks = [mv[i : i + block] for i in range(0, mv.nbytes, block)]
+            self._compare(parallel_map(xxhash.xxh3_64_intdigest, blocks))
+        else:
+            self._compare([xxhash.xxh3_64_intdigest(payload)])
+
+    def _check_mapped(self, fd: int) -> None:
+        """Check a mapped payload before its first use in this process.
+
+        A file that passed is remembered by its identity (device, inode, size,
+        mtime, ctime), so that later mapped reads of it stay O(1) in its size; a
+        file replaced or changed has another identity and is checked again. An
+        ``"r+"`` map is the caller's to change (joblib's semantics: edits persist),
+        so it is not checked; while one is alive in this process, the file's other
+        mapped reads are checked every time (writes through a shared map need not
+        update the mtime at once), and its mark is dropped. Copy-on-write maps
+        (``"c"``) never reach the file: they are checked and marked as ``"r"``."""
+        st = os.fstat(fd)
+        ident = _identity(st)
+        inode = ident[:2]
+        if self._mode == "r+":
+            _verified.pop(ident, None)
+            assert self._mm is not None
+            _writable.setdefault(inode, weakref.WeakSet()).add(self._mm)
+            return
+        live = _writable.get(inode)
+        if live is not None and not live:  # its writable maps are all gone
+            _writable.pop(inode, None)
+            live = None
+        if live is None and ident in _verified:
+            return
+        self._check(self._payload)
+        if live is None and _settled(st):
+            _remember(ident)
+
+    def _check_signable(self, codec: str) -> None:
+        """Refuse, before reading the payload, an entry that cannot carry a valid
+        signature: unsigned, or a code-running codec whose code is not signed."""
+        h, signer = self._h, self._signer
+        assert signer is not None
+        if not h.flags & SIGNED:
+            raise EntrySignatureError(f"{self.path}: the entry is not signed", "unsigned")
+        if (
+            not h.flags & CODE_SIGNED
+            and h.layout.seg
+            and not (codec in codecs and codecs[codec].safe)
+        ):
+            raise EntrySignatureError(
+                f"{self.path}: the {codec!r} code is not covered by the signature", "mismatch"
+            )
+
+    def _check_signature(self) -> None:
+        """Verify the signature. The code segment is hashed from a private copy,
+        which is what the codec will decode."""
+        signer, h = self._signer, self._h
+        assert signer is not None
+        code = b""
+        if h.flags & CODE_SIGNED:
+            off, n = self._seg[0]
+            self._code = bytes(memoryview(self._payload)[off : off + n])
+            code = hashlib.sha256(self._code).digest()
+        head = h.head
+        at = h.meta_end + KEY_ID_SIZE
+        message = _signed_message(head[:48], head[HEADER.size : h.meta_end], self._name, code)
+        if signer.verify(head[at : at + MAC_SIZE], message):
+            if head[h.meta_end : at] == signer.key_id:
+                return
+        elif head[h.meta_end : at] != signer.key_id:
+            raise EntrySignatureError(
+                f"{self.path}: the entry was signed with another key", "other key"
+            )
+        # a MAC of ours that does not verify, or that verifies under a damaged key id
+        raise EntrySignatureError(
+            f"{self.path}: the signature does not verify (the entry was altered or moved)",
+            "mismatch",
+        )
+
+    @property
+    def info_bytes(self) -> bytes:
+        """The entry's metadata as stored (JSON), unparsed."""
+        return bytes(self._h.info_b)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The entry's metadata (parsed on demand: hits do not pay for it)."""
+        try:
+            info = json.loads(self._h.info_b)
+        except ValueError:
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    # -- the Segments protocol ------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._seg)
+
+    def _segment(self, index: Any) -> list[int]:
+        if type(index) is not int or not 0 <= index < len(self._seg):
+            raise EntryCorrupted(f"{self.path}: the layout names a missing segment {index!r}")
+        return self._seg[index]
+
+    def buffer(self, index: int) -> memoryview:
+        off, n = self._segment(index)
+        if index == 0 and self._code is not None:
+            data = memoryview(self._code)  # the checked private copy
+        elif self._comp is None and self._mode is not None:
+            return memoryview(self.array(index, np.dtype(np.uint8), (n,), "C"))  # type: ignore[arg-type]
+        else:
+            data = memoryview(self._payload)[off : off + n]
+        if self._comp is not None:
+            try:
+                out = bytearray(self._comp.decompress(data))
+            except Exception as exc:
+                raise EntryCorrupted(
+                    f"{self.path}: cannot decompress segment {index}: {exc}"
+                ) from None
+            if len(out) != self._raw_len[index]:
+                raise EntryCorrupted(f"{self.path}: segment {index} has the wrong size")
+            return memoryview(out)
+        return data
+
+    def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:
+        off, _n = self._segment(index)
+        if not all(type(d) is int and d >= 0 for d in shape):
+            raise EntryCorrupted(f"{self.path}: array segment {index} has a bad shape {shape}")
+        count = math.prod(shape)  # exact: a forged shape cannot wrap around to fit
+        if count * dtype.itemsize != self._raw_len[index]:
+            raise EntryCorrupted(f"{self.path}: array segment {index} has the wrong size")
+        order_: Literal["C", "F"] = "F" if order == "F" else "C"
+        if self._mode is not None and self._mode != "c":
+            # a numpy.memmap whose base is the mmap itself, as joblib returns: code
+            # such as joblib.Parallel recognises it and shares it instead of copying
+            mm_arr = np.ndarray.__new__(
+                np.memmap,
+                tuple(shape),
+                dtype=dtype,
+                buffer=self._mm,
+                offset=self._h.payload_off + off,
+                order=order_,
+            )
+            mm_arr._mmap = self._mm
+            mm_arr.filename = os.path.abspath(self.path)
+            mm_arr.offset = self._h.payload_off + off
+            mm_arr.mode = self._mode
+            if self._mode == "r" and self._name:
+                # read-only: it holds what the entry holds, so the entry names it
+                # (see mlcache.keys.hashing: passed on, it is not hashed again). The
+                # payload's checksum is part of the name: an entry recomputed with
+                # other contents under the same key is another value.
+                ref = f"{self._name}#{index}@{self._h.payload_sum:016x}"
+                setattr(mm_arr, REF_ATTR, ref)
+            return mm_arr
+        if self._mode == "c":
+            # copy-on-write: private to this process, so it must not look shareable
+            # (joblib.Parallel would let workers re-open the file and miss our edits)
+            flat = np.frombuffer(
+                self._mm,  # type: ignore[arg-type]
+                dtype=dtype,
+                count=count,
+                offset=self._h.payload_off + off,
+            )
+            private = flat.reshape(shape, order=order_).view(np.memmap)
+            private.filename = os.path.abspath(self.path)
+            private.offset = self._h.payload_off + off
+            private.mode = "c"
+            return private
+        flat = np.frombuffer(self.buffer(index), dtype=dtype, count=count)
+        if self._comp is not None:
+            flat = flat.copy()  # decompressed bytes are read-only
+        return flat.reshape(shape, order=order_)
+
+
+#: identities of the mapped files this process has checked (see _check_mapped)
+_verified: dict[tuple[int, int, int, int, int], None] = {}
+#: (device, inode) -> the "r+" maps of that file this process has handed out
+_writable: dict[tuple[int, int], weakref.WeakSet[mmap.mmap]] = {}
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _settled(st: os.stat_result) -> bool:
+    """The file's last change is old enough that a new one would show in its times."""
+    coarse = not (st.st_mtime_ns % 1_000_000_000 or st.st_ctime_ns % 1_000_000_000)
+    margin = COARSE_SETTLED_NS if coarse else SETTLED_NS
+    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= margin
+
+
+def _remember(ident: tuple[int, int, int, int, int]) -> None:
+    if len(_verified) >= _VERIFIED_MAX:
+        _verified.clear()
+    _verified[ident] = None
+
+
+def keep_verified(paths: list[str], change: Callable[[], Any]) -> None:
+    """Run ``change()``, which changes only the times of the entry files ``paths``
+    (mlcache's last-use touch sets their mtime), keeping the marks of those this
+    process has verified, so that recording use does not make the next mapped
+    hit check the payload again. A file whose device, inode or size differs
+    afterwards is not carried over."""
+    before = {}
+    for path in paths:
+        try:
+            ident = _identity(os.stat(path, follow_symlinks=False))
+        except (OSError, ValueError):
+            continue
+        if ident in _verified:
+            before[path] = ident
+    change()
+    for path, old in before.items():
+        try:
+            new = _identity(os.stat(path, follow_symlinks=False))
+        except (OSError, ValueError):
+            continue
+        if new[:3] == old[:3] and not _writable.get(new[:2]):
+            _remember(new)
+
+
+def forget_verified() -> None:
+    """Forget which files this process has verified: the next mapped read of each
+    checks its payload again (tests, benchmarks of a first hit)."""
+    _verified.clear()
+
+
+def read_info(path: str) -> dict[str, Any]:
+    """The metadata of the entry at ``path``, reading only its header."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head = _complete_head(os.read(fd, _FIRST_READ), os.fstat(fd).st_size, fd, None)
+    finally:
+        os.close(fd)
+    h = _Header(head, path)
+    try:
+        info = json.loads(h.info_b)
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def verify_file(path: str, signer: Signer | None = None, name: str = "") -> None:
+    """Check every byte of the entry at ``path`` (and its signature for the store
+    name ``name``, with ``signer``), reading it into memory whatever this process
+    verified before; raise :class:`EntryCorrupted` if damaged."""
+    EntryReader(path, None, signer, name)

@@ -1,0 +1,1 @@
+"""mlcache.keys."""

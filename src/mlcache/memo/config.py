@@ -1,0 +1,111 @@
+"""Settings as frozen, keyword-only dataclasses, validated when made."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._util import parse_bytes
+from ..codecs.compression import Compression, parse_compress
+from ..errors import ConfigError, ConfigTypeError
+from ..keys.code_version import CODE_MODES
+from ..store import backend_for
+
+__all__ = ["MMAP_MODES", "MemoryConfig"]
+
+#: accepted ``mmap_mode`` values (``"w+"`` would truncate the cached file)
+MMAP_MODES = (None, "r", "r+", "c")
+
+
+def _verbosity(verbose: Any) -> int:
+    """``verbose`` as an int: None and False are 0; a float is truncated (joblib
+    compares it with numbers, so any number works there); anything else is refused
+    (:class:`~mlcache.errors.ConfigTypeError`, a ``TypeError`` and a ``ValueError``)."""
+    if verbose is None:
+        return 0
+    if isinstance(verbose, int) or (isinstance(verbose, float) and math.isfinite(verbose)):
+        return int(verbose)
+    raise ConfigTypeError(f"verbose must be an int (0 silent, 1, 10), got {verbose!r}")
+
+
+def _options(options: Any) -> Any:
+    """``backend_options`` as a new dict (None: empty); anything that is not a mapping
+    is passed on for ``MemoryConfig`` to refuse."""
+    if options is None:
+        return {}
+    return dict(options) if isinstance(options, Mapping) else options
+
+
+def check_mmap_mode(mode: Any) -> str | None:
+    if mode not in MMAP_MODES:
+        raise ConfigError(
+            f"mmap_mode must be one of None, 'r', 'r+', 'c'; got {mode!r}"
+            + (" ('w+' would truncate the cached file)" if mode == "w+" else "")
+        )
+    return mode
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryConfig:
+    """Everything a :class:`~mlcache.Memory` was configured with, validated."""
+
+    location: str | None
+    backend: str = "local"
+    mmap_mode: str | None = None
+    compress: Compression | None = None
+    verbose: int = 1
+    bytes_limit: int | None = None
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    allow_pickle: bool = True
+    code: str = "transitive"
+
+    def __post_init__(self) -> None:
+        if self.location is not None and not isinstance(self.location, str):
+            raise TypeError(f"location must be a str or os.PathLike, got {self.location!r}")
+        if not isinstance(self.backend, str):
+            raise TypeError(f"backend must be a str, got {type(self.backend).__name__}")
+        check_mmap_mode(self.mmap_mode)
+        if not isinstance(self.verbose, int):
+            raise ConfigTypeError(f"verbose must be an int, got {self.verbose!r}")
+        if not isinstance(self.backend_options, dict):
+            raise ConfigTypeError(
+                f"backend_options must be a dict, got {type(self.backend_options).__name__}: "
+                f"{self.backend_options!r}"
+            )
+        if self.code not in CODE_MODES:
+            raise ConfigError(f"code must be one of {', '.join(CODE_MODES)}; got {self.code!r}")
+
+    @classmethod
+    def make(
+        cls,
+        location: Any,
+        backend: str,
+        mmap_mode: Any,
+        compress: Any,
+        verbose: Any,
+        bytes_limit: Any,
+        backend_options: Any,
+        allow_pickle: bool,
+        code: str = "transitive",
+    ) -> MemoryConfig:
+        if location is not None:
+            if not isinstance(location, (str, os.PathLike)):
+                raise TypeError(
+                    f"location must be None, a str or a pathlib.Path, got {type(location).__name__}"
+                )
+            location = os.fspath(location)
+            backend = backend_for(location, backend)
+        return cls(
+            location=location,
+            backend=backend,
+            mmap_mode=mmap_mode,
+            compress=parse_compress(compress),
+            verbose=_verbosity(verbose),
+            bytes_limit=parse_bytes(bytes_limit),
+            backend_options=_options(backend_options),
+            allow_pickle=bool(allow_pickle),
+            code=code,
+        )

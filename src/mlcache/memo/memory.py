@@ -1,0 +1,483 @@
+"""``Memory``: joblib's API, faster and safer (the functions it returns are in
+:mod:`mlcache.memo.func`).
+
+Layout in the store::
+
+    <function slug>/<code version[:16]>/<call key>     one entry file per call
+
+Changing the function's code changes the folder, so results of old code are
+never returned; the first use in a process of a version removes the folders
+of the function's other versions (as joblib clears a changed function's cache).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec, TypeVar, overload
+
+from .._log import logger_for
+from .._util import parse_bytes, parse_duration
+from ..entry.signing import Signer, resolve_signer
+from ..errors import ConfigError, ConfigTypeError, EntryCorrupted, EntryNotFound, warn
+from ..store import LocalPaths, Store, stores
+from ..store.local import default_location
+from .config import MemoryConfig, check_mmap_mode
+from .eviction import SizeGuard, UsageLog, enforce_limits
+from .func import AsyncMemorizedFunc, MemorizedFunc
+from .layout import cached_objects, entry_folder, is_stats
+from .results import (
+    AsyncNotMemorizedFunc,
+    MemorizedResult,
+    NotMemorizedFunc,
+    NotMemorizedResult,
+    expires_after,
+    open_entry,
+)
+from .usage import FunctionStats, collect
+
+__all__ = [
+    "MemorizedFunc",
+    "MemorizedResult",
+    "Memory",
+    "NotMemorizedFunc",
+    "NotMemorizedResult",
+    "expires_after",
+]
+
+logger = logging.getLogger("mlcache")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Memory:
+    """A context for caching function results on disk: a drop-in for ``joblib.Memory``.
+
+    Parameters
+    ----------
+    location:
+        Cache folder (``str`` or ``pathlib.Path``) or a location the backend
+        understands. ``None`` disables caching: functions are simply called;
+        ``""`` is refused (``ValueError``). A folder holding files mlcache did
+        not write (``Memory(".")`` in a project) keeps the cache in its
+        ``mlcache`` subfolder, as joblib uses ``<location>/joblib``; a new or
+        empty folder, or one mlcache marked as its cache, is the cache itself
+        (see :func:`mlcache.store.local.cache_folder`). :attr:`location` stays
+        what was given (as joblib's); ``store.location`` is the folder used.
+        A folder that cannot be written (a read-only mount) serves its hits,
+        and what misses is computed and returned unstored, with one warning.
+    backend:
+        Store backend name (``"local"``, or one registered with
+        :func:`mlcache.register_store_backend`).
+    mmap_mode:
+        ``None``, ``"r"``, ``"r+"`` or ``"c"``: cached arrays come back as
+        :class:`numpy.memmap` of the cache file instead of being read.
+    compress:
+        joblib-style compression (``True``, a level, or ``("zlib", 3)``).
+        Compressed results cannot be memory-mapped.
+    verbose:
+        0 is silent; 1 logs calls that compute; 10 logs hits too. Messages go to
+        the ``logging`` logger ``"mlcache"``.
+    bytes_limit:
+        Upper bound of the cache's size (``int`` or ``"10GB"``), enforced as
+        entries are written by removing the least recently used ones (see
+        :class:`mlcache.memo.eviction.SizeGuard` for when the store is rescanned).
+    backend_options:
+        Keyword arguments for the store backend (e.g. ``{"durable": False}``).
+    allow_pickle:
+        ``False`` stores only arrays and plain data and never unpickles anything.
+    secret:
+        The key that signs entries (HMAC-SHA256) so that an entry planted,
+        altered or moved by someone without it is refused before it is decoded
+        (raw array bytes are bound to the signature by their checksum only:
+        see ``docs/format.md``). ``None`` (the default)
+        uses ``$MLCACHE_SECRET``, else a per-user key file created on first use
+        (see :mod:`mlcache.entry.signing`); a ``str`` or ``bytes`` is the secret itself
+        (give every process sharing the cache the same one); ``False`` turns
+        signing off.
+    code:
+        Which code changes make results stale: ``"transitive"`` (the default:
+        the function's code and the user code it reaches, helpers and constants
+        included; comments, docstrings and formatting never count),
+        ``"source"`` (the function's own source text, as joblib does) or
+        ``"off"`` (never: results stay until cleared). See :mod:`mlcache.keys.code_version`;
+        ``mem.cache(version="2")`` pins one function's version by hand.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> mem = Memory(tempfile.mkdtemp(), verbose=0)
+    >>> @mem.cache
+    ... def square(x):
+    ...     return x * x
+    >>> square(3), square(3)
+    (9, 9)
+    >>> square.check_call_in_cache(3)
+    True
+    """
+
+    #: seconds a call waits for another process (or thread) computing the same key
+    #: before computing it too, with a warning; set it on an instance to change it
+    lock_timeout: float = 600.0
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str] | None = None,
+        backend: str = "local",
+        mmap_mode: str | None = None,
+        compress: bool | int | tuple[str, int] = False,
+        verbose: int = 1,
+        bytes_limit: int | str | None = None,
+        backend_options: dict[str, Any] | None = None,
+        *,
+        allow_pickle: bool = True,
+        secret: str | bytes | bool | None = None,
+        code: str = "transitive",
+    ) -> None:
+        self._config = MemoryConfig.make(
+            location,
+            backend,
+            mmap_mode,
+            compress,
+            verbose,
+            bytes_limit,
+            backend_options,
+            allow_pickle,
+            code,
+        )
+        self.compress = compress
+        if self._config.compress is not None and mmap_mode is not None:
+            warn("compressed results cannot be memory-mapped; they will be read into memory")
+        self.store: Store | None = None
+        if self._config.location is not None:
+            factory = stores[self._config.backend]
+            try:
+                self.store = factory(self._config.location, **self._config.backend_options)
+            except TypeError as exc:
+                raise TypeError(f"backend {backend!r} rejected backend_options: {exc}") from None
+        self._secret = secret
+        self._signer: Signer | None = None
+        if self.store is not None:
+            local = str(self.store.location) if isinstance(self.store, LocalPaths) else None
+            self._signer = resolve_signer(secret, local)
+        # a store that can say it is read-only (the local store on a read-only
+        # mount): its hits are read, what is computed is returned unstored
+        self._read_only = getattr(self.store, "read_only", False) is True
+        self._read_only_said = False
+        self._usage = (
+            UsageLog(self.store, read_only=self._read_only) if self.store is not None else None
+        )
+        self.timestamp = time.time()  # joblib's attribute
+        self._guard = (
+            SizeGuard(self.store, self.bytes_limit, self._usage)
+            if self.store is not None and self._usage is not None and self.bytes_limit is not None
+            else None
+        )
+
+    def _refuses_writes(self) -> bool:
+        """True when nothing can be stored here (a read-only cache); the first time,
+        one warning says so (not one per call)."""
+        if not self._read_only:
+            return False
+        if not self._read_only_said:
+            self._read_only_said = True
+            warn(
+                f"mlcache: the cache at {self.store.location if self.store else None} is "
+                "read-only: its results are read, and what is computed is returned "
+                "without being stored",
+                stacklevel=5,
+            )
+        return True
+
+    def _cannot_clear(self) -> bool:
+        """True (with one warning) when the cache is read-only: nothing can be
+        removed from it, and clearing it never fails a program for that."""
+        if not self._read_only:
+            return False
+        warn(
+            f"mlcache: the cache at {self.store.location if self.store else None} is "
+            "read-only: nothing was cleared",
+            stacklevel=4,
+        )
+        return True
+
+    # joblib-compatible attributes
+    @property
+    def store_backend(self) -> Store | None:
+        return self.store
+
+    @property
+    def location(self) -> str | None:
+        return self._config.location
+
+    @property
+    def backend(self) -> str:
+        return self._config.backend
+
+    @property
+    def mmap_mode(self) -> str | None:
+        return self._config.mmap_mode
+
+    @property
+    def bytes_limit(self) -> int | None:
+        return self._config.bytes_limit
+
+    @property
+    def backend_options(self) -> dict[str, Any]:
+        return dict(self._config.backend_options)
+
+    @property
+    def allow_pickle(self) -> bool:
+        return self._config.allow_pickle
+
+    @property
+    def code(self) -> str:
+        return self._config.code
+
+    @property
+    def _verbose(self) -> int:
+        return self._config.verbose
+
+    def __repr__(self) -> str:
+        return f"Memory(location={self.location!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        c = self._config
+        # the store's resolved location: a relative path must not be re-read
+        # against the receiving process's working directory
+        location = getattr(self.store, "location", c.location) if self.store else None
+        args = (
+            location,
+            c.backend,
+            c.mmap_mode,
+            self.compress,
+            c.verbose,
+            c.bytes_limit,
+            c.backend_options,
+        )
+        # the signing secret travels only when it was given (not the key file's)
+        secret = self._secret if self._secret is not None and self._secret is not True else None
+        return (_rebuild_memory, (args, c.allow_pickle, secret, c.code))
+
+    @overload
+    def cache(
+        self,
+        func: Callable[P, R],
+        ignore: Iterable[str] | None = ...,
+        verbose: int | None = ...,
+        mmap_mode: str | bool | None = ...,
+        cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
+        version: str | None = ...,
+    ) -> MemorizedFunc[P, R]: ...
+
+    @overload
+    def cache(
+        self,
+        func: None = ...,
+        ignore: Iterable[str] | None = ...,
+        verbose: int | None = ...,
+        mmap_mode: str | bool | None = ...,
+        cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
+        version: str | None = ...,
+    ) -> Callable[[Callable[P, R]], MemorizedFunc[P, R]]: ...
+
+    def cache(
+        self,
+        func: Callable[P, R] | None = None,
+        ignore: Iterable[str] | None = None,
+        verbose: int | None = None,
+        mmap_mode: str | bool | None = False,
+        cache_validation_callback: Callable[[dict[str, Any]], bool] | None = None,
+        version: str | None = None,
+    ) -> Any:
+        """Memoize ``func``: compute once per distinct arguments, then load.
+
+        Usable as ``mem.cache(f)``, ``@mem.cache`` and ``@mem.cache(ignore=[...])``.
+
+        Parameters
+        ----------
+        ignore:
+            Parameter names that do not take part in the key (e.g. ``verbose``).
+        verbose:
+            Overrides the Memory's verbosity for this function.
+        mmap_mode:
+            Overrides the Memory's ``mmap_mode`` (``False`` keeps it).
+        cache_validation_callback:
+            Called with a hit's metadata (``time``, ``duration``, ``input_args``);
+            returning False discards the entry and recomputes. See
+            :func:`expires_after`.
+        version:
+            A version you set by hand (``"2"``): the code is then not checked,
+            and changing this string is what makes the results stale.
+        """
+        if cache_validation_callback is not None and not callable(cache_validation_callback):
+            # joblib's wording and ValueError; a TypeError too, as mlcache raised before
+            raise ConfigTypeError(
+                "cache_validation_callback needs to be callable. "
+                f"Got {cache_validation_callback!r} ({type(cache_validation_callback).__name__})."
+            )
+        if mmap_mode is not False:
+            check_mmap_mode(mmap_mode)
+        if version is not None and (not isinstance(version, str) or not version):
+            raise ConfigError(f"version must be a non-empty str, got {version!r}")
+        if func is None:
+            return functools.partial(
+                self.cache,
+                ignore=ignore,
+                verbose=verbose,
+                mmap_mode=mmap_mode,
+                cache_validation_callback=cache_validation_callback,
+                version=version,
+            )
+        if isinstance(func, (staticmethod, classmethod)):
+            # @mem.cache above @staticmethod/@classmethod: memoize the function inside
+            inner = self.cache(
+                func.__func__, ignore, verbose, mmap_mode, cache_validation_callback, version
+            )
+            return type(func)(inner)
+        if isinstance(func, (MemorizedFunc, NotMemorizedFunc)):
+            func = func.func
+        if not callable(func):
+            raise TypeError(f"Memory.cache expects a callable, got {type(func).__name__}: {func!r}")
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"cannot memoize the generator function {getattr(func, '__qualname__', func)}: "
+                "a generator is consumed once and cannot be stored; return a list instead "
+                "(e.g. a helper that returns list(generator(...)))"
+            )
+        is_async = inspect.iscoroutinefunction(func)
+        if self.store is None:
+            return (AsyncNotMemorizedFunc if is_async else NotMemorizedFunc)(func)
+        cls = AsyncMemorizedFunc if is_async else MemorizedFunc
+        return cls(
+            func,
+            self,
+            ignore=ignore,
+            verbose=self._verbose if verbose is None else verbose,
+            mmap_mode=self.mmap_mode if mmap_mode is False else mmap_mode,  # type: ignore[arg-type]
+            cache_validation_callback=cache_validation_callback,
+            version=version,
+        )
+
+    def clear(self, warn: bool = True) -> None:
+        """Remove every cached result of this location (other files there, such as
+        dataset packs, stay)."""
+        if self.store is None or self._cannot_clear():
+            return
+        if warn and self._verbose:
+            logger_for(self._verbose).info("[Memory] clearing the whole cache at %s", self.location)
+        for folder in {entry_folder(e.name) for e in cached_objects(self.store)}:
+            self.store.delete(folder)
+        assert self._usage is not None
+        self._usage.forget()
+
+    def reduce_size(
+        self,
+        bytes_limit: int | str | None = None,
+        items_limit: int | None = None,
+        age_limit: _dt.timedelta | float | str | None = None,
+    ) -> None:
+        """Remove least recently used entries until the cache fits the limits.
+
+        ``bytes_limit`` defaults to the Memory's own; ``age_limit`` removes
+        entries not used for that long (a ``timedelta``, seconds, or ``"7d"``).
+        """
+        if self.store is None:
+            return
+        limit = parse_bytes(bytes_limit) if bytes_limit is not None else self.bytes_limit
+        if items_limit is not None and (
+            not isinstance(items_limit, int) or isinstance(items_limit, bool)
+        ):
+            raise ConfigTypeError(f"items_limit must be a non-negative int, got {items_limit!r}")
+        if items_limit is not None and items_limit < 0:
+            raise ConfigError(f"items_limit must be a non-negative int, got {items_limit!r}")
+        age = parse_duration(age_limit)
+        if limit is None and items_limit is None and age is None:
+            return
+        assert self._usage is not None
+        self._usage.flush()
+        removed = enforce_limits(
+            self.store, bytes_limit=limit, items_limit=items_limit, age_limit=age
+        )
+        if removed and self._verbose:
+            logger_for(self._verbose).info(
+                "[Memory] removed %d entries (%d bytes)", len(removed), sum(e.size for e in removed)
+            )
+
+    def eval(self, func: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``func(*args, **kwargs)``, computed only if not already cached."""
+        if self.store is None:
+            return func(*args, **kwargs)
+        return self.cache(func)(*args, **kwargs)
+
+    def stats(self) -> dict[str, FunctionStats]:
+        """What each function has in this cache and what the cache did for it, by
+        function identity: entries, bytes, last use, hits, misses, and the seconds
+        of computing the hits saved (counted by every process using the cache;
+        this process's latest counts are written first)."""
+        if self.store is None:
+            return {}
+        assert self._usage is not None
+        self._usage.flush()
+        return {st.func: st for st in collect(self.store).values()}
+
+    def verify(self, *, fix: bool = False) -> list[str]:
+        """Check every entry's checksums (and signature, when signing is on); return
+        the names of damaged ones (removing them when ``fix`` is true)."""
+        if self.store is None:
+            return []
+        damaged = []
+        store = self.store
+        for e in cached_objects(store):
+            # statistics are numbers, never unpickled, and not signed
+            signer = None if is_stats(e.name) else self._signer
+            try:
+                open_entry(store, e.name, signer=signer)  # reads and checks every byte
+            except EntryCorrupted:
+                damaged.append(e.name)
+                if fix:
+                    store.delete(e.name)
+            except EntryNotFound:
+                continue  # removed meanwhile
+        return damaged
+
+
+def _rebuild_memory(
+    args: tuple[Any, ...],
+    allow_pickle: bool,
+    secret: str | bytes | bool | None = None,
+    code: str = "transitive",
+) -> Memory:
+    return Memory(*args, allow_pickle=allow_pickle, secret=secret, code=code)
+
+
+_lock = threading.Lock()
+_memory: Memory | None = None
+
+
+def default_memory() -> Memory:
+    """The process-wide default Memory, created on first use (quiet: ``verbose=0``)."""
+    global _memory
+    with _lock:
+        if _memory is None or _memory.location != os.path.abspath(default_location()):
+            _memory = Memory(os.path.abspath(default_location()), verbose=0)
+        return _memory
+
+
+def cache(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+    """Memoize ``func`` in the default cache (``$MLCACHE_DIR`` or the user cache folder).
+
+    Same options as :meth:`Memory.cache`.
+
+    >>> import mlcache
+    >>> @mlcache.cache  # doctest: +SKIP
+    ... def features(x):
+    ...     return x * 2
+    """
+    return default_memory().cache(func, **kwargs)

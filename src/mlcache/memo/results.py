@@ -1,0 +1,244 @@
+"""Reading entries back, and the small objects around a memoized function:
+``MemorizedResult``, the no-cache stand-ins, ``expires_after``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import time
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from ..codecs import codecs
+from ..entry import EntryReader, read_info
+from ..entry.signing import Signer
+from ..errors import EntryCorrupted, EntryNotFound, UnsupportedValue
+from ..store import Store
+
+if TYPE_CHECKING:
+    from .memory import Memory
+
+__all__ = [
+    "ExpiresAfter",
+    "MemorizedResult",
+    "NotMemorizedFunc",
+    "NotMemorizedResult",
+    "decode",
+    "expires_after",
+    "open_entry",
+    "read_entry_info",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def open_entry(
+    store: Store,
+    name: str,
+    mmap_mode: str | None = None,
+    *,
+    path: str | None = None,
+    signer: Signer | None = None,
+) -> EntryReader:
+    """Open entry ``name`` of ``store`` (through its local file when it has one),
+    requiring a valid signature when ``signer`` is given.
+
+    Raises ``EntryNotFound`` (also for a name that is a folder), ``EntryCorrupted``
+    for damage (``EntrySignatureError`` for a missing or wrong signature),
+    ``OSError`` when it cannot be read.
+    """
+    try:
+        if path is None:
+            path = _local_file(store, name)
+        if path is not None:
+            return EntryReader(path, mmap_mode, signer, name)
+        with store.open(name) as f:
+            return EntryReader(f, mmap_mode, signer, name)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise EntryNotFound(name) from None
+
+
+def read_entry_info(store: Store, name: str, *, path: str | None = None) -> dict[str, Any]:
+    """The metadata of entry ``name``, reading only its header where possible."""
+    try:
+        if path is None:
+            path = _local_file(store, name)
+        if path is not None:
+            return read_info(path)
+        with store.open(name) as f:
+            return EntryReader(f).info
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise EntryNotFound(name) from None
+
+
+def _local_file(store: Store, name: str) -> str | None:
+    """A local file of entry ``name``: the store's own (a local store), or a copy it
+    keeps (a remote store's read-through cache); None if it has neither."""
+    # getattr, not isinstance(store, LocalPaths): a runtime Protocol check that
+    # fails costs tens of microseconds, and this runs on every hit
+    local = getattr(store, "local_path", None) or getattr(store, "fetch", None)
+    return local(name) if local is not None else None
+
+
+def decode(reader: EntryReader, *, allow_pickle: bool) -> Any:
+    """The value in an opened entry. Never unpickles when ``allow_pickle`` is false."""
+    codec = codecs[reader.codec]
+    if not codec.safe and not allow_pickle:
+        raise UnsupportedValue(
+            f"{reader.path}: stored with the {codec.name!r} codec, and pickle is disabled"
+        )
+    try:
+        return codec.decode(reader.codec_layout, reader)
+    except EntryCorrupted:
+        raise
+    except Exception as exc:
+        # a layout that passed its checksum but that the codec cannot follow, or a
+        # pickle that no longer loads (a class renamed or removed): not a value
+        raise EntryCorrupted(
+            f"{reader.path}: cannot decode the {codec.name!r} payload ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+class MemorizedResult:
+    """A reference to one cached result: small, picklable; ``.get()`` loads it."""
+
+    def __init__(
+        self, memory: Memory, name: str, func_id: str, *, mmap_mode: str | None = None
+    ) -> None:
+        self.memory = memory
+        self.name = name
+        self.func_id = func_id
+        self.mmap_mode = mmap_mode
+
+    @property
+    def args_id(self) -> str:
+        return self.name.rsplit("/", 1)[-1]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The stored metadata: ``time``, ``duration``, ``input_args``, ``size``..."""
+        assert self.memory.store is not None
+        return read_entry_info(self.memory.store, self.name)
+
+    def __repr__(self) -> str:
+        return f"MemorizedResult(func={self.func_id!r}, args_id={self.args_id!r})"
+
+    def get(self) -> Any:
+        """The value. ``KeyError`` if it has been cleared, ``EntryCorrupted`` (a
+        ``ValueError``) if it is damaged."""
+        assert self.memory.store is not None
+        try:
+            reader = open_entry(
+                self.memory.store, self.name, self.mmap_mode, signer=self.memory._signer
+            )
+        except EntryNotFound:
+            raise EntryNotFound(
+                f"no cached result {self.name!r} (it may have been cleared)"
+            ) from None
+        return decode(reader, allow_pickle=self.memory.allow_pickle)
+
+    def clear(self) -> None:
+        """Remove this result from the cache."""
+        assert self.memory.store is not None
+        self.memory.store.delete(self.name)
+
+
+class NotMemorizedResult:
+    """A result that is not in the cache: caching is off (``location=None``), or the
+    value could not be stored. ``get()`` returns the value it holds."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self._valid = True
+
+    def get(self) -> Any:
+        if not self._valid:
+            raise KeyError("no value: this result was cleared")
+        return self.value
+
+    def clear(self) -> None:
+        self._valid = False
+        self.value = None
+
+
+class NotMemorizedFunc(Generic[P, R]):
+    """What ``Memory(None).cache`` returns: the function, called every time."""
+
+    def __init__(self, func: Callable[P, R]) -> None:
+        self.func = func
+        functools.update_wrapper(self, func)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.func(*args, **kwargs)
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else types.MethodType(self, obj)
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
+        return self.func(*args, **kwargs), {}
+
+    def call_and_shelve(self, *args: P.args, **kwargs: P.kwargs) -> NotMemorizedResult:
+        return NotMemorizedResult(self.func(*args, **kwargs))
+
+    def check_call_in_cache(self, *args: P.args, **kwargs: P.kwargs) -> bool:
+        return False
+
+    def clear(self, warn: bool = True) -> None:
+        pass
+
+
+class AsyncNotMemorizedFunc(NotMemorizedFunc[P, R]):
+    async def call_and_shelve(  # type: ignore[override]
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> NotMemorizedResult:
+        return NotMemorizedResult(await self.func(*args, **kwargs))  # type: ignore[misc]
+
+    async def call(  # type: ignore[override]
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> tuple[R, dict[str, Any]]:
+        return await self.func(*args, **kwargs), {}  # type: ignore[misc]
+
+
+class ExpiresAfter:
+    """A picklable ``cache_validation_callback``: results older than ``delta`` are stale."""
+
+    def __init__(self, delta: _dt.timedelta) -> None:
+        self.delta = delta
+
+    def __call__(self, metadata: dict[str, Any]) -> bool:
+        created = metadata.get("time")
+        if not isinstance(created, (int, float)):
+            return False
+        return time.time() - created < self.delta.total_seconds()
+
+    def __repr__(self) -> str:
+        return f"expires_after({self.delta})"
+
+
+def expires_after(
+    days: float = 0,
+    seconds: float = 0,
+    microseconds: float = 0,
+    milliseconds: float = 0,
+    minutes: float = 0,
+    hours: float = 0,
+    weeks: float = 0,
+) -> ExpiresAfter:
+    """A ``cache_validation_callback`` that recomputes results older than the duration.
+
+    >>> from mlcache import Memory, expires_after
+    >>> mem = Memory(None)
+    >>> f = mem.cache(lambda x: x, cache_validation_callback=expires_after(hours=1))
+    """
+    delta = _dt.timedelta(
+        days=days,
+        seconds=seconds,
+        microseconds=microseconds,
+        milliseconds=milliseconds,
+        minutes=minutes,
+        hours=hours,
+        weeks=weeks,
+    )
+    return ExpiresAfter(delta)

@@ -1,0 +1,261 @@
+"""Hits, misses and the compute time the hits saved, per function.
+
+Counting happens in memory on the hot path (a dict update on a hit); the usage
+log turns those notes into totals when it flushes (every couple of seconds of
+activity, and at exit), and :class:`StatsLog` writes each function's running
+totals for this process as one small entry, ``<function folder>/stats/<process>``
+(see :mod:`mlcache.memo.layout`). Those entries are ordinary checksummed entries of
+plain numbers: ``verify`` checks them; eviction and size limits count results
+only; losing one loses statistics only, never a result. :func:`collect` sums them with what the
+store lists (entries, bytes, last use).
+
+So that a cache used by thousands of runs does not keep thousands of these,
+a process that flushes a function's counts also folds the entries of processes
+idle for more than a day into one ``<function folder>/stats/archive`` (once per
+process and function, under the store's lock for that name). The archive lists
+the names it has folded in, so a fold interrupted after writing the archive and
+before removing them counts nothing twice. A process that finds its own entry
+folded in goes on with the counts since.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+from ..codecs import codecs
+from ..entry import write_entry
+from ..errors import EntryCorrupted, EntryNotFound
+from ..store import Store
+from .layout import STATS, cached_objects, entry_folder, is_stats
+from .results import decode, open_entry, read_entry_info
+
+__all__ = ["FunctionStats", "StatsLog", "collect"]
+
+_COUNTS = ("hits", "misses", "saved", "computed")
+#: the statistics entry that holds the folded-in counts of idle processes
+ARCHIVE = "archive"
+#: entries of processes idle for longer than this are folded into the archive
+FOLD_AFTER_SECONDS = 86400.0
+#: ... once there are at least this many of them
+FOLD_MIN = 8
+
+
+@dataclasses.dataclass
+class FunctionStats:
+    """What one function has in a cache, and what the cache did for it."""
+
+    folder: str  #: its folder in the store
+    func: str = ""  #: its identity, e.g. ``"pipeline.features.extract"``
+    entries: int = 0  #: cached results
+    size: int = 0  #: bytes on disk
+    last_used: float = 0.0  #: epoch seconds of the most recent use of any result
+    hits: int = 0
+    misses: int = 0  #: calls that computed (and stored) a result
+    saved: float = 0.0  #: seconds of computing that the hits avoided
+    computed: float = 0.0  #: seconds spent computing the misses
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _process_name() -> str:
+    host = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:32] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class StatsLog:
+    """This process's running totals per function, written at each flush."""
+
+    def __init__(self, store: Store, *, read_only: bool = False) -> None:
+        self._store = store
+        #: nothing can be written to the store: the totals stay in this process
+        self._read_only = read_only
+        self._totals: dict[str, dict[str, Any]] = {}
+        self._dirty: set[str] = set()
+        self._lock = threading.Lock()
+        self._process = _process_name()
+        self._written: dict[str, dict[str, Any]] = {}  # what our entry holds, by folder
+        self._base: dict[str, dict[str, Any]] = {}  # counts already folded into the archive
+        self._folded: set[str] = set()  # folders this process has tidied
+        self._names: dict[str, str] = {}  # our entry's name, once one was folded in
+
+    def add(
+        self,
+        folder: str,
+        func: str,
+        *,
+        hits: int = 0,
+        misses: int = 0,
+        saved: float = 0.0,
+        computed: float = 0.0,
+    ) -> None:
+        with self._lock:
+            t = self._totals.get(folder)
+            if t is None:
+                t = self._totals[folder] = dict.fromkeys(_COUNTS, 0) | {"func": func}
+            t["func"] = func or t["func"]
+            t["hits"] += hits
+            t["misses"] += misses
+            t["saved"] += saved
+            t["computed"] += computed
+            self._dirty.add(folder)
+
+    def forget(self, folder: str | None = None) -> None:
+        """Drop this process's totals for ``folder`` (all when None): its results
+        were cleared, so its counts start again."""
+        with self._lock:
+            for known in (self._totals, self._written, self._base, self._names):
+                if folder is None:
+                    known.clear()
+                else:
+                    known.pop(folder, None)
+            if folder is None:
+                self._dirty.clear()
+            else:
+                self._dirty.discard(folder)
+
+    def flush(self) -> None:
+        if self._read_only:
+            return
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            totals = {folder: dict(self._totals[folder]) for folder in dirty}
+        for folder, value in totals.items():
+            name = self._names.get(folder) or f"{folder}/{STATS}/{self._process}"
+            try:
+                if folder in self._written and not self._store.exists(name):
+                    # another process folded our entry into the archive, which lists
+                    # its name: count on from there, under a new name
+                    self._base[folder] = self._written[folder]
+                    name = self._names[folder] = f"{name}-{secrets.token_hex(2)}"
+                base = self._base.get(folder)
+                if base is not None:
+                    value = value | {c: value[c] - base[c] for c in _COUNTS}
+                value["updated"] = time.time()
+                _write_stats(self._store, name, value)
+                self._written[folder] = totals[folder]
+                if folder not in self._folded:
+                    self._folded.add(folder)
+                    fold_idle(self._store, folder)
+            except Exception:  # statistics are advisory (and this also runs at exit)
+                pass
+
+    def _after_fork(self) -> None:
+        # the child counts its own calls, under its own name
+        self._lock = threading.Lock()
+        self._totals, self._dirty = {}, set()
+        self._written, self._base, self._folded, self._names = {}, {}, set(), {}
+        self._process = _process_name()
+
+
+def _write_stats(store: Store, name: str, value: dict[str, Any]) -> None:
+    codec = codecs["npy"]
+    with store.write(name) as f:
+        write_entry(f, codec.name, codec.encode(value), {"stats": True}, None)
+
+
+def _read_stats(store: Store, name: str) -> dict[str, Any]:
+    value = decode(open_entry(store, name), allow_pickle=False)
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: not a statistics entry")
+    return value
+
+
+def fold_idle(store: Store, folder: str, now: float | None = None) -> int:
+    """Fold the statistics entries of processes idle for FOLD_AFTER_SECONDS into the
+    function's archive; return how many were folded (0 when there were fewer than
+    FOLD_MIN, or another process holds the archive's lock)."""
+    now = time.time() if now is None else now
+    prefix = f"{folder}/{STATS}/"
+    archive_name = prefix + ARCHIVE
+    present = [e for e in store.list(prefix[:-1]) if is_stats(e.name)]
+    idle = [
+        e.name for e in present if e.name != archive_name and now - e.last_used > FOLD_AFTER_SECONDS
+    ]
+    if len(idle) < FOLD_MIN:
+        return 0
+    lock = getattr(store, "lock", None)
+    with lock(archive_name, 0) if lock is not None else contextlib.nullcontext(True) as held:
+        if not held:
+            return 0
+        try:
+            archive = _read_stats(store, archive_name)
+        except EntryNotFound:
+            archive = dict.fromkeys(_COUNTS, 0) | {"merged": []}
+        except (EntryCorrupted, ValueError):
+            return 0  # leave it for `verify --fix`; never count twice
+        merged = set(archive.get("merged", []))
+        names = {e.name.rpartition("/")[2] for e in present}
+        for name in idle:
+            short = name.rpartition("/")[2]
+            if short in merged:
+                continue  # folded before, its removal was interrupted
+            try:
+                value = _read_stats(store, name)
+            except Exception:
+                continue
+            archive["func"] = archive.get("func") or value.get("func", "")
+            for c in _COUNTS:
+                archive[c] += value.get(c, 0)
+            merged.add(short)
+        archive["merged"] = sorted(merged & names)  # forget what is gone
+        _write_stats(store, archive_name, archive)
+        for name in idle:
+            with contextlib.suppress(OSError, ValueError):
+                store.delete(name)
+    return len(idle)
+
+
+def collect(store: Store, folder: str = "") -> dict[str, FunctionStats]:
+    """Every function in ``store`` (or only the one in ``folder``), by folder: its
+    entries, size and last use (one listing), plus the counts of every process's
+    statistics entry."""
+    found: dict[str, FunctionStats] = {}
+    some_entry: dict[str, list[str]] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    for e in cached_objects(store, folder):
+        folder = entry_folder(e.name)
+        st = found.get(folder)
+        if st is None:
+            st = found[folder] = FunctionStats(folder)
+        if is_stats(e.name):
+            try:
+                stats[e.name] = _read_stats(store, e.name)
+            except Exception:  # damaged or removed meanwhile: statistics only
+                continue
+        else:
+            st.entries += 1
+            st.size += e.size
+            st.last_used = max(st.last_used, e.last_used)
+            some_entry.setdefault(folder, []).append(e.name)
+    folded = {  # entries an archive already counts (a fold was interrupted)
+        f"{name.rpartition('/')[0]}/{short}"
+        for name, value in stats.items()
+        if name.endswith("/" + ARCHIVE)
+        for short in value.get("merged", [])
+    }
+    for name, value in stats.items():
+        if name not in folded:
+            st = found[entry_folder(name)]
+            st.func = st.func or str(value.get("func", ""))
+            st.hits += int(value.get("hits", 0))
+            st.misses += int(value.get("misses", 0))
+            st.saved += float(value.get("saved", 0.0))
+            st.computed += float(value.get("computed", 0.0))
+    for folder, st in found.items():
+        for name in some_entry.get(folder, [])[:8] if not st.func else []:
+            try:  # the first entry that reads names the function
+                st.func = str(read_entry_info(store, name).get("func", ""))
+            except Exception:
+                continue
+            if st.func:
+                break
+        st.func = st.func or folder
+    return found

@@ -1,0 +1,491 @@
+"""codecs/: one conformance suite that every codec passes, plus each codec's specifics."""
+
+from __future__ import annotations
+
+import collections
+import enum
+import fractions
+import io
+import json
+import mmap
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from mlcache import RegistryError, UnsupportedValue, register_codec
+from mlcache.codecs import Codec, Encoded, codecs, select_codec
+from mlcache.codecs.compression import Compression
+from mlcache.codecs.npy import NumpyCodec
+from mlcache.codecs.pickle import PickleCodec
+from mlcache.entry import EntryReader, write_entry
+from mlcache.keys.hashing import hash_value
+
+
+def pytest_generate_tests(metafunc):
+    # each conformance subclass brings its own samples
+    if "sample" in metafunc.fixturenames and metafunc.cls is not None:
+        samples = metafunc.cls.samples()
+        metafunc.parametrize("sample", list(samples.values()), ids=list(samples))
+
+
+def write(codec: Codec, value: Any, path: Path, compression: Compression | None = None) -> None:
+    encoded = codec.encode(value)
+    with open(path, "wb") as f:
+        write_entry(f, codec.name, encoded, {"test": True}, compression)
+
+
+def read(codec: Codec, path: Path | io.BytesIO, mmap_mode: str | None = None) -> Any:
+    source = str(path) if isinstance(path, Path) else path
+    reader = EntryReader(source, mmap_mode)
+    assert reader.codec == codec.name
+    return codec.decode(reader.codec_layout, reader)
+
+
+def base_chain(a: Any) -> list[Any]:
+    """``a``, its base, its base's base, ... through memoryviews too."""
+    chain = []
+    while a is not None:
+        chain.append(a)
+        a = a.obj if isinstance(a, memoryview) else getattr(a, "base", None)
+    return chain
+
+
+def is_mapped(a: np.ndarray) -> bool:
+    return any(isinstance(b, (np.memmap, mmap.mmap)) for b in base_chain(a))
+
+
+def assert_same(got: Any, want: Any, path: str = "value") -> None:
+    """Equal value and equal type, recursively; floats bit-exact (nan, -0.0)."""
+    if isinstance(want, np.ndarray) and type(want) is np.ndarray:
+        assert isinstance(got, np.ndarray), f"{path}: {type(got)}"
+        assert type(got) in (np.ndarray, np.memmap), f"{path}: {type(got)}"
+        assert got.dtype == want.dtype, f"{path}: {got.dtype} != {want.dtype}"
+        assert got.shape == want.shape, f"{path}: {got.shape} != {want.shape}"
+        assert np.array_equal(got, want, equal_nan=want.dtype.kind in "fc"), path
+        if want.flags.f_contiguous and not want.flags.c_contiguous:
+            assert got.flags.f_contiguous, f"{path}: F order lost"
+        return
+    assert type(got) is type(want), f"{path}: {type(got)} != {type(want)}"
+    if isinstance(want, np.generic):
+        assert got.dtype == want.dtype, path
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), path
+    elif isinstance(want, (float, complex)):
+        assert repr(got) == repr(want), f"{path}: {got!r} != {want!r}"
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{path}[{i}]")
+    elif isinstance(want, dict):
+        assert len(got) == len(want), path
+        for i, ((gk, gv), (wk, wv)) in enumerate(zip(got.items(), want.items())):
+            assert_same(gk, wk, f"{path}.key{i}")
+            assert_same(gv, wv, f"{path}[{wk!r}]")
+    else:
+        assert got == want, f"{path}: {got!r} != {want!r}"
+
+
+class CodecConformance:
+    """What every codec must do. Subclasses set ``codec`` and return their samples."""
+
+    codec: ClassVar[Codec]
+
+    @staticmethod
+    def samples() -> dict[str, Any]:
+        """Values the codec claims (``can_encode``) and must round-trip exactly."""
+        raise NotImplementedError
+
+    @staticmethod
+    def array_sample() -> Any:
+        """A value with numpy arrays inside, to check memory mapping."""
+        raise NotImplementedError
+
+    @staticmethod
+    def arrays_of(value: Any) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def test_is_a_registered_codec(self):
+        assert isinstance(self.codec, Codec)
+        assert isinstance(self.codec.name, str) and isinstance(self.codec.safe, bool)
+        assert type(codecs[self.codec.name]) is type(self.codec)
+
+    def test_claims_the_sample(self, sample):
+        assert self.codec.can_encode(sample) is True
+
+    def test_layout_is_json_and_segments_are_buffers(self, sample):
+        encoded = self.codec.encode(sample)
+        assert isinstance(encoded, Encoded)
+        assert json.loads(json.dumps(encoded.layout)) == encoded.layout
+        for seg in encoded.segments:  # bytes-like, or contiguous arrays
+            if isinstance(seg, np.ndarray):
+                assert seg.flags.c_contiguous or seg.flags.f_contiguous
+            else:
+                memoryview(seg)
+
+    def test_encode_leaves_the_value_unchanged(self, sample):
+        before = hash_value(sample)
+        self.codec.encode(sample)
+        assert hash_value(sample) == before
+
+    @pytest.mark.parametrize("mmap_mode", [None, "r", "c", "r+"])
+    def test_round_trip(self, sample, mmap_mode, tmp_path):
+        path = tmp_path / "entry"
+        write(self.codec, sample, path)
+        assert_same(read(self.codec, path, mmap_mode), sample)
+        # and once more: reading does not change the entry
+        assert_same(read(self.codec, path, None), sample)
+
+    def test_round_trip_from_a_file_object(self, sample, tmp_path):
+        path = tmp_path / "entry"
+        write(self.codec, sample, path)
+        assert_same(read(self.codec, io.BytesIO(path.read_bytes()), "r"), sample)
+
+    def test_round_trip_compressed(self, sample, tmp_path):
+        path = tmp_path / "entry"
+        write(self.codec, sample, path, Compression("zlib", 1))
+        assert_same(read(self.codec, path, "r"), sample)
+
+    def test_arrays_are_memory_mapped_and_read_only_under_r(self, tmp_path):
+        path = tmp_path / "entry"
+        value = self.array_sample()
+        write(self.codec, value, path)
+        arrays = self.arrays_of(read(self.codec, path, "r"))
+        assert arrays
+        for a in arrays:
+            assert is_mapped(a)
+            assert any(isinstance(b, np.memmap) for b in base_chain(a)), "no np.memmap base"
+            assert not a.flags.writeable
+            with pytest.raises(ValueError):
+                a[...] = 0
+
+    def test_arrays_are_writable_copies_without_mmap(self, tmp_path):
+        path = tmp_path / "entry"
+        write(self.codec, self.array_sample(), path)
+        before = path.read_bytes()
+        for a in self.arrays_of(read(self.codec, path, None)):
+            assert not is_mapped(a)
+            assert a.flags.writeable
+            a[...] = 0
+        assert path.read_bytes() == before
+
+    def test_copy_on_write_mapping_leaves_the_file_alone(self, tmp_path):
+        path = tmp_path / "entry"
+        write(self.codec, self.array_sample(), path)
+        before = path.read_bytes()
+        arrays = self.arrays_of(read(self.codec, path, "c"))
+        for a in arrays:
+            assert is_mapped(a) and a.flags.writeable
+            a[...] = 0
+        assert path.read_bytes() == before
+        for got, want in zip(
+            self.arrays_of(read(self.codec, path, None)), self.arrays_of(self.array_sample())
+        ):
+            assert_same(got, want)
+
+
+# -- npy ----------------------------------------------------------------------------
+def _arrays(value: Any) -> list[np.ndarray]:
+    if isinstance(value, np.ndarray):
+        return [value]
+    if isinstance(value, dict):
+        return [a for v in value.values() for a in _arrays(v)]
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _arrays(v)]
+    return []
+
+
+class Thing:
+    def __init__(self, x: Any) -> None:
+        self.x = x
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Thing and hash_value(self.x) == hash_value(other.x)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class TestNpyCodec(CodecConformance):
+    codec = NumpyCodec()
+
+    @staticmethod
+    def samples() -> dict[str, Any]:
+        grid = np.arange(24, dtype=np.float64).reshape(4, 6)
+        return {
+            "none": None,
+            "bools": [True, False],
+            "small-ints": [0, 1, -1, 2**53 - 1, -(2**53) + 1],
+            "big-ints": [2**53, -(2**53), 2**63, -(2**64) - 7, 10**100],
+            "floats": [0.0, -0.0, 1.5, 1e-310, float("inf"), float("-inf"), float("nan"), 0.1],
+            "complex": [1 + 2j, complex(float("nan"), -0.0), complex(float("inf"), 1e-300)],
+            "str": ["", "plain", "ünïcødé ✓", "\x00\n\t", "\ud800"],
+            "bytes": [b"", b"\x00\xff" * 100, bytes(range(256))],
+            "tuple-list": (1, [2, (3, [4, ()])], [], ((),)),
+            "dict-nonstr-keys": {
+                1: "int",
+                2.5: "float",
+                (1, "a"): "tuple",
+                None: "none",
+                b"k": "bytes",
+                "s": {"nested": {-1: [None]}},
+                False: "bool",
+                np.int64(7): "np int",
+            },
+            "dict-order": {"z": 1, "a": 2, "m": 3},
+            "np-scalars": [
+                np.float32(1.5),
+                np.float64(-0.0),
+                np.int8(-3),
+                np.uint64(2**64 - 1),
+                np.bool_(True),
+                np.complex64(1 - 1j),
+                np.float16(0.5),
+                np.datetime64("2020-01-02T03:04"),
+                np.timedelta64(5, "ms"),
+                np.str_("np string"),
+                np.bytes_(b"np bytes"),
+            ],
+            "array-c": grid,
+            "array-f": np.asfortranarray(grid),
+            "array-f-3d": np.asfortranarray(np.arange(60, dtype=np.int16).reshape(3, 4, 5)),
+            "array-non-contiguous": grid[::2, 1::2],
+            "array-reversed": np.arange(10)[::-1],
+            "array-0d": np.array(3.25),
+            "array-empty": np.empty((0, 3), dtype=np.int32),
+            "array-empty-f": np.empty((3, 0), order="F"),
+            "array-nan": np.array([np.nan, -np.inf, -0.0, 1.0]),
+            "array-kinds": [
+                np.array([True, False]),
+                np.arange(5, dtype=">i4"),
+                np.array(["ab", "cde"]),
+                np.array([b"ab", b"c"]),
+                np.arange(3).astype("datetime64[D]"),
+                np.arange(4, dtype=np.complex128),
+                np.arange(4, dtype=np.float16),
+                np.zeros(3, dtype="V4"),
+            ],
+            "mixed": {"x": np.arange(3), "meta": (3, "x", None), "ys": [np.ones((2, 2))]},
+            "shared-array": [grid, grid],
+            "deep": [[[[[[[[[[1]]]]]]]]]],
+        }
+
+    @staticmethod
+    def array_sample() -> Any:
+        return {"a": np.arange(100.0), "b": [np.ones((3, 4), dtype=np.int32), np.array(7)]}
+
+    @staticmethod
+    def arrays_of(value: Any) -> list[np.ndarray]:
+        return _arrays(value)
+
+    def test_is_safe(self):
+        assert self.codec.safe is True and self.codec.name == "npy"
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            np.array([1, "a"], dtype=object),
+            [1, np.array([None], dtype=object)],
+            np.zeros(2, dtype=[("a", "i4"), ("b", "f8")]),
+            np.ma.array([1, 2], mask=[0, 1]),
+            collections.OrderedDict(a=1),
+            collections.defaultdict(int),
+            {1, 2},
+            frozenset({1}),
+            {"a": {1, 2}},
+            Thing(1),
+            Color.RED,
+            fractions.Fraction(1, 3),
+            type("MyStr", (str,), {})("x"),
+            type("MyList", (list,), {})([1]),
+            np.float64,
+            range(3),
+            bytearray(b"x"),
+            memoryview(b"x"),
+            np.zeros(1, dtype=[("a", "u1")])[0],
+        ],
+        ids=lambda v: type(v).__name__,
+    )
+    def test_refuses_what_it_cannot_fully_represent(self, value):
+        assert self.codec.can_encode(value) is False
+
+    def test_refuses_self_reference_and_too_deep_nesting_without_crashing(self):
+        loop: list[Any] = [1]
+        loop.append(loop)
+        assert self.codec.can_encode(loop) is False
+        deep: list[Any] = []
+        for _ in range(500):
+            deep = [deep]
+        assert self.codec.can_encode(deep) is False
+
+    def test_mapped_arrays_are_memmaps_with_their_order(self, tmp_path):
+        path = tmp_path / "entry"
+        f = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+        write(self.codec, {"f": f, "c": np.ascontiguousarray(f)}, path)
+        out = read(self.codec, path, "r")
+        assert isinstance(out["f"], np.memmap) and isinstance(out["c"], np.memmap)
+        assert out["f"].flags.f_contiguous and not out["f"].flags.c_contiguous
+        assert out["c"].flags.c_contiguous
+        assert out["f"].mode == "r" and Path(out["f"].filename) == path.resolve()
+
+    def test_not_mapped_arrays_are_plain_ndarrays(self, tmp_path):
+        path = tmp_path / "entry"
+        write(self.codec, np.arange(5), path)
+        assert type(read(self.codec, path, None)) is np.ndarray
+
+
+# -- pickle -------------------------------------------------------------------------
+def fitted_estimator():
+    from sklearn.linear_model import LinearRegression
+
+    rng = np.random.default_rng(0)
+    x = rng.random((50, 4))
+    return LinearRegression().fit(x, x @ [1.0, 2.0, 3.0, 4.0] + 0.5)
+
+
+class TestPickleCodec(CodecConformance):
+    codec = PickleCodec()
+
+    @staticmethod
+    def samples() -> dict[str, Any]:
+        return {
+            "plain": {"a": [1, 2.5, None], "b": (b"x", "y")},
+            "ordered-dict": collections.OrderedDict([("b", 1), ("a", np.arange(3))]),
+            "sets": [{1, 2}, frozenset({"a"})],
+            "user-object": Thing([np.arange(4), {"k": (1, 2)}]),
+            "enum": Color.RED,
+            "fraction": fractions.Fraction(2, 3),
+            "object-array": [np.array([1, "a", None], dtype=object)],
+            "structured-array": [np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")])],
+            "f-array": np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+            "non-contiguous-array": np.arange(20)[::3],
+            "floats": [float("nan"), -0.0, float("inf")],
+            "big": np.arange(200_000, dtype=np.int64),
+        }
+
+    @staticmethod
+    def array_sample() -> Any:
+        return fitted_estimator()
+
+    @staticmethod
+    def arrays_of(value: Any) -> list[np.ndarray]:
+        return [value.coef_]
+
+    def test_is_not_safe(self):
+        assert self.codec.safe is False and self.codec.name == "pickle"
+
+    def test_claims_anything(self):
+        assert self.codec.can_encode(object()) is True
+
+    def test_arrays_are_stored_out_of_band(self):
+        big = np.arange(100_000, dtype=np.float64)
+        encoded = self.codec.encode({"big": big})
+        assert encoded.layout == {"oob": 1}
+        assert len(encoded.segments[0]) < 1000  # the pickle stream holds no array data
+        assert memoryview(encoded.segments[1]).nbytes == big.nbytes
+
+    def test_sklearn_estimator_round_trip(self, tmp_path):
+        est = fitted_estimator()
+        path = tmp_path / "entry"
+        write(self.codec, est, path)
+        for mode in (None, "r"):
+            out = read(self.codec, path, mode)
+            assert type(out) is type(est)
+            assert out.get_params() == est.get_params()
+            np.testing.assert_array_equal(out.coef_, est.coef_)
+            x = np.ones((2, 4))
+            np.testing.assert_array_equal(out.predict(x), est.predict(x))
+
+
+# -- selection and registration -------------------------------------------------------
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """Registrations made by a test are undone after it."""
+    monkeypatch.setattr(codecs, "_entries", dict(codecs._entries))
+
+
+def test_select_codec_prefers_the_safe_codec():
+    assert select_codec(np.arange(3), allow_pickle=True).name == "npy"
+    assert select_codec({"a": [1, (2, None)]}, allow_pickle=False).name == "npy"
+    assert select_codec(collections.OrderedDict(), allow_pickle=True).name == "pickle"
+    assert select_codec(Thing(1), allow_pickle=True).name == "pickle"
+
+
+@pytest.mark.parametrize(
+    ("value", "typename"),
+    [
+        (collections.OrderedDict(a=1), "collections.OrderedDict"),
+        (Thing(1), "Thing"),
+        (np.array([None], dtype=object), "numpy.ndarray"),
+    ],
+)
+def test_select_codec_without_pickle_names_the_type(value, typename):
+    with pytest.raises(UnsupportedValue, match=typename) as info:
+        select_codec(value, allow_pickle=False)
+    assert isinstance(info.value, TypeError)
+    assert "allow_pickle" in str(info.value)
+
+
+class FractionCodec:
+    """A user codec: fractions as two ints, safe."""
+
+    name = "fraction"
+    safe = True
+
+    def can_encode(self, value: Any) -> bool:
+        return type(value) is fractions.Fraction
+
+    def encode(self, value: Any) -> Encoded:
+        return Encoded({"n": str(value.numerator), "d": str(value.denominator)}, [])
+
+    def decode(self, layout: dict[str, Any], segments: Any) -> Any:
+        return fractions.Fraction(int(layout["n"]), int(layout["d"]))
+
+
+def test_a_registered_safe_codec_is_selected_before_pickle(scratch_registry, tmp_path):
+    value = fractions.Fraction(22, 7)
+    assert select_codec(value, allow_pickle=True).name == "pickle"
+    register_codec(FractionCodec())
+    codec = select_codec(value, allow_pickle=False)
+    assert codec.name == "fraction"
+    write(codec, value, tmp_path / "entry")
+    assert read(codec, tmp_path / "entry") == value
+    assert select_codec(np.arange(3), allow_pickle=True).name == "npy"  # order kept
+    with pytest.raises(RegistryError, match="already registered"):
+        register_codec(FractionCodec())
+    register_codec(FractionCodec(), replace=True)
+
+
+def test_registration_is_undone_by_the_fixture():
+    assert "fraction" not in codecs
+
+
+class NoMethods:
+    name = "nomethods"
+    safe = True
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [object(), NoMethods(), FractionCodec, 42, "npy"],
+    ids=["object", "no-methods", "a-class-not-an-instance", "int", "str"],
+)
+def test_register_codec_rejects_non_codecs(bad, scratch_registry):
+    with pytest.raises(RegistryError):
+        register_codec(bad)
+
+
+def test_register_codec_rejects_bad_names(scratch_registry):
+    for name in ("", "Upper", "has space", "1digit", "a/b"):
+        codec = FractionCodec()
+        codec.name = name
+        with pytest.raises(RegistryError, match="invalid codec name"):
+            register_codec(codec)
+
+
+def test_unknown_codec_name_is_a_registry_error():
+    with pytest.raises(RegistryError, match="unknown codec 'nope'.*npy"):
+        codecs["nope"]

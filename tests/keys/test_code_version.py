@@ -1,0 +1,282 @@
+"""Transitive code versions: real modules in a temporary package, edited between
+runs of a fresh interpreter, as a user edits files between runs of a pipeline."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from mlcache import ConfigError, Memory
+from mlcache.keys.code_version import code_version, is_user_module, library_version
+from scripts import ALL, Project  # the fresh-interpreter package
+
+
+@pytest.fixture
+def project(tmp_path):
+    return Project(tmp_path)
+
+
+def test_what_changes_recomputes_exactly_what_depends_on_it(project):
+    assert project.run() == ALL
+    assert project.run() == set()
+    # comments, docstrings and formatting: nothing
+    project.edit("helpers", "# comment v1", "# comment v2, and more words")
+    project.edit("helpers", "(docstring v1)", "(docstring v2)")
+    project.edit("helpers", "    return x / 10", "\n\n    return (x\n            / 10)")
+    project.edit("helpers", '"""Helpers of the pipeline."""', '"""The helpers."""')
+    assert project.run() == set()
+    # a function nobody calls
+    project.edit("helpers", "return x - 1", "return x - 2")
+    assert project.run() == set()
+    # a helper's body: its callers (through an attribute chain and a local import)
+    project.edit("helpers", "/ 10)", "/ 100)")
+    assert project.run() == {"f_normalize", "f_local_import"}
+    # a module-level constant a helper reads
+    project.edit("helpers", "SCALE = 2", "SCALE = 3")
+    assert project.run() == {"f_scaled"}
+    # a method of a class, then a class attribute
+    project.edit("helpers", "return x + self.offset", "return self.offset + x + 0")
+    assert project.run() == {"f_shift"}
+    project.edit("helpers", "offset = 1", "offset = 5")
+    assert project.run() == {"f_shift"}
+    # a lambda
+    project.edit("helpers", "lambda x: x * x", "lambda x: x**2 + 0")
+    assert project.run() == {"f_square"}
+    # the value a closure holds
+    project.edit("helpers", "make_adder(3)", "make_adder(4)")
+    assert project.run() == {"f_add"}
+    # one of two mutually recursive functions
+    project.edit("helpers", "return n != 0 and is_even(n - 1)", "return n > 0 and is_even(n - 1)")
+    assert project.run() == {"f_even"}
+    assert project.run() == set()
+
+
+def test_a_miss_says_which_dependency_changed(project):
+    project.run()
+    project.edit("helpers", "/ 10", "/ 100")
+    assert project.run(TPKG_VERBOSE="1") == {"f_normalize", "f_local_import"}
+    assert "code changed (tpkg.helpers.normalize)" in project.stderr
+    assert "its code changed (tpkg.helpers.normalize)" in project.stderr
+
+
+def test_source_mode_is_jobllibs_and_misses_helper_changes(project):
+    assert project.run(TPKG_CODE="source") == ALL
+    project.edit("helpers", "/ 10", "/ 100")
+    assert project.run(TPKG_CODE="source") == set()  # stale: what joblib does
+    project.edit("pipeline", '    _log("f_scaled")', '    _log("f_scaled")  # a comment')
+    assert project.run(TPKG_CODE="source") == {"f_scaled"}  # comments count there
+
+
+def test_off_mode_never_looks_at_the_code(project):
+    assert project.run(TPKG_CODE="off") == ALL
+    project.edit("pipeline", "return scaled(x)", "return scaled(x) + 1")
+    assert project.run(TPKG_CODE="off") == set()
+
+
+def test_libraries_are_identified_by_their_version(project):
+    sys.path.insert(0, str(project.root))
+    try:
+        os.environ.setdefault("TPKG_CACHE", str(project.root / "c"))
+        os.environ.setdefault("TPKG_LOG", str(project.log))
+        from tpkg import pipeline
+
+        parts = code_version(pipeline.f_mean.func).parts
+    finally:
+        sys.path.remove(str(project.root))
+        for name in [m for m in sys.modules if m == "tpkg" or m.startswith("tpkg.")]:
+            del sys.modules[name]
+    assert parts["tpkg.helpers.mean"]
+    assert parts["tpkg.helpers.np"] == f"numpy=={np.__version__}"
+    assert not any(k.startswith("numpy.") for k in parts)  # numpy's source is not walked
+    assert library_version("os.path") == f"python=={sys.version_info[0]}.{sys.version_info[1]}"
+    assert not is_user_module("numpy") and not is_user_module("mlcache.memo.memory")
+    assert is_user_module("__main__")
+
+
+# -- in-process properties ---------------------------------------------------------------
+def _define(source: str, name: str = "f", module: str = "depsmod"):
+    ns: dict = {"__name__": module}
+    exec(textwrap.dedent(source), ns)
+    return ns[name], ns
+
+
+def test_docstrings_comments_and_lines_do_not_count():
+    a, _ = _define("def f(x):\n    return x + 1\n")
+    b, _ = _define('def f(x):\n    """Doc."""\n    # note\n\n    return x + 1\n')
+    c, _ = _define("def f(x):\n    return x + 2\n")
+    assert code_version(a).digest == code_version(b).digest != code_version(c).digest
+
+
+def test_a_debug_print_counts():
+    a, _ = _define("def f(x):\n    return x + 1\n")
+    b, _ = _define("def f(x):\n    print(x)\n    return x + 1\n")
+    assert code_version(a).digest != code_version(b).digest
+
+
+def test_constants_arrays_by_content_and_helpers_defaults():
+    src = (
+        "import numpy as np\nW = np.arange(5.0)\n"
+        "def h(x, k=2):\n    return x * k\n"
+        "def f(x):\n    return h(x) @ W\n"
+    )
+    f1, _ = _define(src, module="constmod1")
+    f2, _ = _define(src.replace("k=2", "k=3"), module="constmod2")
+    f3, ns3 = _define(src, module="constmod3")
+    ns3["W"] = np.arange(5.0) + 1
+    v1, v2, v3 = (code_version(f).parts for f in (f1, f2, f3))
+    assert v1["constmod1.h.<defaults>"] != v2["constmod2.h.<defaults>"]
+    assert v1["constmod1.W"] != v3["constmod3.W"]
+
+
+def test_cycles_and_self_recursion_terminate():
+    f, _ = _define("def f(n):\n    return 1 if n < 2 else n * f(n - 1)\n")
+    assert code_version(f).digest
+    g, _ = _define("def f(n):\n    return g(n)\ndef g(n):\n    return f(n - 1) if n else 0\n")
+    assert "depsmod.g" in code_version(g).parts
+
+
+def test_unhashable_globals_count_by_type():
+    f, _ = _define(
+        "import threading\nLOCK = threading.Lock()\ndef f(x):\n    with LOCK:\n        return x\n"
+    )
+    assert code_version(f).parts["depsmod.LOCK"].startswith("<_thread.lock")
+
+
+PINNED: list[int] = []
+
+
+def pinned(x):
+    PINNED.append(x)
+    return x
+
+
+def test_version_pins_and_code_modes(tmp_path):
+    mem = Memory(tmp_path, verbose=0)
+    mem.cache(pinned, version="1")(3)
+    mem.cache(pinned, version="1")(3)
+    mem.cache(pinned, version="2")(3)
+    assert PINNED == [3, 3]
+    f = pinned
+    with pytest.raises(ConfigError, match="version"):
+        mem.cache(f, version="")
+    with pytest.raises(ConfigError, match="code must be one of"):
+        Memory(tmp_path, code="everything")
+
+
+def test_the_walk_is_paid_once_per_process(tmp_path, monkeypatch):
+    import mlcache.keys.code_version as deps
+
+    walks = []
+    real = deps._walk_version
+    monkeypatch.setattr(deps, "_walk_version", lambda f, *a: walks.append(f) or real(f, *a))
+
+    def g(x):
+        return x + 1
+
+    f = Memory(tmp_path, verbose=0).cache(g)
+    for i in range(5):
+        f(i)
+    Memory(tmp_path, verbose=0).cache(g)(1)  # another Memory, same function
+    assert len(walks) == 1
+
+
+def test_modules_and_helpers_a_closure_holds_are_walked():
+    """A memoized function made in a function, reading a module it captured: the
+    module's helpers count (the data it captures goes into each call's key)."""
+    import types as _types
+
+    mod = _types.ModuleType("closmod")
+    exec("def h(x):\n    return x * 3\n", mod.__dict__)
+    sys.modules["closmod"] = mod
+    try:
+        scale = 2
+
+        def make():
+            def f(x):
+                return mod.h(x) * scale
+
+            return f
+
+        parts = code_version(make()).parts
+    finally:
+        del sys.modules["closmod"]
+    assert "closmod.h" in parts
+    assert not any("scale" in k for k in parts)
+
+
+def test_more_ways_of_reaching_code():
+    """Factory closures, same-named lambdas, modules imported in the body and bound
+    to a local name, methods reaching their class through self, wrapped helpers,
+    dispatch tables, and memo dicts (by type once known to fill up at run time)."""
+    import types as _types
+
+    mod = _types.ModuleType("depsbody")
+    exec("def g(x):\n    return x + 1\n", mod.__dict__)
+    sys.modules["depsbody"] = mod
+    try:
+        src = textwrap.dedent(
+            """
+            import functools
+
+            def inner(x):
+                return x * 3
+
+            @functools.lru_cache
+            def cached_helper(x):
+                return inner(x)
+
+            def fa(x):
+                return x - 1
+
+            TABLE = {"a": fa}
+            memo = {}
+            first = lambda x: x + 1
+            second = lambda x: x + 2
+
+            def uses_all(x):
+                import depsbody as h
+                memo[x] = x
+                return h.g(x) + cached_helper(x) + TABLE["a"](x) + first(x) + second(x)
+
+            class Model:
+                def helper(self, x):
+                    return x * 2
+
+                def predict(self, x):
+                    return self.helper(x)
+
+            def make(helper):
+                def f(x):
+                    return helper(x)
+                return f
+            """
+        )
+        f, ns = _define(src, "uses_all", module="depsmore")
+        parts = code_version(f).parts
+        assert "depsbody.g" in parts
+        assert "depsmore.inner" in parts  # through the lru_cache wrapper
+        assert "depsmore.fa" in parts  # through the dispatch table
+        assert parts["depsmore.<lambda>"].count("+") == 1  # both lambdas, order-free
+        # a module-level dict counts by content and is watched for changes calls
+        # make; once known as state (a memo), by type only
+        version = code_version(f)
+        assert parts["depsmore.memo"] != "<state dict>"
+        assert ("depsmore.memo", ns["memo"]) in version.watched
+        state = frozenset({"depsmore.memo"})
+        memo_free = code_version(f, state=state)
+        assert memo_free.parts["depsmore.memo"] == "<state dict>"
+        assert not any(name == "depsmore.memo" for name, _ in memo_free.watched)
+        from mlcache.keys.code_version import _walk_version
+
+        ns["memo"][1] = 2  # the memo fills up: the same version (walked again)
+        assert _walk_version(f, state).digest == memo_free.digest
+        assert _walk_version(f).digest != version.digest
+        assert "depsmore.Model.helper" in code_version(ns["Model"].predict).parts
+        one, two = ns["make"](ns["fa"]), ns["make"](ns["inner"])
+        assert code_version(one).digest != code_version(two).digest
+    finally:
+        del sys.modules["depsbody"]
