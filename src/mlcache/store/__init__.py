@@ -2,11 +2,17 @@
 
 A store speaks in *names*: ``/``-separated relative paths such as
 ``"pkg.mod.f-1a2b3c4d/9f86d081884c7d65/0123...cdef"``. It never interprets
-them. Optional powers are their own protocols or methods: :class:`LocalPaths`
-(the store can hand out a local file path, which memory-mapping needs),
-``lock(name, timeout)`` (one computation per key across processes) and
-``shared_counter(name)`` (a number read and changed by one process at a time,
-which keeps ``bytes_limit`` across processes).
+them. Optional powers are their own small protocols, checked once with
+``isinstance`` by whoever uses the store (never probed with ``getattr``):
+
+- :class:`LocalPaths`: the store can hand out a local file path for an entry,
+  which memory-mapping needs;
+- :class:`Locking`: ``lock(name, timeout)``, one computation per key across
+  processes;
+- :class:`SharedCounters`: ``shared_counter(name)``, a number read and changed
+  by one process at a time, which keeps ``bytes_limit`` across processes;
+- :class:`ReadOnly`: ``read_only``, the store refuses writes (a cache on a
+  read-only mount).
 
 Register a backend with :func:`mlcache.register_store_backend`; it then works
 as ``Memory(location, backend="name")``.
@@ -26,7 +32,10 @@ from ..errors import InvalidRegistration, UnknownBackend
 __all__ = [
     "EntryStat",
     "LocalPaths",
+    "Locking",
+    "ReadOnly",
     "SharedCounter",
+    "SharedCounters",
     "Store",
     "backend_for",
     "check_name",
@@ -97,7 +106,41 @@ class Store(Protocol):
 class LocalPaths(Protocol):
     """A store whose objects are local files (so they can be memory-mapped)."""
 
-    def local_path(self, name: str) -> str: ...
+    def local_path(self, name: str) -> str:
+        """A local file holding entry ``name`` (for a remote store, a local copy made
+        on first use); raise ``FileNotFoundError`` when there is no such entry."""
+        ...
+
+
+@runtime_checkable
+class Locking(Protocol):
+    """A store that can hold one lock per entry name across processes."""
+
+    def lock(self, name: str, timeout: float) -> AbstractContextManager[bool]:
+        """Hold the lock of ``name`` for the block; the context yields False when it
+        could not be had within ``timeout`` seconds (the caller goes on unlocked).
+        A dead holder never blocks the name forever."""
+        ...
+
+
+@runtime_checkable
+class SharedCounters(Protocol):
+    """A store that keeps numbers every process using it reads and changes one at
+    a time (the total size behind ``bytes_limit``)."""
+
+    def shared_counter(
+        self, name: str, timeout: float = 30.0
+    ) -> AbstractContextManager[SharedCounter | None]:
+        """Hold counter ``name`` for the block; the context yields None when it could
+        not be had within ``timeout`` seconds."""
+        ...
+
+
+@runtime_checkable
+class ReadOnly(Protocol):
+    """A store that says whether it refuses writes (``read_only`` is True)."""
+
+    read_only: bool
 
 
 def _check_store(obj: object) -> None:
