@@ -23,9 +23,9 @@ import pytest
 
 from mlcache import Memory
 from mlcache.data import PackCorrupted, PackedDataset, pack
+from mlcache.entry import decode, open_entry
 from mlcache.errors import EntryCorrupted, EntryNotFound
 from mlcache.memo.layout import is_entry
-from mlcache.memo.results import decode, open_entry
 from mlcache.memo.usage import collect
 
 SIZES = (10, 100_000, 1_500_000)  # int64 elements: up to 12 MB, a wide write window

@@ -48,9 +48,8 @@ from hypothesis.errors import InvalidArgument
 from mlcache.codecs import codecs
 from mlcache.codecs.compression import Compression
 from mlcache.data import PackCorrupted, PackedDataset, pack
-from mlcache.entry import EntryReader, read_info, verify_file, write_entry
+from mlcache.entry import EntryReader, decode, read_info, verify_file, write_entry
 from mlcache.errors import EntryCorrupted, UnsupportedValue
-from mlcache.memo.results import decode
 
 ENTRY_MAGIC = b"\x93MLCACHE"
 PACK_MAGIC = b"\x93MLCPACK"

@@ -14,11 +14,11 @@ from typing import Any
 
 from .data.cached import remove_pack
 from .data.reader import PackedDataset
+from .entry import read_entry_info
 from .errors import PackCorrupted
 from .memo.eviction import plan_eviction
 from .memo.layout import cached_objects, entries, is_entry
 from .memo.memory import Memory
-from .memo.results import read_entry_info
 from .memo.usage import FunctionStats
 from .store import EntryStat
 

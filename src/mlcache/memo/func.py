@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .._log import logger_for, logging_configured
 from ..codecs import select_codec
-from ..entry import EntryPlan
+from ..entry import EntryPlan, decode, open_entry, read_entry_info
 from ..errors import (
     ConfigError,
     EntryNotFound,
@@ -40,7 +40,7 @@ from ..keys.hashing import Hasher
 from ..keys.identity import call_state, func_identity, slug, target_function
 from ..store import LocalPaths, Store
 from .layout import CODE_MANIFEST, STATE, STATS, is_entry
-from .results import MemorizedResult, NotMemorizedResult, decode, open_entry, read_entry_info
+from .results import MemorizedResult, NotMemorizedResult
 from .usage import FunctionStats, collect
 
 if TYPE_CHECKING:

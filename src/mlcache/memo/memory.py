@@ -24,6 +24,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from .._log import logger_for
 from .._util import parse_bytes, parse_duration
+from ..entry import open_entry
 from ..entry.signing import Signer, resolve_signer
 from ..errors import ConfigError, ConfigTypeError, EntryCorrupted, EntryNotFound, warn
 from ..store import LocalPaths, Store, stores
@@ -38,7 +39,6 @@ from .results import (
     NotMemorizedFunc,
     NotMemorizedResult,
     expires_after,
-    open_entry,
 )
 from .usage import FunctionStats, collect
 

@@ -1,5 +1,5 @@
-"""Reading entries back, and the small objects around a memoized function:
-``MemorizedResult``, the no-cache stand-ins, ``expires_after``."""
+"""The small objects around a memoized function: ``MemorizedResult``, the
+no-cache stand-ins, ``expires_after``. Reading entries is :mod:`mlcache.entry`'s."""
 
 from __future__ import annotations
 
@@ -10,11 +10,8 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from ..codecs import codecs
-from ..entry import EntryReader, read_info
-from ..entry.signing import Signer
-from ..errors import EntryCorrupted, EntryNotFound, UnsupportedValue
-from ..store import Store
+from ..entry import decode, open_entry, read_entry_info
+from ..errors import EntryNotFound
 
 if TYPE_CHECKING:
     from .memory import Memory
@@ -24,81 +21,11 @@ __all__ = [
     "MemorizedResult",
     "NotMemorizedFunc",
     "NotMemorizedResult",
-    "decode",
     "expires_after",
-    "open_entry",
-    "read_entry_info",
 ]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-def open_entry(
-    store: Store,
-    name: str,
-    mmap_mode: str | None = None,
-    *,
-    path: str | None = None,
-    signer: Signer | None = None,
-) -> EntryReader:
-    """Open entry ``name`` of ``store`` (through its local file when it has one),
-    requiring a valid signature when ``signer`` is given.
-
-    Raises ``EntryNotFound`` (also for a name that is a folder), ``EntryCorrupted``
-    for damage (``EntrySignatureError`` for a missing or wrong signature),
-    ``OSError`` when it cannot be read.
-    """
-    try:
-        if path is None:
-            path = _local_file(store, name)
-        if path is not None:
-            return EntryReader(path, mmap_mode, signer, name)
-        with store.open(name) as f:
-            return EntryReader(f, mmap_mode, signer, name)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise EntryNotFound(name) from None
-
-
-def read_entry_info(store: Store, name: str, *, path: str | None = None) -> dict[str, Any]:
-    """The metadata of entry ``name``, reading only its header where possible."""
-    try:
-        if path is None:
-            path = _local_file(store, name)
-        if path is not None:
-            return read_info(path)
-        with store.open(name) as f:
-            return EntryReader(f).info
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise EntryNotFound(name) from None
-
-
-def _local_file(store: Store, name: str) -> str | None:
-    """A local file of entry ``name``: the store's own (a local store), or a copy it
-    keeps (a remote store's read-through cache); None if it has neither."""
-    # getattr, not isinstance(store, LocalPaths): a runtime Protocol check that
-    # fails costs tens of microseconds, and this runs on every hit
-    local = getattr(store, "local_path", None) or getattr(store, "fetch", None)
-    return local(name) if local is not None else None
-
-
-def decode(reader: EntryReader, *, allow_pickle: bool) -> Any:
-    """The value in an opened entry. Never unpickles when ``allow_pickle`` is false."""
-    codec = codecs[reader.codec]
-    if not codec.safe and not allow_pickle:
-        raise UnsupportedValue(
-            f"{reader.path}: stored with the {codec.name!r} codec, and pickle is disabled"
-        )
-    try:
-        return codec.decode(reader.codec_layout, reader)
-    except EntryCorrupted:
-        raise
-    except Exception as exc:
-        # a layout that passed its checksum but that the codec cannot follow, or a
-        # pickle that no longer loads (a class renamed or removed): not a value
-        raise EntryCorrupted(
-            f"{reader.path}: cannot decode the {codec.name!r} payload ({type(exc).__name__}: {exc})"
-        ) from exc
 
 
 class MemorizedResult:

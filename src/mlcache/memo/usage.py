@@ -30,11 +30,10 @@ import time
 from typing import Any
 
 from ..codecs import codecs
-from ..entry import write_entry
+from ..entry import decode, open_entry, read_entry_info, write_entry
 from ..errors import EntryCorrupted, EntryNotFound
 from ..store import Store
 from .layout import STATS, cached_objects, entry_folder, is_stats
-from .results import decode, open_entry, read_entry_info
 
 __all__ = ["FunctionStats", "StatsLog", "collect"]
 
