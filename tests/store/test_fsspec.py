@@ -14,17 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_store import StoreConformance, get, put
 
 from mlcache import Memory
 from mlcache.memo.layout import is_entry
 from mlcache.store import Store
 from mlcache.store.fsspec import FsspecStore
+from mlcache.testing.stores import StoreTests, get, put
 
 pytest.importorskip("s3fs")
 
 
-class RemoteConformance(StoreConformance):
+class RemoteConformance(StoreTests):
     """An object store cannot touch an object: last use is the last write."""
 
     def test_touch_updates_last_used(self, store):
@@ -38,7 +38,7 @@ class RemoteConformance(StoreConformance):
         put(store, "f/v/a", b"hello")
         assert Path(store.fetch("f/v/a")).read_bytes() == b"hello"
 
-    def test_fetch_copies_once_and_reads_locally_after(self, store, tmp_path):
+    def test_local_path_copies_once_and_reads_locally_after(self, store, tmp_path):
         put(store, "f/v/a", b"data" * 100)
         other = self.reopen(store, tmp_path / "other-local")
         gets = []
@@ -64,7 +64,7 @@ class RemoteConformance(StoreConformance):
         raise NotImplementedError
 
 
-class TestMemoryStore(RemoteConformance):
+class TestMemoryUrlStore(RemoteConformance):
     def make_store(self, tmp_path: Path) -> Store:
         return FsspecStore(f"memory://mlc-{uuid.uuid4().hex[:8]}/c", local_cache_dir=tmp_path / "l")
 
@@ -84,9 +84,9 @@ class TestS3Store(RemoteConformance):
 
     def test_conditional_creation_is_refused_when_the_object_exists(self, store):
         """A real server: conditional creation is refused when the object exists."""
-        store.fs.pipe_file(store._path("x") + ".lease", b"1", mode="create")
+        store.fs.pipe_file(store.lease_path("x"), b"1", mode="create")
         with pytest.raises((FileExistsError, OSError)):
-            store.fs.pipe_file(store._path("x") + ".lease", b"2", mode="create")
+            store.fs.pipe_file(store.lease_path("x"), b"2", mode="create")
 
 
 # -- Memory on S3 -------------------------------------------------------------------------
@@ -176,8 +176,8 @@ def test_a_killed_lease_holder_is_taken_over(s3_bucket, tmp_path):
     os.kill(holder.pid, signal.SIGKILL)
     holder.join()
     mem = _memory(f"{url}/c", options, tmp_path / "w")
-    base = mem.store._path(mem.cache(stuck, ignore=["log"])._name((7, str(log)), {})) + ".lease"
-    assert mem.store._leases(base) == (1,)  # the dead holder's lease is still there
+    base = mem.store.lease_path(mem.cache(stuck, ignore=["log"])._name((7, str(log)), {}))
+    assert mem.store.leases.numbers(base) == (1,)  # the dead holder's lease is still there
     t0 = time.monotonic()
     with mem.store.lock(mem.cache(stuck, ignore=["log"])._name((7, str(log)), {}), 30) as held:
         waited = time.monotonic() - t0
@@ -344,9 +344,9 @@ def test_one_holder_among_racing_takers_of_an_expired_lease(tmp_path, s3_bucket,
     else:
         url, options = s3_bucket
         store = FsspecStore(f"{url}/c", local_cache_dir=tmp_path / "l", **options)
-    base = store._path("f/v/k") + ".lease"
-    assert store._create(f"{base}.1", b'{"owner": "dead", "expires": 0}')
-    assert not store._create(f"{base}.1", b"again")  # a create never replaces
+    base = store.lease_path("f/v/k")
+    assert store.leases.create(f"{base}.1", b'{"owner": "dead", "expires": 0}')
+    assert not store.leases.create(f"{base}.1", b"again")  # a create never replaces
     barrier, held = threading.Barrier(6), []
     threads = [
         threading.Thread(target=_race, args=(store, "f/v/k", barrier, held)) for _ in range(6)
@@ -358,7 +358,7 @@ def test_one_holder_among_racing_takers_of_an_expired_lease(tmp_path, s3_bucket,
     assert held, "nobody took the expired lease over"
     spans = sorted(held)
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans  # never overlap
-    assert store._leases(base) == ()  # the holder removed its lease, and the dead one
+    assert store.leases.numbers(base) == ()  # the holder removed its lease, and the dead one
 
 
 def test_a_store_that_refuses_writes_does_not_block_a_miss(tmp_path, monkeypatch):

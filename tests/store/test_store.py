@@ -32,193 +32,87 @@ from mlcache import (
 )
 from mlcache._atomic import DEAD_MIN_AGE
 from mlcache.memo.layout import is_entry
-from mlcache.store import EntryStat, LocalPaths, Store, check_name, stores
+from mlcache.store import (
+    EntryStat,
+    LocalFolders,
+    LocalPaths,
+    Store,
+    backend_for,
+    check_name,
+    register_url_scheme,
+    schemes,
+    stores,
+)
+from mlcache.store.cached import CachedStore
 from mlcache.store.local import LocalStore
-
-INVALID_NAMES = ["../x", "/abs", "", "a/../b", "a//b", "./a", "a/", ".hidden", "a\\b", "a/.."]
-
-
-def put(store: Store, name: str, data: bytes) -> None:
-    with store.write(name) as f:
-        f.write(data)
+from mlcache.store.memory import MemoryStore
+from mlcache.testing.stores import StoreTests, get, names, put
 
 
-def get(store: Store, name: str) -> bytes:
-    with store.open(name) as f:
-        return f.read()
-
-
-def names(store: Store, prefix: str = "") -> set[str]:
-    return {e.name for e in store.list(prefix)}
-
-
-class StoreConformance:
-    """What every store must do. Subclasses implement ``make_store`` and ``age``."""
-
-    @pytest.fixture
-    def store(self, tmp_path) -> Store:
-        return self.make_store(tmp_path)
+class TestMemoryStore(StoreTests):
+    """The in-memory backend ("memory") passes the suite it ships with."""
 
     def make_store(self, tmp_path: Path) -> Store:
-        raise NotImplementedError
+        return MemoryStore(str(tmp_path))
 
     def age(self, store: Store, name: str, seconds: float) -> None:
-        """Make ``name`` look last used ``seconds`` ago."""
-        raise NotImplementedError
+        data, used = store._space.objects[name]
+        store._space.objects[name] = (data, used - seconds)
 
-    def test_is_a_store(self, store):
-        assert isinstance(store, Store)
-        assert isinstance(store.location, str)
+    def test_is_the_memory_backend(self, tmp_path):
+        mem = Memory(str(tmp_path), backend="memory", verbose=0)
+        assert isinstance(mem.store, MemoryStore)
+        f = mem.cache(compute)
+        CALLS.clear()
+        f(3)
+        again = Memory(str(tmp_path), backend="memory", verbose=0).cache(compute)
+        np.testing.assert_array_equal(again(3)["a"], np.arange(3, dtype=np.float32))
+        assert CALLS == [3]  # one location, one space
 
-    def test_write_then_open(self, store):
-        put(store, "f/v/k1", b"hello")
-        assert get(store, "f/v/k1") == b"hello"
-        put(store, "top", b"")
-        assert get(store, "top") == b""
 
-    def test_write_replaces(self, store):
-        put(store, "a/k", b"old content")
-        put(store, "a/k", b"new")
-        assert get(store, "a/k") == b"new"
+class TestCachedStore(StoreTests):
+    """Any store wrapped for local copies: LocalPaths, the rest its own."""
 
-    def test_written_file_is_seekable(self, store):
-        with store.write("a/k") as f:
-            f.write(b"........payload")
-            f.seek(0)
-            f.write(b"HEAD")
-        assert get(store, "a/k") == b"HEAD....payload"
+    def make_store(self, tmp_path: Path) -> Store:
+        return CachedStore(MemoryStore(str(tmp_path)), tmp_path / "copies", "1MB")
 
-    def test_large_write(self, store):
-        data = os.urandom(3 << 20)
-        put(store, "big/k", data)
-        assert get(store, "big/k") == data
+    def age(self, store: Store, name: str, seconds: float) -> None:
+        TestMemoryStore().age(store.store, name, seconds)
 
-    def test_open_missing_is_entry_not_found(self, store):
-        with pytest.raises(EntryNotFound) as info:
-            store.open("f/v/nope")
-        assert isinstance(info.value, KeyError)
+    def test_copies_once_and_keeps_its_limit(self, tmp_path):
+        remote = MemoryStore(str(tmp_path))
+        store = CachedStore(remote, tmp_path / "copies", 10_000)
+        for i in range(20):
+            put(remote, f"f/v/{i}", bytes(1000))
+        opened = []
+        real = remote.open
+        remote.open = lambda name: opened.append(name) or real(name)  # type: ignore[method-assign]
+        first = store.local_path("f/v/0")
+        assert store.local_path("f/v/0") == first and opened == ["f/v/0"]
+        for i in range(20):
+            store.local_path(f"f/v/{i}")
+        store.trim_local()
+        total = sum(p.stat().st_size for p in (tmp_path / "copies").rglob("*") if p.is_file())
+        assert total <= 10_000
+        with pytest.raises(FileNotFoundError):
+            store.local_path("f/v/missing")
+        assert not [p for p in (tmp_path / "copies").rglob("*") if p.name.startswith(".")]
 
-    def test_write_is_atomic(self, store):
-        put(store, "a/old", b"old")
-        with store.write("a/new") as f:
-            f.write(b"partial")
-            assert not store.exists("a/new")
-            assert names(store) == {"a/old"}
-        with store.write("a/old") as f:
-            f.write(b"replacement")
-            assert get(store, "a/old") == b"old"
-        assert get(store, "a/new") == b"partial"
-        assert get(store, "a/old") == b"replacement"
-
-    def test_failed_write_publishes_nothing(self, store):
-        put(store, "a/kept", b"old")
-        with pytest.raises(RuntimeError, match="midway"), store.write("a/kept") as f:
-            f.write(b"half of it")
-            raise RuntimeError("midway")
-        with pytest.raises(RuntimeError, match="midway"), store.write("a/fresh") as f:
-            f.write(b"half of it")
-            raise RuntimeError("midway")
-        assert get(store, "a/kept") == b"old"
-        assert not store.exists("a/fresh")
-        assert names(store) == {"a/kept"}  # no temporary left in sight
-
-    def test_exists_for_files_and_folders(self, store):
-        assert not store.exists("f")
-        put(store, "f/v/k", b"x")
-        assert store.exists("f/v/k") and store.exists("f/v") and store.exists("f")
-        assert not store.exists("f/v/other") and not store.exists("g")
-
-    def test_delete_files(self, store):
-        put(store, "f/v/k", b"x")
-        put(store, "f/v/j", b"y")
-        assert store.delete("f/v/k") is True
-        assert not store.exists("f/v/k") and store.exists("f/v/j")
-        assert store.delete("f/v/k") is False
-        with pytest.raises(EntryNotFound):
-            store.open("f/v/k")
-
-    def test_delete_folders(self, store):
-        for name in ("f/v1/a", "f/v1/b", "f/v2/c", "fg/v/d", "g/h"):
-            put(store, name, b"x")
-        assert store.delete("f/v1") is True
-        assert names(store) == {"f/v2/c", "fg/v/d", "g/h"}
-        assert store.delete("f") is True
-        assert names(store) == {"fg/v/d", "g/h"}  # a name sharing the prefix stays
-        assert store.delete("f") is False
-
-    def test_list_names_sizes_and_prefixes(self, store):
-        assert list(store.list()) == []
-        put(store, "f/v/a", b"12345")
-        put(store, "f/v/b", b"")
-        put(store, "f/w/c", b"1")
-        put(store, "fx/v/d", b"123")
-        put(store, "top", b"12")
-        stats = {e.name: e for e in store.list()}
-        assert set(stats) == {"f/v/a", "f/v/b", "f/w/c", "fx/v/d", "top"}
-        assert all(isinstance(e, EntryStat) for e in stats.values())
-        assert {n: e.size for n, e in stats.items()} == {
-            "f/v/a": 5,
-            "f/v/b": 0,
-            "f/w/c": 1,
-            "fx/v/d": 3,
-            "top": 2,
-        }
-        assert all(isinstance(e.last_used, float) for e in stats.values())
-        assert names(store, "f") == {"f/v/a", "f/v/b", "f/w/c"}
-        assert names(store, "f/v") == {"f/v/a", "f/v/b"}
-        assert names(store, "nope") == set()
-
-    def test_touch_updates_last_used(self, store):
-        put(store, "f/v/a", b"x")
-        put(store, "f/v/b", b"y")
-        self.age(store, "f/v/a", 1000)
-        self.age(store, "f/v/b", 1000)
-        before = {e.name: e.last_used for e in store.list()}
-        store.touch(["f/v/a", "f/v/missing"])
-        after = {e.name: e.last_used for e in store.list()}
-        assert after["f/v/a"] - before["f/v/a"] > 900
-        assert after["f/v/b"] == before["f/v/b"]
-        assert get(store, "f/v/a") == b"x"  # touching does not change the content
-
-    def test_names_are_checked(self):
-        for bad in INVALID_NAMES:
-            with pytest.raises(ValueError):
-                check_name(bad)
-        for good in ("a", "a/b/c", "pkg.mod.f-1a2b3c4d/0123abcd/ff", "_x/y-z+w"):
-            assert check_name(good) == good
-
-    def test_invalid_names_are_rejected_by_every_method(self, store, tmp_path):
-        outside = tmp_path / "outside"
-        outside.write_bytes(b"secret")
-        os.utime(outside, (1e9, 1e9))
-        accepted = []
-        for bad in [*INVALID_NAMES, "../outside"]:
-            calls = {
-                "open": lambda bad=bad: store.open(bad).close(),
-                "write": lambda bad=bad: store.write(bad).__enter__(),
-                "exists": lambda bad=bad: store.exists(bad),
-                "delete": lambda bad=bad: store.delete(bad),
-                "touch": lambda bad=bad: store.touch([bad]),
-            }
-            if bad:  # "" is the whole store for list()
-                calls["list"] = lambda bad=bad: list(store.list(bad))
-            if isinstance(store, LocalPaths):
-                calls["local_path"] = lambda bad=bad: store.local_path(bad)
-            for method, call in calls.items():
-                try:
-                    call()
-                except ValueError:
-                    continue
-                except (OSError, KeyError):
-                    pass
-                accepted.append((method, bad))
-        assert not accepted, f"invalid names accepted: {accepted}"
-        assert outside.read_bytes() == b"secret"
-        assert outside.stat().st_mtime == 1e9
+    def test_a_reader_of_an_old_copy_keeps_its_map(self, tmp_path):
+        remote = MemoryStore(str(tmp_path))
+        store = CachedStore(remote, tmp_path / "copies")
+        put(store, "f/v/k", b"old!")
+        with open(store.local_path("f/v/k"), "rb") as held:
+            put(store, "f/v/k", b"new!")
+            assert held.read() == b"old!"
+        assert Path(store.local_path("f/v/k")).read_bytes() == b"new!"
+        assert get(remote, "f/v/k") == b"new!"
+        store.delete("f/v")
+        assert not (tmp_path / "copies" / "f" / "v").exists() and not remote.exists("f/v/k")
 
 
 # -- LocalStore ---------------------------------------------------------------------
-class TestLocalStore(StoreConformance):
+class TestLocalStore(StoreTests):
     def make_store(self, tmp_path: Path) -> Store:
         return LocalStore(tmp_path / "cache")
 
@@ -235,7 +129,7 @@ class TestLocalStore(StoreConformance):
         assert sorted(leftovers) == [".gitignore", "CACHEDIR.TAG"]
 
     def test_gives_local_paths(self, store):
-        assert isinstance(store, LocalPaths)
+        assert isinstance(store, LocalPaths) and isinstance(store, LocalFolders)
         put(store, "f/v/k", b"abc")
         path = store.local_path("f/v/k")
         assert Path(path).read_bytes() == b"abc"
@@ -410,7 +304,7 @@ class DictStore:
                 self.objects[n][1] = now
 
 
-class TestDictStore(StoreConformance):
+class TestDictStore(StoreTests):
     """The test backend passes the same suite, so the end-to-end test below means something."""
 
     def make_store(self, tmp_path: Path) -> Store:
@@ -556,3 +450,33 @@ def test_register_store_backend_refuses_to_shadow_unless_asked(scratch_stores):
 def test_unknown_backend_is_a_registry_error(tmp_path):
     with pytest.raises(RegistryError, match="unknown store backend 'nope'.*local"):
         Memory(tmp_path, backend="nope")
+
+
+@pytest.mark.parametrize(
+    ("location", "backend", "expected"),
+    [
+        ("/some/folder", "local", "local"),
+        ("s3://bucket/c", "local", "fsspec"),
+        ("MEMORY://x", "local", "fsspec"),
+        ("weird+proto://x", "local", "fsspec"),  # unknown schemes: fsspec knows more
+        ("s3://bucket/c", "mine", "mine"),  # a named backend wins
+    ],
+)
+def test_urls_map_to_backends_by_scheme(location, backend, expected):
+    assert backend_for(location, backend) == expected
+
+
+def test_a_scheme_can_name_a_registered_backend(dict_backend, monkeypatch):
+    monkeypatch.setattr(schemes, "_entries", dict(schemes._entries))
+    register_url_scheme("dictstore", dict_backend)
+    assert backend_for("dictstore://space", "local") == dict_backend
+    mem = Memory("dictstore://space", verbose=0)
+    assert isinstance(mem.store, DictStore)
+    with pytest.raises(RegistryError, match="already registered"):
+        register_url_scheme("s3", dict_backend)
+
+
+def test_remote_copies_are_local_paths_but_not_local_folders(tmp_path):
+    store = CachedStore(MemoryStore(str(tmp_path)), tmp_path / "copies")
+    assert isinstance(store, LocalPaths) and not isinstance(store, LocalFolders)
+    assert not isinstance(MemoryStore("x"), LocalPaths)

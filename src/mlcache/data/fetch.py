@@ -13,6 +13,10 @@ file of the pack's size holding its header and index, and each checksummed
 block is fetched with a range request the first time a read touches it (a
 block whose local bytes already match its checksum is not fetched again), so a
 worker reading a few samples of a large remote pack fetches a few blocks.
+
+Copies are made by :class:`mlcache.store.cached.LocalCopies`, as the function
+cache's copies of remote entries are (with no size limit here: a pack is opened
+by path, and removing it under a reader would lose nothing but time).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 from .._atomic import open_regular, write_bytes_atomic
+from ..keys.identity import slug
+from ..store.cached import LocalCopies
+from ..store.local import default_location
 
 __all__ = ["RangeFetcher", "is_url", "local_copy", "publish", "sparse_copy"]
 
@@ -70,32 +76,23 @@ def _copy(
     """The local file ``<pack name><suffix>`` for the pack at ``url``, made anew
     by ``fill(fs, path, size, tmp)`` when missing or when the remote object
     changed (its size or version differ from the copy's record)."""
-    from ..keys.identity import slug
-    from ..store.local import default_location
-
     fs, path = _fs(url, storage_options)
     try:
         ident = _ident(fs.info(path))
     except FileNotFoundError:
         raise FileNotFoundError(f"no pack file at {url}") from None
-    folder = local_dir or os.path.join(
-        default_location(), "remote-packs", slug(url.rsplit("/", 1)[0])
+    copies = LocalCopies(
+        local_dir or os.path.join(default_location(), "remote-packs", slug(url.rsplit("/", 1)[0]))
     )
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    local = os.path.join(folder, os.path.basename(path) + suffix)
+    name = os.path.basename(path) + suffix
+    local = copies.path(name)
     record = local + ".source.json"
     with contextlib.suppress(OSError, ValueError), open(record) as f:
         if json.load(f) == ident and os.path.getsize(local) == ident["size"]:
-            os.utime(local)
+            copies.touch(name)
             return local
-    fd, tmp = tempfile.mkstemp(prefix=".mlcache-", dir=folder)
-    os.close(fd)
-    try:
+    with copies.replacing(name) as tmp:  # a reader of the old copy keeps its map
         fill(fs, path, ident["size"], tmp)
-        os.replace(tmp, local)  # a reader of the old copy keeps its map
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
     write_bytes_atomic(record, json.dumps(ident).encode())  # never through a planted link
     return local
 

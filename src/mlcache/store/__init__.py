@@ -6,7 +6,10 @@ them. Optional powers are their own small protocols, checked once with
 ``isinstance`` by whoever uses the store (never probed with ``getattr``):
 
 - :class:`LocalPaths`: the store can hand out a local file path for an entry,
-  which memory-mapping needs;
+  which memory-mapping needs (a remote store copies the entry on first use:
+  :mod:`mlcache.store.cached`);
+- :class:`LocalFolders`: its entries *are* the files under a local folder, so a
+  folder's path joined with an entry's base name is that entry's path (no copy);
 - :class:`Locking`: ``lock(name, timeout)``, one computation per key across
   processes;
 - :class:`SharedCounters`: ``shared_counter(name)``, a number read and changed
@@ -15,7 +18,9 @@ them. Optional powers are their own small protocols, checked once with
   read-only mount).
 
 Register a backend with :func:`mlcache.register_store_backend`; it then works
-as ``Memory(location, backend="name")``.
+as ``Memory(location, backend="name")``; a URL scheme can name it too
+(:func:`register_url_scheme`). :class:`mlcache.testing.StoreTests` is the
+conformance suite a backend's tests subclass.
 """
 
 from __future__ import annotations
@@ -31,15 +36,19 @@ from ..errors import InvalidRegistration, UnknownBackend
 
 __all__ = [
     "EntryStat",
+    "LocalFolders",
     "LocalPaths",
     "Locking",
     "ReadOnly",
+    "Scheme",
     "SharedCounter",
     "SharedCounters",
     "Store",
     "backend_for",
     "check_name",
     "register_store_backend",
+    "register_url_scheme",
+    "schemes",
     "stores",
 ]
 
@@ -110,6 +119,16 @@ class LocalPaths(Protocol):
         """A local file holding entry ``name`` (for a remote store, a local copy made
         on first use); raise ``FileNotFoundError`` when there is no such entry."""
         ...
+
+
+@runtime_checkable
+class LocalFolders(LocalPaths, Protocol):
+    """A store whose entries are the files under the local folder ``local_root``:
+    ``local_path`` is a path, never a copy, for a folder name as for an entry, so
+    a caller may join a folder's path with entry base names (the function cache's
+    hit path does). A remote store's local copies are :class:`LocalPaths` only."""
+
+    local_root: str
 
 
 @runtime_checkable
@@ -197,9 +216,49 @@ def register_store_backend(name: str, backend_class: type | str, *, replace: boo
 
 stores.register("local", "mlcache.store.local:LocalStore")
 stores.register("fsspec", "mlcache.store.fsspec:FsspecStore")
+stores.register("memory", "mlcache.store.memory:MemoryStore")
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """What serves the URLs of one scheme: the name of a store backend."""
+
+    backend: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.backend, str) or not self.backend:
+            raise TypeError(f"a scheme's backend must be a backend name, got {self.backend!r}")
+
+
+def _check_scheme(obj: object) -> None:
+    if not isinstance(obj, Scheme):
+        raise TypeError(f"a URL scheme maps to a Scheme(backend=...), got {obj!r}")
+
+
+#: URL scheme (``"s3"`` of ``s3://bucket/cache``) -> the backend that serves it; a
+#: scheme not listed here is fsspec's, which knows many more
+schemes: Registry[Scheme] = Registry("URL scheme", _check_scheme, UnknownBackend)
+#: the backend of a URL whose scheme is not registered
+DEFAULT_URL_BACKEND = "fsspec"
+for _scheme in ("file", "memory", "s3", "s3a", "gs", "gcs", "abfs", "az", "r2", "sftp", "hdfs"):
+    schemes.register(_scheme, Scheme("fsspec"))
+
+
+def register_url_scheme(scheme: str, backend: str, *, replace: bool = False) -> None:
+    """Send URLs ``<scheme>://...`` to the store backend ``backend`` (a name given
+    to :func:`register_store_backend`), so that ``Memory("<scheme>://...")``
+    needs no ``backend=``.
+
+    >>> register_url_scheme("mystore", "mydisk")  # doctest: +SKIP
+    """
+    schemes.register(scheme, Scheme(backend), replace=replace)
 
 
 def backend_for(location: str, backend: str) -> str:
-    """The backend a location asks for: a URL (``s3://...``) is fsspec's unless a
+    """The backend a location asks for: a URL (``s3://...``) is its scheme's
+    (:data:`schemes`; fsspec's when the scheme is not registered) unless a
     backend was named."""
-    return "fsspec" if backend == "local" and "://" in location else backend
+    if backend != "local" or "://" not in location:
+        return backend
+    scheme = location.partition("://")[0].lower()
+    return schemes[scheme].backend if scheme in schemes else DEFAULT_URL_BACKEND

@@ -34,6 +34,7 @@ from .._atomic import (
     remove_if_dead,
     remove_tree,
 )
+from .._util import backoff
 from ..errors import EntryNotFound, StoreError, warn
 from . import EntryStat, SharedCounter, check_name
 
@@ -110,6 +111,8 @@ class LocalStore:
     ) -> None:
         root = cache_folder(location)
         self.location = root
+        #: the folder whose files are the entries (:class:`~mlcache.store.LocalFolders`)
+        self.local_root = root
         self.durable = durable
         self.mode = mode
         #: True when nothing can be written here (a read-only file system, or a
@@ -361,43 +364,37 @@ class LocalStore:
 
 
 def _lockf(fd: int, timeout: float) -> bool:
-    """Take a POSIX write lock on ``fd`` within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while True:
+    """Take a POSIX write lock on ``fd`` within ``timeout`` seconds (polled every
+    millisecond, doubling up to 50 ms)."""
+    for _ in backoff(timeout, first=0.001, most=0.05, factor=2.0):
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except OSError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            pass
+    return False
 
 
 def _lock_file(name: str, dir_fd: int, shown: str, timeout: float) -> int | None:
     """An open, ``flock``-ed descriptor of the file ``name`` of folder ``dir_fd``
-    (never a link's target), or None after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    delay = 0.002
-    while True:
-        fd = open_regular(name, os.O_RDWR | os.O_CREAT, dir_fd=dir_fd, shown=shown)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-            continue
-        try:
-            current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino
-        except FileNotFoundError:
-            current = None
-        if current == os.fstat(fd).st_ino:
-            return fd
-        os.close(fd)  # its holder removed it after we opened it: lock the new one
+    (never a link's target), or None after ``timeout`` s (polled every 2 ms,
+    doubling up to 100 ms)."""
+    for _ in backoff(timeout, first=0.002, most=0.1, factor=2.0):
+        while True:
+            fd = open_regular(name, os.O_RDWR | os.O_CREAT, dir_fd=dir_fd, shown=shown)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                break  # held: wait, then try again
+            try:
+                current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                return fd
+            os.close(fd)  # its holder removed it after we opened it: lock the new one
+    return None
 
 
 def cache_folder(location: str | os.PathLike[str]) -> str:

@@ -1,0 +1,238 @@
+"""A local copy of what a remote store holds: memory maps need local files.
+
+Two pieces, one mechanism:
+
+* :class:`LocalCopies` is a local folder of copies of remote objects, by name:
+  a copy is made once (to a temporary in a locked scratch folder, renamed into
+  place: a reader of an older copy keeps its map, a failed copy leaves
+  nothing), and, with a size limit, the least recently used copies go first.
+  :class:`~mlcache.store.fsspec.FsspecStore` keeps its entries' copies in one
+  (moving whole files with one GET or PUT), and so does the dataset fetcher
+  (:mod:`mlcache.data.fetch`, which records each pack's remote version beside
+  its copy).
+* :class:`CachedStore` wraps any store (a backend registered with
+  :func:`~mlcache.register_store_backend` that has no local files) and gives
+  it :class:`~mlcache.store.LocalPaths`: ``local_path(name)`` copies entry
+  ``name`` on first use, so that its results can be memory-mapped.
+
+Entry names are keys of results: a copy never goes stale. What this process
+writes through the store is kept as the local copy too.
+
+>>> import tempfile
+>>> from mlcache.store.memory import MemoryStore
+>>> remote = MemoryStore("doc-cached")
+>>> store = CachedStore(remote, tempfile.mkdtemp(), "1GB")
+>>> with remote.write("f/v/k") as f:
+...     _ = f.write(b"payload")
+>>> open(store.local_path("f/v/k"), "rb").read()
+b'payload'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO
+
+from .._atomic import open_regular, temporary_folder
+from .._util import parse_bytes
+from ..errors import EntryNotFound, StoreError
+from . import EntryStat, Store, check_name
+
+__all__ = ["CachedStore", "LocalCopies"]
+
+#: copies are moved in chunks of this many bytes when a store gives no whole-file transfer
+_CHUNK = 1 << 22
+
+
+class LocalCopies:
+    """A local folder of copies of remote objects, each named by a relative name.
+
+    Parameters
+    ----------
+    folder:
+        Where the copies live (created, mode 0o700).
+    limit:
+        Size limit in bytes of all copies (None: no limit). Once a tenth of it has
+        been copied in, the least recently used copies are removed down to 90%
+        of it (:meth:`trim`); using a copy (:meth:`get`) counts as a use.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], limit: int | None = None) -> None:
+        self.folder = os.path.abspath(os.fspath(folder))
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        self.limit = limit
+        self._copied = 0  # bytes copied in since the copies were last trimmed
+
+    def __repr__(self) -> str:
+        return f"LocalCopies({self.folder!r}, limit={self.limit!r})"
+
+    def path(self, name: str) -> str:
+        """Where the copy of ``name`` lives (whether or not it is there)."""
+        parts = name.split("/")
+        if not name or any(p in ("", ".", "..") or os.sep in p for p in parts):
+            raise ValueError(f"invalid local copy name {name!r}")
+        return os.path.join(self.folder, *parts)
+
+    def get(self, name: str, fill: Callable[[str], None]) -> str:
+        """The local copy of ``name``, made by ``fill(tmp)`` (which writes the whole
+        object to the file path ``tmp``) when there is none. ``fill``'s errors
+        propagate and leave no copy."""
+        local = self.path(name)
+        try:
+            os.utime(local)  # last use, for the copies' own LRU
+            return local
+        except FileNotFoundError:
+            pass
+        with self.replacing(name) as tmp:
+            fill(tmp)
+            size = os.path.getsize(tmp)
+        self._added(size)
+        return local
+
+    @contextlib.contextmanager
+    def replacing(self, name: str) -> Iterator[str]:
+        """A path to write the new copy of ``name`` to (an empty file, in a scratch
+        folder locked while in use: see :func:`mlcache._atomic.temporary_folder`);
+        it replaces the copy in one rename when the block ends without error (a
+        reader of the old copy keeps its map), and is removed otherwise."""
+        local = self.path(name)
+        folder, base = os.path.split(local)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        with temporary_folder(folder, base) as scratch:
+            tmp = os.path.join(scratch, base)
+            os.close(open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+            yield tmp
+            os.replace(tmp, local)
+
+    def touch(self, name: str) -> None:
+        """Record a use of the copy of ``name`` (raise ``FileNotFoundError`` if none)."""
+        os.utime(self.path(name))
+
+    def forget(self, name: str) -> None:
+        """Remove the copy of ``name``, or every copy under a folder name (a damaged
+        copy is fetched again)."""
+        local = self.path(name)
+        if os.path.isdir(local) and not os.path.islink(local):
+            shutil.rmtree(local, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local)
+
+    def _added(self, size: int) -> None:
+        self._copied += size
+        if self.limit is not None and self._copied > self.limit // 10:
+            self._copied = 0
+            self.trim()
+
+    def trim(self) -> int:
+        """Remove least recently used copies down to 90% of the limit when they are
+        over it; return the bytes removed. Hidden files and folders (temporaries
+        being written) are left alone."""
+        if self.limit is None:
+            return 0
+        files = []
+        for folder, dirs, names in os.walk(self.folder):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            for n in names:
+                if n.startswith("."):
+                    continue
+                path = os.path.join(folder, n)
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(path)
+                    files.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in files)
+        removed = 0
+        if total <= self.limit:
+            return 0
+        for _, size, path in sorted(files):
+            if total - removed <= int(self.limit * 0.9):
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed += size
+        return removed
+
+
+class CachedStore:
+    """Any store, with a local read-through copy of its entries (:class:`LocalPaths`).
+
+    Everything is read from and written to ``store``; ``local_path(name)`` copies
+    entry ``name`` into ``local_dir`` on first use and returns the copy. A write
+    keeps what was written as the local copy too. The wrapped store's other
+    powers (locking, counters) stay on ``store``.
+
+    Parameters
+    ----------
+    store:
+        The store to wrap (any :class:`~mlcache.store.Store`).
+    local_dir:
+        Where the copies live.
+    limit:
+        Size limit of the copies (``"20GB"``, or bytes); least recently used go first.
+    """
+
+    def __init__(
+        self, store: Store, local_dir: str | os.PathLike[str], limit: int | str = "20GB"
+    ) -> None:
+        size = parse_bytes(limit)
+        if size is None:
+            raise StoreError("the local copy's limit must be a size, like 20GB")
+        self.store = store
+        self.location = store.location
+        self.copies = LocalCopies(local_dir, size)
+
+    def __repr__(self) -> str:
+        return f"CachedStore({self.store!r}, {self.copies.folder!r})"
+
+    # -- the Store protocol: the wrapped store's ---------------------------------------
+    def open(self, name: str) -> BinaryIO:
+        return self.store.open(name)
+
+    @contextlib.contextmanager
+    def write(self, name: str) -> Iterator[BinaryIO]:
+        check_name(name)
+        with self.copies.replacing(name) as tmp, open(tmp, "w+b") as f:
+            yield f
+            f.seek(0)
+            with self.store.write(name) as out:
+                shutil.copyfileobj(f, out, _CHUNK)
+
+    def exists(self, name: str) -> bool:
+        return self.store.exists(name)
+
+    def delete(self, name: str) -> bool:
+        self.copies.forget(check_name(name))
+        return self.store.delete(name)
+
+    def list(self, prefix: str = "") -> Iterator[EntryStat]:
+        return self.store.list(prefix)
+
+    def touch(self, names: Iterable[str]) -> None:
+        self.store.touch(names)
+
+    # -- LocalPaths -----------------------------------------------------------------------
+    def local_path(self, name: str) -> str:
+        """A local copy of entry ``name`` (made on first use); ``FileNotFoundError``
+        when the store has no such entry."""
+        check_name(name)
+
+        def fill(tmp: str) -> None:
+            try:
+                src = self.store.open(name)
+            except EntryNotFound:
+                raise FileNotFoundError(name) from None
+            with src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+
+        return self.copies.get(name, fill)
+
+    def forget_local(self, name: str) -> None:
+        """Drop the local copy of ``name`` (a damaged copy is fetched again)."""
+        self.copies.forget(check_name(name))
+
+    def trim_local(self) -> int:
+        """Remove least recently used copies down to 90% of the limit; the bytes removed."""
+        return self.copies.trim()
