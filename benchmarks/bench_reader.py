@@ -18,7 +18,7 @@ as it was before (loaded from git, ``--before``, default the commit before issue
   touched, as ``bench_data.py``'s pass does;
 * each also with ``writable=False`` (read-only views of the shared map, the
   reads of before with today's file checks);
-* ``torch``: ``mlcache.torch.TensorDataset`` over the medium and large packs
+* ``torch``: ``mlcache.torch.TorchDataset`` over the medium and large packs
   (before: zero-copy tensors of the read-only map, which crash on an in-place
   operation).
 
@@ -63,6 +63,11 @@ def _old_reader(rev: str) -> types.ModuleType | None:
     except (OSError, subprocess.CalledProcessError) as exc:
         print(f"(no reader at {rev}: {exc}; only today's is timed)", file=sys.stderr)
         return None
+    # what it imports moved since (issue 14's layout): point it at the new homes
+    source = source.replace(b"from .remote import", b"from .fetch import").replace(
+        b"from .format import HEADER, PackCorrupted,",
+        b"from ..errors import PackCorrupted\nfrom .format import HEADER,",
+    )
     folder = tempfile.mkdtemp(prefix="mlcache-old-reader-")
     path = os.path.join(folder, "reader_before.py")
     with open(path, "wb") as f:

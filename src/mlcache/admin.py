@@ -130,11 +130,11 @@ def _describe(path: str, location: str, detail: bool) -> PackInfo | None:
         try:
             ds = PackedDataset(path)
             info.samples = len(ds)
-            info.version = int(ds.layout.get("version", 0))
+            info.version = int(ds.pack_index.get("version", 0))
             info.fields = [
                 {k: v for k, v in f.items() if k in ("name", "kind", "dtype", "shape", "ndim")}
                 | {"nullable": "valid" in f}
-                for f in ds.layout["fields"]
+                for f in ds.pack_index["fields"]
             ]
         except (PackCorrupted, OSError) as exc:
             info.error = str(exc)
@@ -169,7 +169,7 @@ def prune(
     removed. Pack names are relative to the location, ending in ``.pack``."""
     assert mem.store is not None
     location = mem.store.location
-    mem._usage.flush()  # type: ignore[union-attr]
+    mem.flush_usage()
     candidates = list(entries(mem.store))
     candidates += pack_entries(location)
     plan = plan_eviction(candidates, bytes_limit=max_size, age_limit=older_than)

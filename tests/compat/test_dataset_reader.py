@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlcache.data import PackCorrupted, PackedDataset, ShardedDataset, pack
+from mlcache.data import PackCorrupted, PackedDataset, ShardedDataset, open_pack, pack
 from mlcache.errors import PackChanged
 
 #: a "large" array: well above the size from which a read maps its pages privately
@@ -70,7 +70,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from mlcache.data import PackedDataset, ShardedDataset, pack
-from mlcache.torch import TensorDataset
+from mlcache.torch import TorchDataset
 
 def samples(n):
     for i in range(n):
@@ -116,8 +116,8 @@ if __name__ == "__main__":
     if workers:
         kw.update(multiprocessing_context="spawn", persistent_workers=True)
     if kind == "tensors":
-        epochs(torch.utils.data.DataLoader(TensorDataset(ds), batch_size=None, **kw), 24)
-        t = TensorDataset(ds)
+        epochs(torch.utils.data.DataLoader(TorchDataset(ds), batch_size=None, **kw), 24)
+        t = TorchDataset(ds)
         for _ in range(2):
             s = t[5]
             assert isinstance(s["x"], torch.Tensor) and right(s, 5)
@@ -140,7 +140,7 @@ if __name__ == "__main__":
 )
 def test_in_place_operations_work_and_never_reach_the_next_epoch(tmp_path, kind, workers):
     """``s["x"] /= 255`` on what a DataLoader (``batch_size=None``) or
-    ``TensorDataset`` hands out works, in numpy too, without a warning, and the
+    ``TorchDataset`` hands out works, in numpy too, without a warning, and the
     sample is right again in the next epoch; the pack file is untouched."""
     out = _run(IN_PLACE, str(tmp_path), str(workers), kind, cwd=tmp_path)
     assert out.strip() == "ok"
@@ -410,7 +410,7 @@ def test_an_interrupted_repack_keeps_the_previous_sharded_pack(tmp_path):
 
     with pytest.raises(RuntimeError, match="loader failed"):
         pack(failing(), path, shard_size="2KB", progress=False)
-    ds = PackedDataset(path)
+    ds = open_pack(path)
     assert len(ds) == 60
     assert [ds[i]["gen"] for i in range(60)] == [1] * 60
     assert [ds[i]["i"] for i in range(60)] == list(range(60))
@@ -426,7 +426,7 @@ def test_a_repack_leaves_a_live_reader_its_samples_and_no_orphans(tmp_path):
     for reader in (ds, worker):
         assert len(reader) == 60
         assert [reader[i]["gen"] for i in range(60)] == [1] * 60
-    assert len(PackedDataset(path)) == 20
+    assert len(open_pack(path)) == 20
     # the old shards stay while a reader holds them, and go at the next build after
     del ds, worker, reader, new
     import gc
@@ -440,8 +440,8 @@ def test_a_repack_leaves_a_live_reader_its_samples_and_no_orphans(tmp_path):
 
 HOLDER = """
 import sys, time
-from mlcache.data import PackedDataset
-ds = PackedDataset(sys.argv[1])
+from mlcache.data import open_pack
+ds = open_pack(sys.argv[1])
 ds[0]
 print("open", flush=True)
 time.sleep(120)

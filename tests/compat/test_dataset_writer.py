@@ -160,7 +160,7 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
 def test_numbers_promote_as_numpy_does(tmp_path, values, dtype, kind):
     seen: list[int] = []
     ds = pack(_drawn(({"v": v} for v in values), seen), tmp_path / "n.pack", progress=False)
-    assert ds.layout["fields"][0]["dtype"] == np.dtype(dtype).str
+    assert ds.pack_index["fields"][0]["dtype"] == np.dtype(dtype).str
     for i, want in enumerate(values):
         got = ds[i]["v"]
         assert got == want and type(got) is kind, (i, got, want)
@@ -176,7 +176,7 @@ def test_arrays_of_mixed_dtypes_promote(tmp_path):
     ds.verify()
     same_shape = [np.arange(6, dtype=np.int16).reshape(2, 3), np.ones((2, 3), np.int64)]
     ds = pack(({"a": v} for v in same_shape), tmp_path / "b.pack", progress=False)
-    assert ds.layout["fields"][0]["kind"] == "column"
+    assert ds.pack_index["fields"][0]["kind"] == "column"
     assert ds.get_batch([0, 1])["a"].dtype == np.int64
     np.testing.assert_array_equal(ds[0]["a"], same_shape[0])
 
@@ -217,10 +217,10 @@ def test_mixed_numbers_read_back_as_numpy_promotes_them(tmp_path, values):
     present = [v for v in values if v is not None]
     ds = pack(({"v": v} for v in values), tmp_path / "h.pack", progress=False, block_size=64)
     if not present:
-        assert ds.layout["fields"][0]["kind"] == "none"
+        assert ds.pack_index["fields"][0]["kind"] == "none"
         return
     dtype = np.result_type(*(np.asarray(v).dtype for v in present))
-    assert ds.layout["fields"][0]["dtype"] == dtype.str
+    assert ds.pack_index["fields"][0]["dtype"] == dtype.str
     python = all(type(v) in (bool, int, float) for v in present)
     for i, want in enumerate(values):
         got = ds[i]["v"]

@@ -187,7 +187,7 @@ def test_damage_met_while_reading_is_logged_and_rebuilt(source, tmp_path, caplog
     pack and returns the right sample; the next open uses the rebuilt pack."""
     ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     want = read_patient(sorted(source.glob("*.csv"))[9])
-    vitals = next(f for f in ds.packed.layout["fields"] if f["name"] == "vitals")
+    vitals = next(f for f in ds.packed.pack_index["fields"] if f["name"] == "vitals")
     with open(ds.pack_path, "r+b") as f:  # damage the data in place, after the open
         f.seek(vitals["data"]["off"] + 5)
         byte = f.read(1)
@@ -400,10 +400,10 @@ def test_a_database_source(tmp_path):
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_tensors_are_the_packs_samples_private_to_each_read(source, tmp_path, method):
     pytest.importorskip("torch")
-    from mlcache.torch import TensorDataset
+    from mlcache.torch import TorchDataset
 
     ds = PatientSeries(source, cache_dir=tmp_path / "c", progress=False)
-    tds = TensorDataset(ds)
+    tds = TorchDataset(ds)
     sample = tds[3]
     import torch
 
@@ -429,3 +429,20 @@ def test_a_fresh_worker_meeting_a_damaged_header_rebuilds(source, tmp_path):
         sample = worker[3]
     assert sample["id"] == read_patient(sorted(source.glob("*.csv"))[3])["id"]
     assert len(BUILDS) == 2
+
+
+def test_torch_tensor_dataset_is_a_deprecated_alias_that_warns_once(monkeypatch):
+    pytest.importorskip("torch")
+    import mlcache.torch as mtorch
+
+    monkeypatch.setattr(mtorch, "_warned_tensor_dataset", False)
+    with pytest.warns(DeprecationWarning, match="TorchDataset"):
+        from mlcache.torch import TensorDataset
+    assert TensorDataset is mtorch.TorchDataset
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mtorch.TensorDataset is mtorch.TorchDataset  # once: no second warning
+    with pytest.raises(AttributeError):
+        mtorch.NoSuchName  # noqa: B018

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mlcache import UnsupportedValue
-from mlcache.data import PackCorrupted, PackedDataset, pack
+from mlcache.data import Pack, PackCorrupted, PackedDataset, open_pack, pack
 from mlcache.data import format as fmt
 
 
@@ -64,7 +64,7 @@ def test_arrays_are_writable_and_private_to_each_read(ds):
 
 
 def test_fixed_fields_are_columns_and_batches_stack(ds):
-    kinds = {f["name"]: f["kind"] for f in ds.layout["fields"]}
+    kinds = {f["name"]: f["kind"] for f in ds.pack_index["fields"]}
     assert kinds["image"] == "column" and kinds["age"] == "column"
     assert kinds["vitals"] == "ragged" and kinds["id"] == "str" and kinds["missing"] == "none"
     batch = ds.get_batch([5, 0, 199, 5])
@@ -97,7 +97,7 @@ def test_pickling_sends_the_path_not_the_data(ds):
 def test_a_column_that_varies_becomes_ragged(tmp_path):
     samples = [{"x": np.zeros((2, 2))}, {"x": np.ones((2, 2))}, {"x": np.ones((3, 1))}]
     ds = pack(samples, tmp_path / "r.pack", progress=False)
-    assert ds.layout["fields"][0]["kind"] == "ragged"
+    assert ds.pack_index["fields"][0]["kind"] == "ragged"
     assert [ds[i]["x"].shape for i in range(3)] == [(2, 2), (2, 2), (3, 1)]
     np.testing.assert_array_equal(ds[1]["x"], np.ones((2, 2)))
 
@@ -234,7 +234,7 @@ def test_header_layout_matches_the_spec(ds):
     magic, version, flags, _r, n, i_off, i_len = struct.unpack_from("<8sHHIQQQ", head)
     assert (magic, version, flags, n) == (fmt.MAGIC, 1, 0, 200)
     assert i_off % 64 == 0 and i_off + i_len == os.path.getsize(ds.path)
-    for field in ds.layout["fields"]:
+    for field in ds.pack_index["fields"]:
         for key in ("data", "offsets", "shapes"):
             if key in field:
                 assert field[key]["off"] % 64 == 0
@@ -329,7 +329,7 @@ def test_fields_may_be_none_in_some_samples(tmp_path):
     batch = ds.get_batch([3, 0, 1])
     assert batch["b"] == [None, 1, None] and batch["a"] == [1.0, None, 2.5]
     assert batch["x"][0] is None and batch["x"][1].tolist() == [1, 1, 1]
-    kinds = {f["name"]: (f["kind"], "valid" in f) for f in ds.layout["fields"]}
+    kinds = {f["name"]: (f["kind"], "valid" in f) for f in ds.pack_index["fields"]}
     assert kinds["all"] == ("none", False) and kinds["r"] == ("ragged", True)
     ds.verify()
 
@@ -390,3 +390,15 @@ def test_a_dropped_dataset_is_freed_at_once(tmp_path):
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_the_parsed_index_is_pack_index_and_layout_a_deprecated_name(tmp_path):
+    ds = pack(({"y": i} for i in range(3)), tmp_path / "d.pack", progress=False)
+    assert isinstance(ds, Pack) and isinstance(ds, PackedDataset)
+    assert ds.pack_index["n"] == 3 and ds.fingerprint[0] == 3
+    assert ds.fingerprint[2] == ds.index_sum
+    assert ds.index({"y": 1}) == 1  # Sequence.index, not the pack's index
+    with pytest.warns(DeprecationWarning, match="pack_index"):
+        assert ds.layout is ds.pack_index
+    again = open_pack(tmp_path / "d.pack")
+    assert type(again) is PackedDataset and again.fingerprint == ds.fingerprint

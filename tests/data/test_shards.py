@@ -10,7 +10,14 @@ import shutil
 import numpy as np
 import pytest
 
-from mlcache.data import PackCorrupted, PackedDataset, ShardedDataset, pack, pack_with_dask
+from mlcache.data import (
+    PackCorrupted,
+    PackedDataset,
+    ShardedDataset,
+    open_pack,
+    pack,
+    pack_with_dask,
+)
 
 
 def sample(i: int) -> dict:
@@ -31,8 +38,11 @@ def test_shards_round_trip_and_read_as_one(tmp_path):
         np.testing.assert_array_equal(got["x"], sample(i % 1000)["x"])
     batch = ds.get_batch([3, 998, 4])
     assert batch["x"].shape == (3, 250) and batch["i"] == [3, 998, 4]
-    again = PackedDataset(tmp_path / "d.shards")  # opened by its manifest
+    again = open_pack(tmp_path / "d.shards")  # opened by its manifest
     assert isinstance(again, ShardedDataset) and again[500]["i"] == 500
+    assert again.field_names == ["x", "i", "name"]
+    with pytest.raises(ValueError, match=r"open_pack.*ShardedDataset"):
+        PackedDataset(tmp_path / "d.shards")  # a manifest is not a pack file
     assert pickle.loads(pickle.dumps(again))[7]["i"] == 7
     with pytest.raises(IndexError):
         ds[1000]
@@ -74,7 +84,7 @@ def test_shards_on_s3_are_fetched_one_by_one(s3_bucket, tmp_path):
         fs.put_file(str(p), f"{url[5:]}/ds/{p.name}")
     fs.put_file(str(tmp_path / "up" / "d.shards"), f"{url[5:]}/ds/d.shards")  # last
     local = tmp_path / "machine"
-    ds = PackedDataset(f"{url}/ds/d.shards", storage_options=options, local_cache_dir=str(local))
+    ds = open_pack(f"{url}/ds/d.shards", storage_options=options, local_cache_dir=str(local))
     assert isinstance(ds, ShardedDataset) and len(ds) == 1000
     assert ds[999]["i"] == 999
     fetched = sorted(p.name for p in local.glob("*.pack"))

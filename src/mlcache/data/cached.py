@@ -86,7 +86,7 @@ from ..keys.identity import slug
 from ..store.local import cache_folder, default_location, mark_cache_folder
 from .fetch import is_url, publish
 from .reader import PackedDataset, spawning_worker
-from .writer import pack
+from .writer import write_pack
 
 __all__ = ["CachedDataset", "remove_pack"]
 
@@ -415,7 +415,7 @@ class CachedDataset(Sequence[Any]):
         loading code fills) is state from now on, and the pack is named for it."""
         logger.info("mlcache: building %s", self.pack_path)
         before = watched_digests(self._watched)
-        built = pack(
+        built = write_pack(
             self.load_source(), self.pack_path, progress=progress, allow_pickle=self._allow_pickle
         )
         after = watched_digests(self._watched)
@@ -519,10 +519,10 @@ class CachedDataset(Sequence[Any]):
     def _remove_older_versions(self) -> None:
         """Delete the packs this one replaces (same attributes, older code or
         source) once they are :data:`_GRACE_SECONDS` old, and the packs of other
-        attributes not opened for :data:`~mlcache.memo.func.OLD_VERSIONS_KEPT_FOR`
+        attributes not opened for :data:`~mlcache.memo.versions.OLD_VERSIONS_KEPT_FOR`
         (as the function cache does with code versions); a process still reading
         one keeps its map (the file goes when it closes)."""
-        from ..memo.func import OLD_VERSIONS_KEPT_FOR
+        from ..memo.versions import OLD_VERSIONS_KEPT_FOR
 
         folder, mine = os.path.split(self.pack_path)
         now = time.time()

@@ -1,17 +1,14 @@
-"""``PackedDataset``: random access to a pack file through one memory map.
+"""``PackedDataset``: random access to a pack file through one memory map, and
+:class:`Pack`, what every opened pack (plain or sharded) offers.
 
-Reading sample ``j`` is the hot path of a training loop, so it is one function
-per pack, generated from the pack's fields when the pack is first read (the way
-``dataclasses`` generates ``__init__``): no loop over fields, no call per field,
-and only the checks the pack still needs. Every name in the generated code is
-ours (``o0``, ``v1``, ...); field names and values only ever appear as objects in
-its namespace, never in its text.
-
-Arrays a read returns are private to that read and writable (``s["x"] /= 255``
-works and never reaches another read, nor the pack): an array of at least
-:data:`PRIVATE_MAP_MIN` bytes is a copy-on-write map of its own pages of the file
-(zero-copy until a page is written), a smaller one is copied, which costs less
-than a map. The pack itself is mapped read-only, once.
+Reading sample ``j`` is one function per pack, generated from the pack's fields
+when the pack is first read, over regions checked block by block (see
+:mod:`mlcache.data.regions`). Arrays a read returns are private to that read and
+writable (``s["x"] /= 255`` works and never reaches another read, nor the
+pack): an array of at least :data:`PRIVATE_MAP_MIN` bytes is a copy-on-write map
+of its own pages of the file, a smaller one is copied. The pack itself is mapped
+read-only, once. A sharded pack's manifest is not a pack file:
+:func:`mlcache.data.open_pack` opens either.
 
 What a reader notices, and what it cannot
 -----------------------------------------
@@ -43,15 +40,13 @@ map reader:
 
 from __future__ import annotations
 
+import abc
 import functools
 import logging
-import math
 import mmap
 import multiprocessing.context
 import os
-import pickle
-import sys
-import types
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,22 +54,25 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import PackChanged, PackCorrupted, UnsupportedValue
+from ..errors import PackChanged, PackCorrupted
 from .fetch import is_url, local_copy, sparse_copy
 from .format import HEADER, parse_index, read_header
+from .regions import CHECK_EVERY, PRIVATE_MAP_MIN, Field, Region, compile_reader, refuse, unpickle
 
-__all__ = ["CHECK_EVERY", "PRIVATE_MAP_MIN", "PackedDataset", "spawning_worker"]
+__all__ = [
+    "CHECK_EVERY",
+    "PRIVATE_MAP_MIN",
+    "SHARDS_SUFFIX",
+    "Pack",
+    "PackedDataset",
+    "sample_index",
+    "spawning_worker",
+]
+
+#: the name a sharded pack's manifest ends with (see :mod:`mlcache.data.shards`)
+SHARDS_SUFFIX = ".shards"
 
 logger = logging.getLogger("mlcache")
-
-#: arrays of at least this many bytes are returned as a private copy-on-write map
-#: of their pages, smaller ones as a copy: read whole, a copy costs less below about
-#: 300 KiB (a map is ~5 us, and each page read faults), a map less above
-#: (benchmarks/bench_reader.py); a map never doubles the memory of a large sample
-PRIVATE_MAP_MIN = 256 << 10
-#: a reader looks at its file (one fstat) every this many reads, besides at each
-#: epoch (``len``, ``iter``), batch and worker start
-CHECK_EVERY = 256
 
 
 def spawning_worker() -> bool:
@@ -83,355 +81,42 @@ def spawning_worker() -> bool:
     return multiprocessing.context.get_spawning_popen() is not None
 
 
-def _private_map(fd: int, base: int, path: str, a: int, z: int, view: np.ndarray) -> np.ndarray:
-    """Bytes [a, z) of the region at ``base`` of the file ``fd`` (whose read-only
-    view is ``view``) as a writable array of their own: a private copy-on-write map
-    of their pages, so that nothing is copied until a page is written."""
-    start = base + a
-    page = start - start % mmap.ALLOCATIONGRANULARITY
-    try:
-        m = mmap.mmap(fd, base + z - page, access=mmap.ACCESS_COPY, offset=page)
-    except ValueError:  # the file is shorter than the region now
-        raise PackChanged(
-            f"{path}: the pack file is shorter than when it was opened (truncated or "
-            "rewritten in place); open it again"
-        ) from None
-    except OSError:  # out of maps (vm.max_map_count) or file descriptors: a copy will do
-        return view.copy()
-    return np.ndarray(view.shape, view.dtype, buffer=m, offset=start - page)
+class Pack(Sequence[dict[str, Any]], abc.ABC):
+    """An opened pack, plain (:class:`PackedDataset`) or sharded
+    (:class:`~mlcache.data.ShardedDataset`): ``len(ds)``, ``ds[i]`` (a dict of
+    fields), ``ds.get_batch(indices)``, and where it lies. What
+    :func:`mlcache.data.open_pack` and :func:`mlcache.data.pack` return."""
+
+    #: the local file (of a plain pack) or the manifest (path or URL) it reads
+    path: str
+    #: whether fields stored with pickle are unpickled
+    allow_pickle: bool
+    #: whether arrays come back private to each read and writable
+    writable: bool
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+        ...
+
+    @abc.abstractmethod
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
+        """Samples ``indices`` as one dict of fields (arrays stacked where they can be)."""
+
+    @property
+    @abc.abstractmethod
+    def field_names(self) -> list[str]:
+        """The names of the fields of every sample, in pack order."""
+
+    @abc.abstractmethod
+    def check_file(self) -> None:
+        """Raise :class:`PackChanged` if a file this pack reads changed to another
+        pack since it was opened (see :meth:`PackedDataset.check_file`)."""
 
 
-def _refuse(kind: type[PackCorrupted], message: str, *_: Any) -> Any:
-    raise kind(message)
-
-
-# memoryview formats that give the Python scalars of int/float/bool columns directly
-_PY_FORMATS = {("int", "<i8"): "q", ("float", "<f8"): "d", ("bool", "|b1"): "?"}
-_LITTLE = sys.byteorder == "little"
-
-
-class _Region:
-    """A byte range of the pack, checked block by block the first time it is read.
-
-    ``checked[b]`` is 1 once block ``b`` matched its checksum; one extra entry,
-    always 1, lets a reader test ``checked[start >> shift]`` for an empty range at
-    the very end without a bounds check. ``pending`` counts the blocks not yet
-    checked; ``on_complete`` (a weak reference to a method, so that the dataset
-    and its map are freed as soon as it is dropped) is called when it reaches zero.
-    """
-
-    __slots__ = (
-        "block",
-        "checked",
-        "fd",
-        "fetch",
-        "file_size",
-        "len",
-        "mv",
-        "nblocks",
-        "off",
-        "on_complete",
-        "path",
-        "pending",
-        "shift",
-        "sums",
-    )
-
-    def __init__(self, spec: dict[str, Any], mm: mmap.mmap, block: int, path: str) -> None:
-        self.off, self.len, self.sums = int(spec["off"]), int(spec["len"]), spec["sums"]
-        self.block, self.shift = block, block.bit_length() - 1
-        self.nblocks = self.pending = len(self.sums)
-        if self.nblocks != -(-self.len // block):
-            raise PackCorrupted(f"{path}: region checksum table has the wrong length")
-        self.mv = memoryview(mm)[self.off : self.off + self.len]
-        if self.off < 0 or len(self.mv) != self.len:
-            raise PackCorrupted(f"{path}: a region lies outside the file")
-        self.checked = bytearray(self.nblocks) + b"\x01"
-        self.path = path
-        #: fills bytes [start, stop) of the file when they are missing (a sparse
-        #: local copy of a remote pack), or None
-        self.fetch: Callable[[int, int], None] | None = None
-        self.on_complete: Callable[[], Callable[[], None] | None] | None = None
-        #: the pack's open file and size: before hashing a block of the map, the file
-        #: must still hold it (a block past the end of a truncated file is a SIGBUS)
-        self.fd: int | None = None
-        self.file_size = 0
-
-    def check(self, start: int, stop: int) -> None:
-        """Verify the blocks covering bytes [start, stop) of the region."""
-        first, last = start >> self.shift, max(start, stop - 1) >> self.shift
-        for b in range(first, min(last, self.nblocks - 1) + 1):
-            if not self.checked[b]:
-                if self.fd is not None and os.fstat(self.fd).st_size != self.file_size:
-                    raise PackChanged(
-                        f"{self.path}: the pack file was truncated or rewritten in place "
-                        f"since it was opened ({self.file_size} bytes, now "
-                        f"{os.fstat(self.fd).st_size}); open it again"
-                    )
-                piece = self.mv[b * self.block : (b + 1) * self.block]
-                if xxhash.xxh3_64_intdigest(piece) != self.sums[b]:
-                    if self.fetch is not None:  # not fetched yet: fetch, check again
-                        start = self.off + b * self.block
-                        self.fetch(start, start + len(piece))
-                    if self.fetch is None or xxhash.xxh3_64_intdigest(piece) != self.sums[b]:
-                        raise PackCorrupted(
-                            f"{self.path}: checksum mismatch in block {b} of a region"
-                        )
-                self.checked[b] = 1
-                self.pending -= 1
-                # recounted: two threads verifying one block both decrement
-                if self.pending <= 0 and self.on_complete is not None:
-                    self.pending = self.checked.count(0)
-                    complete = self.on_complete()  # a weak reference to the reader's method
-                    if not self.pending and complete is not None:
-                        complete()
-
-    def table(self, rows: int, cols: int = 1) -> np.ndarray:
-        """The whole region, verified now, as an int64 table of ``rows`` x ``cols``."""
-        self.check(0, self.len)
-        if self.len != 8 * rows * cols:
-            raise PackCorrupted(f"{self.path}: a table region has the wrong size")
-        return np.frombuffer(self.mv, dtype="<i8").reshape(rows, cols)
-
-
-class _Field:
-    """One field of the pack: its index entry, its regions, and, once the pack is
-    first read, its verified tables as the generated reader indexes them."""
-
-    __slots__ = (
-        "dtype",
-        "inner",
-        "kind",
-        "name",
-        "ndim",
-        "offsets",
-        "regions",
-        "row",
-        "shapes",
-        "spec",
-    )
-
-    def __init__(self, spec: dict[str, Any], regions: dict[str, _Region], path: str) -> None:
-        self.spec, self.regions = spec, regions
-        self.name: str = spec["name"]
-        self.kind: str = spec["kind"]
-        if self.kind not in ("none", "column", "ragged", "str", "bytes", "pickle"):
-            raise PackCorrupted(f"{path}: field {self.name!r} has unknown kind {self.kind!r}")
-        self.dtype = np.dtype(spec.get("dtype", "|u1"))
-        if (
-            self.dtype.hasobject
-            or self.dtype.fields is not None
-            or self.dtype.kind not in "biufcmM"
-        ):
-            # only plain numbers are ever written; anything else in an index is hostile
-            raise PackCorrupted(f"{path}: field {self.name!r} has dtype {self.dtype}")
-        self.ndim = int(spec.get("ndim", 0))
-        self.row = 0  # bytes of a column's row, or of one step along a ragged first axis
-        self.inner: tuple[int, ...] | None = None  # a ragged field's fixed trailing shape
-        self.offsets: Any = None
-        self.shapes: Any = None
-
-    def prepare(self, n: int, path: str) -> None:
-        """Verify this field's tables (offsets, shapes, columns of Python scalars: 8
-        bytes a sample) whole, and check that they agree with each other and with the
-        data, so that a read needs no bounds checks of its own."""
-        kind, data = self.kind, self.regions.get("data")
-        if kind == "none" or data is None:
-            return
-        bad = f"{path}: field {self.name!r}"
-        valid = self.regions.get("valid")
-        if valid is not None:
-            valid.check(0, valid.len)
-            if valid.len != n:
-                raise PackCorrupted(f"{bad} has a validity table of the wrong size")
-        if kind == "column":
-            shape = tuple(self.spec["shape"])  # checked ints (format.parse_index)
-            self.row = self.dtype.itemsize * math.prod(shape)
-            if data.len != n * self.row:
-                raise PackCorrupted(f"{bad} has the wrong size")
-            if self.spec.get("py") in ("int", "float", "bool"):
-                data.check(0, data.len)
-            return
-        table = self.regions["offsets"].table(n + 1)[:, 0]
-        if table[0] != 0 or table[-1] != data.len or (table[1:] < table[:-1]).any():
-            raise PackCorrupted(f"{bad} has bad offsets")
-        self.offsets = self.regions["offsets"].mv.cast("q") if _LITTLE else table.tolist()
-        if kind == "ragged":
-            shapes = self.regions["shapes"].table(n, self.ndim)
-            if self.ndim < 1 or (shapes < 0).any():
-                raise PackCorrupted(f"{bad} has bad shapes")
-            # products that would wrap around in int64 cannot match a real size
-            if (np.prod(shapes, axis=1, dtype=np.float64) >= 2.0**52).any():
-                raise PackCorrupted(f"{bad} has impossible shapes")
-            sizes = np.prod(shapes, axis=1, dtype=np.int64) * self.dtype.itemsize
-            if (sizes != np.diff(table)).any():
-                raise PackCorrupted(f"{bad} has bad shapes")
-            self.shapes = (
-                self.regions["shapes"].mv.cast("q") if _LITTLE else shapes.ravel().tolist()
-            )
-            # the common case, a variable first axis only ([T, C] series, [T] tokens):
-            # a sample is a slice of one [-1, *inner] view, no shape table needed
-            inner = shapes[0, 1:]
-            row = self.dtype.itemsize * int(np.prod(inner, dtype=np.int64))
-            if row and (shapes[:, 1:] == inner).all():
-                self.inner, self.row = tuple(inner.tolist()), row
-
-    def code(
-        self,
-        k: int,
-        n: int,
-        ns: dict[str, Any],
-        unpickle: Any,
-        fd: int,
-        path: str,
-        private: bool,
-    ) -> list[str]:
-        """Lines that leave this field's value for sample ``j`` in ``v{k}``; the
-        objects they use go into ``ns`` under names suffixed with ``k``. With
-        ``private``, arrays are made private to the read (``fd`` is the pack's
-        file, for their maps); else they are read-only views of the shared map."""
-        lines = self._value_code(k, n, ns, unpickle)
-        if private and (self.kind == "ragged" or (self.kind == "column" and self.spec["shape"])):
-            ns[f"p{k}"] = functools.partial(_private_map, fd, self.regions["data"].off, path)
-            if self.kind == "column":  # one size for every row: decided here
-                if self.row < PRIVATE_MAP_MIN:
-                    lines.append(f"v{k} = v{k}.copy()")
-                else:
-                    lines.append(f"v{k} = p{k}(a, a + w{k}, v{k})")
-            else:
-                lines += [
-                    f"if z - a < {PRIVATE_MAP_MIN}:",
-                    f"    v{k} = v{k}.copy()",
-                    "else:",
-                    f"    v{k} = p{k}(a, z, v{k})",
-                ]
-        if "valid" in self.regions:  # None where the sample has no value
-            ns[f"m{k}"] = self.regions["valid"].mv
-            lines = [
-                f"if m{k}[j]:",
-                *(f"    {line}" for line in lines),
-                "else:",
-                f"    v{k} = None",
-            ]
-        return lines
-
-    def _value_code(self, k: int, n: int, ns: dict[str, Any], unpickle: Any) -> list[str]:
-        kind, spec = self.kind, self.spec
-        if kind == "none":
-            return [f"v{k} = None"]
-        data = self.regions["data"]
-        ns.update({f"r{k}": data.mv, f"c{k}": data.checked, f"k{k}": data.check})
-        ns[f"s{k}"] = data.shift
-        if kind == "column":
-            py = spec.get("py")
-            fmt: Any = _PY_FORMATS.get((str(py), self.dtype.str)) if _LITTLE else None
-            if fmt is not None:
-                ns[f"g{k}"] = data.mv.cast(fmt).__getitem__  # Python scalars, no numpy
-                return [f"v{k} = g{k}(j)"]
-            column = np.frombuffer(data.mv, dtype=self.dtype).reshape((n, *spec["shape"]))
-            if py in ("int", "float", "bool"):  # a format memoryview cannot give directly
-                ns[f"g{k}"] = column.item
-                return [f"v{k} = g{k}(j)"]
-            ns[f"g{k}"], ns[f"w{k}"] = column, self.row
-            start, stop, value = f"j * w{k}", f"a + w{k}", f"g{k}[j]"
-        else:
-            ns[f"o{k}"] = self.offsets
-            start, stop = f"o{k}[j]", f"o{k}[j + 1]"
-            if kind == "ragged" and self.inner is not None:
-                ns[f"f{k}"] = np.frombuffer(data.mv, self.dtype).reshape(-1, *self.inner)
-                ns[f"w{k}"] = self.row
-                value = f"f{k}[a // w{k} : z // w{k}]"
-            elif kind == "ragged":
-                ns[f"h{k}"], ns[f"t{k}"] = self.shapes, self.dtype
-                d = self.ndim
-                shape = {
-                    1: f"(h{k}[j],)",
-                    2: f"(h{k}[2 * j], h{k}[2 * j + 1])",
-                }.get(d, f"tuple(h{k}[{d} * j : {d} * j + {d}])")
-                value = f"nd({shape}, t{k}, r{k}, a)"
-            elif kind in ("str", "bytes"):  # bytes sliced from the map: the fastest copy
-                ns["mm"], ns[f"b{k}"] = data.mv.obj, data.off
-                value = f"mm[b{k} + a : b{k} + z]"
-            else:
-                ns["unpickle"] = unpickle
-                value = f"unpickle(r{k}[a:z], n{k})"
-        lines = [f"a = {start}"]
-        if data.pending or "z" in value or kind == "ragged":
-            lines.append(f"z = {stop}")
-        if data.pending:  # blocks not yet verified: test the one byte, verify if needed
-            lines += [
-                f"b = a >> s{k}",
-                f"if not c{k}[b] or (z - 1) >> s{k} != b:",
-                f"    k{k}(a, z)",
-            ]
-        if kind == "str":  # strict UTF-8 is the fast decoder; surrogates need the other
-            lines += [
-                "try:",
-                f"    v{k} = {value}.decode()",
-                "except UnicodeDecodeError:",
-                f'    v{k} = {value}.decode("utf-8", "surrogatepass")',
-            ]
-        else:
-            lines.append(f"v{k} = {value}")
-        return lines
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled(source: str) -> types.CodeType:
-    """Compiled once per process: every pack of one layout has the same source."""
-    return compile(source, "<mlcache pack reader>", "exec")
-
-
-def _compile(
-    fields: list[_Field],
-    n: int,
-    unpickle: Any,
-    fd: int,
-    path: str,
-    tick: Callable[[], Callable[[], Any] | None],
-    private: bool = True,
-) -> Callable[[int], dict[str, Any]]:
-    """The function ``j -> {name: value}`` for sample ``j`` (0 <= j < n, checked by
-    the caller) over ``fields``, which must be prepared.
-
-    Every :data:`CHECK_EVERY` calls it calls ``tick()()`` (a weak reference to the
-    reader's file check): that raises if the file changed, or returns the reader to
-    use instead (blocks to verify again), or None."""
-    ns: dict[str, Any] = {"nd": np.ndarray, "tick": tick}
-    body: list[str] = []
-    for k, field in enumerate(fields):
-        body += field.code(k, n, ns, unpickle, fd, path, private)
-        ns[f"n{k}"] = field.name
-    items = ", ".join(f"n{k}: v{k}" for k in range(len(fields)))
-    head = [
-        "nonlocal left",
-        "left -= 1",
-        "if not left:",
-        f"    left = {CHECK_EVERY}",
-        "    t = tick()",
-        "    t = t() if t is not None else None",
-        "    if t is not None:",
-        "        return t(j)",
-    ]
-    source = f"def make():\n    left = {CHECK_EVERY}\n    def sample(j):\n"
-    source += "".join(f"        {line}\n" for line in head + body)
-    source += f"        return {{{items}}}\n    return sample\n"
-    exec(_compiled(source), ns)  # our own text, see above
-    sample: Callable[[int], dict[str, Any]] = ns["make"]()
-    sample.__doc__ = source
-    return sample
-
-
-def _unpickle(path: str, allow: bool, data: memoryview, name: str) -> Any:
-    if not allow:
-        raise UnsupportedValue(
-            f"{path}: field {name!r} holds pickles; open the pack with allow_pickle=True "
-            "to load them"
-        )
-    return pickle.loads(data)
-
-
-class PackedDataset(Sequence[dict[str, Any]]):
+class PackedDataset(Pack):
     """A pack file opened for random access: ``len(ds)``, ``ds[i]`` (a dict of
     fields), ``ds.get_batch(indices)``.
 
@@ -456,7 +141,8 @@ class PackedDataset(Sequence[dict[str, Any]]):
     path:
         The pack file, as written by :func:`mlcache.data.pack`, or its URL
         (``s3://bucket/train.pack``, any fsspec URL): then a local copy is read,
-        fetched once (see :mod:`mlcache.data.fetch`).
+        fetched once (see :mod:`mlcache.data.fetch`). A sharded pack's manifest
+        (``*.shards``) is refused: :func:`mlcache.data.open_pack` opens either.
     allow_pickle:
         Unpickle fields stored with pickle (refused by default).
     storage_options:
@@ -475,13 +161,6 @@ class PackedDataset(Sequence[dict[str, Any]]):
         PyTorch warns.
     """
 
-    def __new__(cls, path: str | os.PathLike[str], **kwargs: Any) -> Any:
-        if os.fspath(path).endswith(".shards"):  # a sharded pack's manifest
-            from .shards import ShardedDataset
-
-            return ShardedDataset(path, **kwargs)
-        return super().__new__(cls)
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -492,6 +171,11 @@ class PackedDataset(Sequence[dict[str, Any]]):
         fetch: str = "whole",
         writable: bool = True,
     ) -> None:
+        if os.fspath(path).endswith(SHARDS_SUFFIX):
+            raise ValueError(
+                f"{os.fspath(path)} is a sharded pack's manifest, not a pack file: open it "
+                "with mlcache.data.open_pack(path) or mlcache.data.ShardedDataset(path)"
+            )
         if fetch not in ("whole", "ranges"):
             raise ValueError(f"fetch must be 'whole' or 'ranges', got {fetch!r}")
         self.url = path if is_url(path) else None
@@ -537,17 +221,19 @@ class PackedDataset(Sequence[dict[str, Any]]):
         self._n = n
         self._index_len = i_len
         self._index_sum = i_sum
-        self.layout = index  # the parsed index (see mlcache.data.format)
+        #: the pack's parsed index: its fields, their kinds, dtypes and regions (the
+        #: JSON table of :mod:`mlcache.data.format`), as read from the file
+        self.pack_index: dict[str, Any] = index
         block = index["block"]  # a power of two (format.parse_index)
-        self._fields: list[_Field] = []
+        self._fields: list[Field] = []
         try:
             for spec in index["fields"]:
                 regions = {
-                    key: _Region(spec[key], self._mm, block, self.path)
+                    key: Region(spec[key], self._mm, block, self.path)
                     for key in ("data", "offsets", "shapes", "valid")
                     if key in spec
                 }
-                self._fields.append(_Field(spec, regions, self.path))
+                self._fields.append(Field(spec, regions, self.path))
                 for region in regions.values():
                     region.fetch = fetcher
                     region.fd, region.file_size = fd, size
@@ -558,8 +244,50 @@ class PackedDataset(Sequence[dict[str, Any]]):
         self._sample: Callable[[int], dict[str, Any]] | None = None  # see _prepare()
         self._batch_readers: dict[tuple[str, ...], Callable[[int], dict[str, Any]]] = {}
 
+    @property
+    def fingerprint(self) -> tuple[int, int, int]:
+        """What identifies this pack's content: its sample count, and its index's
+        length and checksum (which covers the checksum of every block)."""
+        return (self._n, self._index_len, self._index_sum)
+
+    @property
+    def index_sum(self) -> int:
+        """The checksum of the pack's index (xxh3-64), as a sharded pack's manifest
+        records it for each shard."""
+        return self._index_sum
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """Deprecated name of :attr:`pack_index` (it is the parsed index)."""
+        warnings.warn(
+            "PackedDataset.layout is deprecated: it is the parsed index, use .pack_index",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.pack_index
+
+    @classmethod
+    def _from_fd(
+        cls, fd: int, path: str, allow_pickle: bool, stat: tuple[int, ...], writable: bool
+    ) -> PackedDataset:
+        """The pack open as ``fd`` (which it keeps), as ``path`` named it when its
+        size and modification time were ``stat``; checked now if it changed since."""
+        ds: PackedDataset = object.__new__(cls)
+        ds.url, ds._remote, ds.path, ds.allow_pickle = (
+            None,
+            (None, None, "whole"),
+            path,
+            allow_pickle,
+        )
+        ds.writable = writable
+        ds._load(fd)
+        if ds._stat != tuple(stat):  # changed in place since the parent opened it
+            ds._stat = tuple(stat)
+            ds.check_file()
+        return ds
+
     def __reduce__(self) -> tuple[Any, ...]:
-        fingerprint = (self._n, self._index_len, self._index_sum)
+        fingerprint = self.fingerprint
         if self.url is None and spawning_worker():
             # a worker being started: its own descriptor of this very file (the
             # path may name a rebuilt pack by the time it runs, or none)
@@ -576,12 +304,12 @@ class PackedDataset(Sequence[dict[str, Any]]):
     def _stat_key(self, st: os.stat_result) -> tuple[int, ...]:
         return (st.st_size,) if self._sparse else (st.st_size, st.st_mtime_ns)
 
-    def _check_file(self) -> None:
+    def check_file(self) -> None:
         """Raise :class:`PackChanged` if the file changed to another pack since it
         was opened; if it holds the same pack's header and index again, make every
         block be verified again as it is read."""
         if self._broken is not None:
-            _refuse(*self._broken)
+            refuse(*self._broken)
         st = os.fstat(self._fd)
         if self._stat_key(st) != self._stat:
             self._changed(st)
@@ -591,13 +319,13 @@ class PackedDataset(Sequence[dict[str, Any]]):
         when blocks must be verified again, else None."""
         if self._broken is None and self._stat_key(os.fstat(self._fd)) == self._stat:
             return None
-        self._check_file()
+        self.check_file()
         return self._sample or self._prepare()
 
     def _changed(self, st: os.stat_result) -> None:
         where = self.path
         if st.st_size != self._size:
-            self._refuse_from_now(
+            self.refuse_from_now(
                 PackChanged,
                 f"{where}: the pack file was rewritten in place since it was opened (it had "
                 f"{self._size} bytes, now {st.st_size}); mlcache never changes a pack in "
@@ -607,7 +335,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         head = os.pread(fd, HEADER.size, 0)
         index = os.pread(fd, self._index_len, self._size - self._index_len)
         if head != self._head or xxhash.xxh3_64_intdigest(index) != self._index_sum:
-            self._refuse_from_now(
+            self.refuse_from_now(
                 PackChanged,
                 f"{where}: the pack file was rewritten in place with another pack since it "
                 "was opened; open it again",
@@ -623,9 +351,9 @@ class PackedDataset(Sequence[dict[str, Any]]):
         self._sample = None
         self._batch_readers.clear()
 
-    def _refuse_from_now(self, kind: type[PackCorrupted], message: str) -> None:
+    def refuse_from_now(self, kind: type[PackCorrupted], message: str) -> None:
         self._broken = (kind, message)
-        self._sample = functools.partial(_refuse, kind, message)
+        self._sample = functools.partial(refuse, kind, message)
         self._batch_readers.clear()
         raise kind(message)
 
@@ -640,11 +368,11 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
     def __len__(self) -> int:
         # a sampler asks at the start of every epoch: the file is checked then
-        self._check_file()
+        self.check_file()
         return self._n
 
     def __iter__(self) -> Any:
-        self._check_file()
+        self.check_file()
         for i in range(self._n):
             yield self[i]
 
@@ -665,7 +393,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
             raise self._bad_text(i, exc) from None
         except PackChanged as exc:  # met by a read (a truncated file): refuse from now on
             if self._broken is None:
-                self._refuse_from_now(PackChanged, str(exc))
+                self.refuse_from_now(PackChanged, str(exc))
             raise
 
     def _bad_text(self, i: int, exc: UnicodeDecodeError) -> PackCorrupted:
@@ -680,7 +408,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         every block of a region has been, the reader is generated again without
         that region's test.
         """
-        self._check_file()
+        self.check_file()
         try:
             for field in self._fields:
                 field.prepare(self._n, self.path)
@@ -695,12 +423,12 @@ class PackedDataset(Sequence[dict[str, Any]]):
                     region.on_complete = weakref.WeakMethod(self._recompile)
         return self._sample
 
-    def _compile(self, fields: list[_Field] | None = None) -> Callable[[int], dict[str, Any]]:
-        unpickle = functools.partial(_unpickle, self.path, self.allow_pickle)  # no self: no cycle
-        return _compile(
+    def _compile(self, fields: list[Field] | None = None) -> Callable[[int], dict[str, Any]]:
+        load = functools.partial(unpickle, self.path, self.allow_pickle)  # no self: no cycle
+        return compile_reader(
             self._fields if fields is None else fields,
             self._n,
-            unpickle,
+            load,
             self._fd,
             self.path,
             weakref.WeakMethod(self._tick),
@@ -725,7 +453,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         idx = np.where(idx < 0, idx + self._n, idx)
         if idx.size and (idx.min() < 0 or idx.max() >= self._n):
             raise IndexError(f"indices out of range for a pack of {self._n} samples")
-        self._check_file()
+        self.check_file()
         self._sample or self._prepare()
         batch: dict[str, Any] = {}
         others = []
@@ -748,7 +476,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
                 batch[field.name] = [row[field.name] for row in rows]
         return batch
 
-    def _column_batch(self, field: _Field, idx: np.ndarray) -> np.ndarray:
+    def _column_batch(self, field: Field, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` of a column field, verifying only the blocks they touch."""
         data, row = field.regions["data"], field.row
         column = np.frombuffer(data.mv, dtype=field.dtype).reshape((self._n, *field.spec["shape"]))
@@ -767,7 +495,7 @@ class PackedDataset(Sequence[dict[str, Any]]):
         """Check every byte of the pack now: each block against its checksum, and the
         padding between regions (which no read uses) for zeros. Raises
         :class:`PackCorrupted` if anything is damaged."""
-        self._check_file()
+        self.check_file()
         spans = [(0, HEADER.size)]
         for field in self._fields:
             for region in field.regions.values():
@@ -793,7 +521,7 @@ def sample_index(i: Any, n: int) -> int:
 
 
 def _same_pack(ds: PackedDataset, fingerprint: tuple[int, int, int] | None) -> PackedDataset:
-    if fingerprint is not None and tuple(fingerprint) != (ds._n, ds._index_len, ds._index_sum):
+    if fingerprint is not None and tuple(fingerprint) != ds.fingerprint:
         raise PackChanged(
             f"{ds.url or ds.path} now holds another pack than the one this dataset was "
             "opened on (rebuilt since?): open it again to read the new one"
@@ -828,32 +556,33 @@ def _reopen_fd(
     fingerprint: tuple[int, int, int],
     stat: tuple[int, ...],
     writable: bool = True,
-) -> PackedDataset:
+) -> Pack:
     """In a worker being started: the pack its parent opened, by a descriptor the
     parent handed over (``multiprocessing.reduction.DupFd``); if it cannot be read
     any more, a stand-in that raises why at its first use."""
-    ds: PackedDataset = object.__new__(PackedDataset)
-    ds.url, ds._remote, ds.path, ds.allow_pickle = None, (None, None, "whole"), path, allow_pickle
-    ds.writable = writable
     try:
-        ds._load(fd.detach())
-        if ds._stat != tuple(stat):  # changed in place since the parent opened it
-            ds._stat = tuple(stat)
-            ds._check_file()
+        ds = PackedDataset._from_fd(fd.detach(), path, allow_pickle, stat, writable)
         return _same_pack(ds, fingerprint)
     except PackCorrupted as exc:
         # raised here, it would only show as "worker exited unexpectedly"; raised
         # by a read, the DataLoader hands it to the training loop
-        return _Unreadable(type(exc), str(exc))  # type: ignore[return-value]
+        return _Unreadable(type(exc), str(exc))
 
 
-class _Unreadable(Sequence[dict[str, Any]]):
+class _Unreadable(Pack):
     """A pack a worker could not reopen: every use raises the error it met."""
 
     file_id = None
 
     def __init__(self, kind: type[PackCorrupted], message: str) -> None:
         self._kind, self._message = kind, message
+
+    @property
+    def field_names(self) -> list[str]:
+        raise self._kind(self._message)
+
+    def check_file(self) -> None:
+        raise self._kind(self._message)
 
     def __len__(self) -> int:
         raise self._kind(self._message)

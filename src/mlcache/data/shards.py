@@ -29,7 +29,12 @@ shards of every other build of ``<name>`` whose lock nobody holds (a build
 killed half way, a version nobody reads any more), and shards of the old
 unversioned names that its manifest does not name. On an fsspec URL there are
 no locks: the shards of older builds stay until removed by hand.
-``PackedDataset("x.shards")`` (a path or a URL) returns a :class:`ShardedDataset`.
+:func:`mlcache.data.open_pack` (or ``ShardedDataset("x.shards")``, a path or a
+URL) opens a sharded pack; ``PackedDataset`` refuses a manifest.
+
+A sharded pack is built on plain packs: this module writes and reads each shard
+with :mod:`mlcache.data.writer` and :mod:`mlcache.data.reader`, which never
+import it.
 """
 
 from __future__ import annotations
@@ -54,12 +59,12 @@ from .._atomic import write_bytes_atomic
 from .._util import parse_bytes
 from ..errors import PackChanged, PackCorrupted
 from .fetch import is_url, local_copy
+from .reader import SHARDS_SUFFIX, Pack, PackedDataset, sample_index
+from .writer import write_pack
 
 __all__ = ["SHARDS_SUFFIX", "ShardedDataset", "pack_sharded", "pack_with_dask"]
 
 logger = logging.getLogger("mlcache")
-
-SHARDS_SUFFIX = ".shards"
 
 
 def _base(manifest: str) -> str:
@@ -207,8 +212,6 @@ def pack_sharded(
     """Write ``samples`` as shards of about ``shard_size`` bytes each, then the
     manifest ``path`` (which must end in ``.shards``); see :func:`mlcache.data.pack`
     for ``pack_options``."""
-    from .writer import pack
-
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(SHARDS_SUFFIX):
         raise ValueError(f"a sharded pack's name ends in {SHARDS_SUFFIX}: got {path!r}")
@@ -240,7 +243,7 @@ def pack_sharded(
             while carry is not None:
                 name = _shard_name(path, build, len(shards))
                 shard_path = os.path.join(os.path.dirname(path), name)
-                done = pack(chunk(), shard_path, **pack_options)
+                done = write_pack(chunk(), shard_path, **pack_options)
                 shards.append(_shard_info(name, done, shard_path))
                 del done  # its map: the shard is opened again when read
         except BaseException:
@@ -262,12 +265,12 @@ def pack_sharded(
     return opened
 
 
-def _shard_info(name: str, done: Any, path: str) -> dict[str, Any]:
+def _shard_info(name: str, done: PackedDataset, path: str) -> dict[str, Any]:
     return {
         "name": name,
         "n": len(done),
         "size": os.path.getsize(path),
-        "index_sum": done._index_sum,
+        "index_sum": done.index_sum,
     }
 
 
@@ -287,11 +290,12 @@ def _pack_shard(
     import tempfile
 
     from .fetch import publish
-    from .writer import pack
 
     with tempfile.TemporaryDirectory(prefix="mlcache-shard-") as tmp:
         local = target if not is_url(target) else os.path.join(tmp, target.rsplit("/", 1)[1])
-        done = pack(_load_chunk(items, load_item), local, progress=False, allow_pickle=allow_pickle)
+        done = write_pack(
+            _load_chunk(items, load_item), local, progress=False, allow_pickle=allow_pickle
+        )
         info = _shard_info(os.path.basename(local), done, local)
         if is_url(target):
             publish(local, target, storage_options)
@@ -364,7 +368,7 @@ def _dask_build(
     return opened
 
 
-class ShardedDataset(Sequence[dict[str, Any]]):
+class ShardedDataset(Pack):
     """A sharded pack read as one dataset: ``len(ds)``, ``ds[i]``,
     ``ds.get_batch(indices)``. Shards are opened (and, for a URL, fetched) the
     first time a sample in them is read. The parameters are those of
@@ -428,7 +432,7 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self._n = self._starts[-1]
         self._sum = total
-        self._open: dict[int, Any] = {}
+        self._open: dict[int, PackedDataset] = {}
         build = _build_of(self.path, names[0])
         if is_url(self.path) or build is None:
             return True  # no locks on a URL, nor on the old unversioned names
@@ -441,6 +445,26 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         weakref.finalize(self, os.close, fd)
         return True
 
+    @classmethod
+    def _of_build(
+        cls,
+        path: str,
+        allow_pickle: bool,
+        options: tuple[dict[str, Any] | None, str | None, str],
+        manifest: tuple[list[str], list[int], list[int], int],
+        writable: bool,
+    ) -> ShardedDataset:
+        """The build that ``manifest`` (as a dataset read it) names; PackChanged if
+        it has been removed since."""
+        ds: ShardedDataset = object.__new__(cls)
+        ds.path, ds.allow_pickle, ds._options, ds.writable = path, allow_pickle, options, writable
+        if not ds._take(*manifest):
+            raise PackChanged(
+                f"{path}: the build this dataset was opened on has been removed since "
+                "(rebuilt, and nobody held it): open it again to read the new one"
+            )
+        return ds
+
     def __reduce__(self) -> tuple[Any, ...]:
         # the manifest as read (the name may hold a newer build by the time the
         # copy is opened): the copy reads the same build, or refuses if it is gone
@@ -449,9 +473,19 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         return (_reopen_build, args)
 
     def __len__(self) -> int:
-        for shard in self._open.values():  # the start of an epoch: see PackedDataset
-            shard._check_file()
+        self.check_file()  # the start of an epoch: see PackedDataset
         return self._n
+
+    def check_file(self) -> None:
+        """Check the file of every shard opened so far (see
+        :meth:`PackedDataset.check_file`)."""
+        for shard in self._open.values():
+            shard.check_file()
+
+    @property
+    def field_names(self) -> list[str]:
+        """The fields of every sample (those of the first shard, opened for it)."""
+        return self._shard(0).field_names
 
     def __repr__(self) -> str:
         return f"ShardedDataset({self.path!r}, samples={self._n}, shards={len(self._names)})"
@@ -465,11 +499,9 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         """How many shards this dataset has opened (fetched, for a URL)."""
         return len(self._open)
 
-    def _shard(self, k: int) -> Any:
+    def _shard(self, k: int) -> PackedDataset:
         ds = self._open.get(k)
         if ds is None:
-            from .reader import PackedDataset
-
             options, local, fetch = self._options
             ds = PackedDataset(
                 _sibling(self.path, self._names[k]),
@@ -479,7 +511,7 @@ class ShardedDataset(Sequence[dict[str, Any]]):
                 fetch=fetch,
                 writable=self.writable,
             )
-            if ds._index_sum != self._sums[k] or len(ds) != self._counts[k]:
+            if ds.index_sum != self._sums[k] or len(ds) != self._counts[k]:
                 raise PackCorrupted(
                     f"{self.path}: shard {self._names[k]} is not the one the manifest names "
                     "(rebuilt since, or left by a rebuild that failed)"
@@ -488,8 +520,6 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         return ds
 
     def _locate(self, i: int) -> tuple[int, int]:
-        from .reader import sample_index
-
         j = sample_index(i, self._n)
         k = bisect.bisect_right(self._starts, j) - 1
         return k, j - self._starts[k]
@@ -498,7 +528,9 @@ class ShardedDataset(Sequence[dict[str, Any]]):
         k, j = self._locate(i)
         return self._shard(k)[j]
 
-    def get_batch(self, indices: Sequence[int]) -> dict[str, Any]:
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
+        """Samples ``indices`` as one dict: arrays of one shape stacked, other
+        fields as lists."""
         rows = [self[i] for i in indices]
         if not rows:
             return {}
@@ -530,12 +562,4 @@ def _reopen_build(
 ) -> ShardedDataset:
     """A pickled ShardedDataset: the build it had opened, whatever the manifest
     names now; PackChanged if that build has been removed since."""
-    ds: ShardedDataset = object.__new__(ShardedDataset)
-    ds.path, ds.allow_pickle, ds._options = path, allow_pickle, (options, local, fetch)
-    ds.writable = writable
-    if not ds._take(*manifest):
-        raise PackChanged(
-            f"{path}: the build this dataset was opened on has been removed since "
-            "(rebuilt, and nobody held it): open it again to read the new one"
-        )
-    return ds
+    return ShardedDataset._of_build(path, allow_pickle, (options, local, fetch), manifest, writable)

@@ -48,17 +48,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 import xxhash
 
 from .._atomic import atomic_file, open_regular, sweep_dead, temporary_folder
+from .._util import progress as _progress
 from .fields import FieldWriter
 from .format import BLOCK, HEADER, block_sums, pack_header, pad
+from .reader import PackedDataset
 
-__all__ = ["SPILL_CHUNK", "ColumnSource", "pack"]
+__all__ = ["SPILL_CHUNK", "ColumnSource", "write_pack"]
 
 #: the largest spill file (bytes); a field's spill is a series of them
 SPILL_CHUNK = 16 << 20
@@ -232,17 +234,6 @@ def _write_region(out: BinaryIO, arr: np.ndarray, block: int) -> dict[str, Any]:
     return {"off": start, "len": data.nbytes, "sums": block_sums(data, block)}
 
 
-def _progress(iterable: Iterable[Any], enabled: bool, desc: str) -> Iterable[Any]:
-    if not enabled:
-        return iterable
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return iterable
-    total = len(iterable) if isinstance(iterable, Sized) else None
-    return tqdm(iterable, desc=desc, total=total, unit=" samples", mininterval=0.5, disable=None)
-
-
 class _Build:
     """The fields of a pack being built, filled sample by sample or column by column."""
 
@@ -307,7 +298,7 @@ class _Build:
 
 def _fill(build: _Build, samples: Iterable[Any], progress: bool, desc: str) -> None:
     if not isinstance(samples, ColumnSource):
-        for sample in _progress(samples, progress, desc):
+        for sample in _progress(samples, desc, unit=" samples", enabled=progress):
             build.add(sample)
         return
     bar: Any = None
@@ -326,57 +317,26 @@ def _fill(build: _Build, samples: Iterable[Any], progress: bool, desc: str) -> N
             bar.close()
 
 
-def pack(
+def write_pack(
     samples: Iterable[Mapping[str, Any]],
     path: str | os.PathLike[str],
     *,
     progress: bool = True,
     allow_pickle: bool = False,
     block_size: int = BLOCK,
-    shard_size: int | str | None = None,
-) -> Any:
-    """Write ``samples`` (dicts of named fields) into the pack file ``path``.
+) -> PackedDataset:
+    """Write ``samples`` (dicts of named fields) into the pack file ``path``; return
+    the :class:`~mlcache.data.PackedDataset` opened on it.
 
-    With ``shard_size`` (``"1GB"``), ``path`` must end in ``.shards``: the samples
-    are written as shards of about that size beside it, and ``path`` is their
-    manifest (see :mod:`mlcache.data.shards`); a :class:`ShardedDataset` is
-    returned.
-
-    Returns the :class:`~mlcache.data.PackedDataset` opened on it. Numbers of
-    different types in one field promote as numpy does, None is missing, a float
-    NaN is a value in a number field and missing elsewhere (the rules:
-    :mod:`mlcache.data.writer`). Raises ``ValueError`` for an empty source,
-    ``TypeError`` naming the sample, the field and both kinds when a value does
-    not fit the field (a str then an array), ``ValueError`` for a change of
-    dimensions or an integer a float field cannot hold exactly, and
-    :class:`~mlcache.UnsupportedValue` for values that need pickle when
-    ``allow_pickle`` is false; each at the sample concerned, before the rest of
-    the source is read, leaving no file behind.
-
-    ``block_size`` (a power of two, default 4 MiB) is the unit of checksumming:
-    a reader verifies each block the first time it touches it, so smaller blocks
-    make the first random reads of a large pack cheaper and the checksum table
-    longer.
+    :func:`mlcache.data.pack` is the public entry point (it also writes sharded
+    packs, on top of this); the parameters, the rules and the errors are its.
 
     >>> import numpy as np, tempfile, os
-    >>> ds = pack(({"x": np.arange(i), "y": i} for i in range(3)),
-    ...           os.path.join(tempfile.mkdtemp(), "d.pack"), progress=False)
+    >>> ds = write_pack(({"x": np.arange(i), "y": i} for i in range(3)),
+    ...                 os.path.join(tempfile.mkdtemp(), "d.pack"), progress=False)
     >>> len(ds), ds[2]["x"].tolist(), ds[2]["y"]
     (3, [0, 1], 2)
     """
-    from .reader import PackedDataset
-
-    if shard_size is not None:
-        from .shards import pack_sharded
-
-        return pack_sharded(
-            samples,
-            path,
-            shard_size=shard_size,
-            progress=progress,
-            allow_pickle=allow_pickle,
-            block_size=block_size,
-        )
     if block_size < 64 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two of at least 64, got {block_size}")
     target = os.path.abspath(os.fspath(path))
