@@ -5,7 +5,7 @@ A flipped byte in a large mapped payload, or a write through an ``r+`` map, is
 never handed out again by an ``mmap_mode="r"`` hit: it is one warning, the entry
 is removed and the value recomputed. Cases that a user meets across runs are run
 in fresh processes (``sys.executable``); the payloads are just over the size from
-which entries carry a table of block checksums (:data:`mlcache.entry.BLOCK_TABLE_MIN`).
+which entries carry a table of block checksums (:data:`mlcache.entry.writer.BLOCK_TABLE_MIN`).
 """
 
 from __future__ import annotations
@@ -193,8 +193,8 @@ def digested(monkeypatch):
         return real(data, *args, **kwargs)
 
     monkeypatch.setattr(xxhash, "xxh3_64_intdigest", counting)
-    monkeypatch.setattr(entry, "SETTLED_NS", 0)
-    monkeypatch.setattr(entry, "COARSE_SETTLED_NS", 0)
+    monkeypatch.setattr(entry.reader, "SETTLED_NS", 0)
+    monkeypatch.setattr(entry.reader, "COARSE_SETTLED_NS", 0)
     entry.forget_verified()
     yield count
     entry.forget_verified()

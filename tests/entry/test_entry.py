@@ -21,7 +21,16 @@ from mlcache.codecs import Encoded
 from mlcache.codecs.compression import Compression
 from mlcache.codecs.npy import NumpyCodec
 from mlcache.codecs.pickle import PickleCodec
-from mlcache.entry import FORMAT_VERSION, MAGIC, EntryReader, read_info, verify_file, write_entry
+from mlcache.entry import (
+    FORMAT_VERSION,
+    MAGIC,
+    EntryReader,
+    read_info,
+    reader,
+    verify_file,
+    write_entry,
+    writer,
+)
 from mlcache.errors import EntryCorrupted
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -130,7 +139,7 @@ def test_long_layouts_are_read_whole(tmp_path):
     path = tmp_path / "e"
     value = [bytes([i % 256]) * (i % 3) for i in range(6000)]
     write(path, value, info={"k": "v"})
-    assert fields(path.read_bytes())["L"] > entry._FIRST_READ
+    assert fields(path.read_bytes())["L"] > reader.FIRST_READ
     assert read(path) == value
     assert read(path, "r") == value
     assert EntryReader(str(path)).info == {"k": "v"}
@@ -328,8 +337,8 @@ def test_truncated_or_extended_files_are_detected(tmp_path, mmap_mode):
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Entries of 1 KiB and more get a block table of 4 KiB blocks."""
-    monkeypatch.setattr(entry, "BLOCK_TABLE_MIN", 1024)
-    monkeypatch.setattr(entry, "BLOCK_SIZE", 4096)
+    monkeypatch.setattr(writer, "BLOCK_TABLE_MIN", 1024)
+    monkeypatch.setattr(writer, "BLOCK_SIZE", 4096)
 
 
 def table_end(data: bytes) -> int:
@@ -413,7 +422,7 @@ def test_block_tables_of_other_block_sizes_are_read(tmp_path, small_blocks, monk
     path = tmp_path / "e"
     value = {"x": np.arange(3000.0)}
     for block in (64, 1 << 16, 1 << 24):  # one block larger than the payload
-        monkeypatch.setattr(entry, "BLOCK_SIZE", block)
+        monkeypatch.setattr(writer, "BLOCK_SIZE", block)
         write(path, value)
         for mode in (None, "r"):
             np.testing.assert_array_equal(read(path, mode)["x"], value["x"])
@@ -439,7 +448,7 @@ def test_a_block_table_beyond_the_first_read(tmp_path, small_blocks):
     write(path, value, info={"k": "v"})
     data = path.read_bytes()
     assert fields(data)["flags"] & entry.BLOCK_SUMS
-    assert 64 + fields(data)["L"] > entry._FIRST_READ
+    assert 64 + fields(data)["L"] > reader.FIRST_READ
     for mode in (None, "r"):
         out = read(path, mode)
         np.testing.assert_array_equal(out[0], value[0])
@@ -537,13 +546,13 @@ def test_property_damaged_entries_only_raise_entry_corrupted(scratch, edits, cut
 def valid_blocked_entry() -> bytes:
     """A valid entry with a block table of 256-byte blocks (made once)."""
     if "blocks" not in _VALID:
-        saved = entry.BLOCK_TABLE_MIN, entry.BLOCK_SIZE
-        entry.BLOCK_TABLE_MIN, entry.BLOCK_SIZE = 512, 256
+        saved = writer.BLOCK_TABLE_MIN, writer.BLOCK_SIZE
+        writer.BLOCK_TABLE_MIN, writer.BLOCK_SIZE = 512, 256
         try:
             buf = io.BytesIO()
             write_entry(buf, "npy", NPY.encode({**sample(), "y": np.arange(150.0)}), {"k": 1})
         finally:
-            entry.BLOCK_TABLE_MIN, entry.BLOCK_SIZE = saved
+            writer.BLOCK_TABLE_MIN, writer.BLOCK_SIZE = saved
         _VALID["blocks"] = buf.getvalue()
     return _VALID["blocks"]
 

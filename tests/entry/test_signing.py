@@ -208,7 +208,8 @@ def test_a_pickle_payload_altered_with_its_checksum_fixed_is_refused(tmp_path):
     xxh3 in the header. Only the signature catches it."""
     import xxhash
 
-    from mlcache.entry import HEADER, _header_sum
+    from mlcache.entry import HEADER
+    from mlcache.entry.format import header_sum
 
     signer = Signer(b"k")
     path = tmp_path / "e"
@@ -221,7 +222,7 @@ def test_a_pickle_payload_altered_with_its_checksum_fixed_is_refused(tmp_path):
     fields[8] = xxhash.xxh3_64_intdigest(bytes(data[p_off : p_off + p_len]))
     head = HEADER.pack(*fields[:9], 0, 0)
     lay_n, info_n = fields[3], fields[4]
-    fields[9] = _header_sum(head[:48], bytes(data[64 : 64 + lay_n + info_n]))
+    fields[9] = header_sum(head[:48], bytes(data[64 : 64 + lay_n + info_n]))
     data[:64] = HEADER.pack(*fields)
     path.write_bytes(bytes(data))
     reader = EntryReader(str(path))  # checksums all agree: without a signer it reads

@@ -968,13 +968,13 @@ def test_stored_metadata_has_the_size(mem):
 
 
 def test_large_layouts_are_not_kept_after_the_hit(mem):
-    from mlcache import entry
+    from mlcache.entry import format as entry_format
 
     f = mem.cache(lambda n: [i / 7 for i in range(n)])
     f(20_000)
-    before = entry._parse_small_layout.cache_info().currsize
+    before = entry_format._parse_small_layout.cache_info().currsize
     assert len(f(20_000)) == 20_000
-    assert entry._parse_small_layout.cache_info().currsize == before
+    assert entry_format._parse_small_layout.cache_info().currsize == before
 
 
 def test_mapped_results_are_shareable_by_joblib_parallel(tmp_path):
