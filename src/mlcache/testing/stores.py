@@ -251,7 +251,7 @@ class StoreTests:
         else:
             assert not os.path.exists(missing)
 
-    def test_locking_holds_one_at_a_time(self, store):
+    def test_locking_holds_one_at_a_time(self, store: Store) -> None:
         if not isinstance(store, Locking):
             pytest.skip("no Locking")
         seen: list[bool] = []
