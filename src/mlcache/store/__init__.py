@@ -19,7 +19,7 @@ them. Optional powers are their own small protocols, checked once with
 
 Register a backend with :func:`mlcache.register_store_backend`; it then works
 as ``Memory(location, backend="name")``; a URL scheme can name it too
-(:func:`register_url_scheme`). :class:`mlcache.testing.StoreTests` is the
+(:func:`register_url_scheme`). :class:`mlcache.testing.stores.StoreTests` is the
 conformance suite a backend's tests subclass.
 """
 

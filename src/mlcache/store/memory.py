@@ -9,7 +9,7 @@ into memory, never mapped. It can lock keys among the threads of the process.
 
 It is also the smallest complete example of a backend for
 :func:`~mlcache.register_store_backend`, and passes
-:class:`mlcache.testing.StoreTests`.
+:class:`mlcache.testing.stores.StoreTests`.
 
 >>> from mlcache import Memory
 >>> mem = Memory("scratch", backend="memory", verbose=0)
