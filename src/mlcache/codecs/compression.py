@@ -4,6 +4,11 @@
 level 3), an int 1-9 (zlib at that level), or ``(name, level)`` with name in
 ``zlib``, ``gzip``, ``bz2``, ``lzma``/``xz`` and, when installed, ``lz4``.
 Compressed entries cannot be memory-mapped: they are decompressed into memory.
+
+Methods live in :data:`compressors`, the one :class:`mlcache._registry.Registry`
+kind used for stores and codecs too; :func:`register_compressor` adds one. The
+name is what entries store (``"z": [name, level]``, ``docs/format.md``), so a
+method's bytes must never change under its name.
 """
 
 from __future__ import annotations
@@ -12,31 +17,126 @@ import bz2
 import gzip
 import lzma
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
-from ..errors import ConfigError
+from .._registry import Registry
+from ..errors import ConfigError, InvalidRegistration
 
-__all__ = ["Compression", "parse_compress"]
-
-
-def _lz4() -> tuple[Callable[[bytes, int], bytes], Callable[[bytes], bytes]]:
-    try:
-        import lz4.frame as lz4f
-    except ImportError:
-        raise ConfigError("compress=('lz4', ...) needs the lz4 package: pip install lz4") from None
-    return (lambda d, lvl: lz4f.compress(d, compression_level=lvl)), lz4f.decompress
+__all__ = ["Compression", "Compressor", "compressors", "parse_compress", "register_compressor"]
 
 
-_METHODS: dict[str, Callable[[], tuple[Callable[[Any, int], bytes], Callable[[Any], bytes]]]] = {
-    "zlib": lambda: (lambda d, lvl: zlib.compress(d, lvl), zlib.decompress),
-    "gzip": lambda: (lambda d, lvl: gzip.compress(d, lvl, mtime=0), gzip.decompress),
-    "bz2": lambda: (lambda d, lvl: bz2.compress(d, lvl), bz2.decompress),
-    "lzma": lambda: (lambda d, lvl: lzma.compress(d, preset=lvl), lzma.decompress),
-    "xz": lambda: (lambda d, lvl: lzma.compress(d, preset=lvl), lzma.decompress),
-    "lz4": _lz4,
-}
+@runtime_checkable
+class Compressor(Protocol):
+    """One compression method: bytes-like in, ``bytes`` out."""
+
+    def compress(self, data: Any, level: int) -> bytes:
+        """``data`` compressed at ``level`` (0-9), deterministically."""
+        ...
+
+    def decompress(self, data: Any) -> bytes:
+        """The bytes that :meth:`compress` was given."""
+        ...
+
+
+class _Zlib:
+    def compress(self, data: Any, level: int) -> bytes:
+        return zlib.compress(data, level)
+
+    def decompress(self, data: Any) -> bytes:
+        return zlib.decompress(data)
+
+
+class _Gzip:
+    def compress(self, data: Any, level: int) -> bytes:
+        return gzip.compress(data, level, mtime=0)  # no timestamp: the same bytes every time
+
+    def decompress(self, data: Any) -> bytes:
+        return gzip.decompress(data)
+
+
+class _Bz2:
+    def compress(self, data: Any, level: int) -> bytes:
+        return bz2.compress(data, level)
+
+    def decompress(self, data: Any) -> bytes:
+        return bz2.decompress(data)
+
+
+class _Lzma:
+    def compress(self, data: Any, level: int) -> bytes:
+        return lzma.compress(data, preset=level)
+
+    def decompress(self, data: Any) -> bytes:
+        return lzma.decompress(data)
+
+
+class _Lz4:
+    """lz4 frames; the package is an optional extra, imported on first use (a
+    ``compress=("lz4", ...)`` setting is valid without it, a write then says
+    what to install)."""
+
+    def _module(self) -> Any:
+        try:
+            import lz4.frame as lz4f
+        except ImportError:
+            raise ConfigError(
+                "compress=('lz4', ...) needs the lz4 package: pip install lz4"
+            ) from None
+        return lz4f
+
+    def compress(self, data: Any, level: int) -> bytes:
+        return self._module().compress(data, compression_level=level)
+
+    def decompress(self, data: Any) -> bytes:
+        return self._module().decompress(data)
+
+
+def _check_compressor(obj: object) -> None:
+    if isinstance(obj, type) or not isinstance(obj, Compressor):
+        raise TypeError(
+            f"{obj!r} is not a compressor: it needs compress(data, level) and decompress(data)"
+        )
+
+
+compressors: Registry[Compressor] = Registry("compression", _check_compressor)
+
+
+def register_compressor(name: str, compressor: Compressor, *, replace: bool = False) -> None:
+    """Make ``compress=(name, level)`` use ``compressor``.
+
+    Raises :class:`~mlcache.errors.InvalidRegistration` for a bad name, an
+    object without ``compress``/``decompress``, or a taken name (unless
+    ``replace``).
+
+    Examples
+    --------
+    >>> import zlib
+    >>> class Raw:
+    ...     def compress(self, data, level):
+    ...         return zlib.compress(data, level, wbits=-15)
+    ...     def decompress(self, data):
+    ...         return zlib.decompress(data, wbits=-15)
+    >>> register_compressor("rawdeflate", Raw())
+    >>> Compression("rawdeflate", 6).decompress(Compression("rawdeflate", 6).compress(b"x" * 9))
+    b'xxxxxxxxx'
+    """
+    if isinstance(compressor, str):  # the registry would take it for a lazy "module:attr"
+        raise InvalidRegistration(
+            f"cannot register compression {name!r}: {compressor!r} is not a compressor"
+        )
+    compressors.register(name, compressor, replace=replace)
+
+
+for _name, _impl in (
+    ("zlib", _Zlib()),
+    ("gzip", _Gzip()),
+    ("bz2", _Bz2()),
+    ("lzma", _Lzma()),
+    ("xz", _Lzma()),
+    ("lz4", _Lz4()),
+):
+    compressors.register(_name, _impl)
 
 
 @dataclass(frozen=True)
@@ -45,20 +145,23 @@ class Compression:
 
     name: str
     level: int
+    # resolved once: entries are decompressed per hit, the registry is not asked
+    _method: Compressor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.name not in _METHODS:
+        if not isinstance(self.name, str) or self.name not in compressors:
             raise ConfigError(
-                f"unknown compression {self.name!r}; expected one of {', '.join(_METHODS)}"
+                f"unknown compression {self.name!r}; expected one of {', '.join(compressors)}"
             )
         if not 0 <= self.level <= 9:
             raise ConfigError(f"compression level must be in 0..9, got {self.level}")
+        object.__setattr__(self, "_method", compressors[self.name])
 
     def compress(self, data: Any) -> bytes:
-        return _METHODS[self.name]()[0](data, self.level)
+        return self._method.compress(data, self.level)
 
     def decompress(self, data: Any) -> bytes:
-        return _METHODS[self.name]()[1](data)
+        return self._method.decompress(data)
 
 
 def parse_compress(compress: object) -> Compression | None:
