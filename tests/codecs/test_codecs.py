@@ -1,200 +1,26 @@
-"""codecs/: one conformance suite that every codec passes, plus each codec's specifics."""
+"""codecs/: our codecs pass the shipped conformance suite
+(:class:`mlcache.testing.codecs.CodecTests`), plus each codec's specifics."""
 
 from __future__ import annotations
 
 import collections
 import enum
 import fractions
-import io
-import json
-import mmap
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
 
 from mlcache import RegistryError, UnsupportedValue, register_codec
-from mlcache.codecs import Codec, Encoded, codecs, select_codec
-from mlcache.codecs.compression import Compression
+from mlcache.codecs import Encoded, codecs, select_codec
 from mlcache.codecs.npy import NumpyCodec
 from mlcache.codecs.pickle import PickleCodec
-from mlcache.entry import EntryReader, write_entry
 from mlcache.keys.hashing import hash_value
-
-
-def pytest_generate_tests(metafunc):
-    # each conformance subclass brings its own samples
-    if "sample" in metafunc.fixturenames and metafunc.cls is not None:
-        samples = metafunc.cls.samples()
-        metafunc.parametrize("sample", list(samples.values()), ids=list(samples))
-
-
-def write(codec: Codec, value: Any, path: Path, compression: Compression | None = None) -> None:
-    encoded = codec.encode(value)
-    with open(path, "wb") as f:
-        write_entry(f, codec.name, encoded, {"test": True}, compression)
-
-
-def read(codec: Codec, path: Path | io.BytesIO, mmap_mode: str | None = None) -> Any:
-    source = str(path) if isinstance(path, Path) else path
-    reader = EntryReader(source, mmap_mode)
-    assert reader.codec == codec.name
-    return codec.decode(reader.codec_layout, reader)
-
-
-def base_chain(a: Any) -> list[Any]:
-    """``a``, its base, its base's base, ... through memoryviews too."""
-    chain = []
-    while a is not None:
-        chain.append(a)
-        a = a.obj if isinstance(a, memoryview) else getattr(a, "base", None)
-    return chain
-
-
-def is_mapped(a: np.ndarray) -> bool:
-    return any(isinstance(b, (np.memmap, mmap.mmap)) for b in base_chain(a))
-
-
-def assert_same(got: Any, want: Any, path: str = "value") -> None:
-    """Equal value and equal type, recursively; floats bit-exact (nan, -0.0)."""
-    if isinstance(want, np.ndarray) and type(want) is np.ndarray:
-        assert isinstance(got, np.ndarray), f"{path}: {type(got)}"
-        assert type(got) in (np.ndarray, np.memmap), f"{path}: {type(got)}"
-        assert got.dtype == want.dtype, f"{path}: {got.dtype} != {want.dtype}"
-        assert got.shape == want.shape, f"{path}: {got.shape} != {want.shape}"
-        assert np.array_equal(got, want, equal_nan=want.dtype.kind in "fc"), path
-        if want.flags.f_contiguous and not want.flags.c_contiguous:
-            assert got.flags.f_contiguous, f"{path}: F order lost"
-        return
-    assert type(got) is type(want), f"{path}: {type(got)} != {type(want)}"
-    if isinstance(want, np.generic):
-        assert got.dtype == want.dtype, path
-        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), path
-    elif isinstance(want, (float, complex)):
-        assert repr(got) == repr(want), f"{path}: {got!r} != {want!r}"
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), path
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{path}[{i}]")
-    elif isinstance(want, dict):
-        assert len(got) == len(want), path
-        for i, ((gk, gv), (wk, wv)) in enumerate(zip(got.items(), want.items())):
-            assert_same(gk, wk, f"{path}.key{i}")
-            assert_same(gv, wv, f"{path}[{wk!r}]")
-    else:
-        assert got == want, f"{path}: {got!r} != {want!r}"
-
-
-class CodecConformance:
-    """What every codec must do. Subclasses set ``codec`` and return their samples."""
-
-    codec: ClassVar[Codec]
-
-    @staticmethod
-    def samples() -> dict[str, Any]:
-        """Values the codec claims (``can_encode``) and must round-trip exactly."""
-        raise NotImplementedError
-
-    @staticmethod
-    def array_sample() -> Any:
-        """A value with numpy arrays inside, to check memory mapping."""
-        raise NotImplementedError
-
-    @staticmethod
-    def arrays_of(value: Any) -> list[np.ndarray]:
-        raise NotImplementedError
-
-    def test_is_a_registered_codec(self):
-        assert isinstance(self.codec, Codec)
-        assert isinstance(self.codec.name, str) and isinstance(self.codec.safe, bool)
-        assert type(codecs[self.codec.name]) is type(self.codec)
-
-    def test_claims_the_sample(self, sample):
-        assert self.codec.can_encode(sample) is True
-
-    def test_layout_is_json_and_segments_are_buffers(self, sample):
-        encoded = self.codec.encode(sample)
-        assert isinstance(encoded, Encoded)
-        assert json.loads(json.dumps(encoded.layout)) == encoded.layout
-        for seg in encoded.segments:  # bytes-like, or contiguous arrays
-            if isinstance(seg, np.ndarray):
-                assert seg.flags.c_contiguous or seg.flags.f_contiguous
-            else:
-                memoryview(seg)
-
-    def test_encode_leaves_the_value_unchanged(self, sample):
-        before = hash_value(sample)
-        self.codec.encode(sample)
-        assert hash_value(sample) == before
-
-    @pytest.mark.parametrize("mmap_mode", [None, "r", "c", "r+"])
-    def test_round_trip(self, sample, mmap_mode, tmp_path):
-        path = tmp_path / "entry"
-        write(self.codec, sample, path)
-        assert_same(read(self.codec, path, mmap_mode), sample)
-        # and once more: reading does not change the entry
-        assert_same(read(self.codec, path, None), sample)
-
-    def test_round_trip_from_a_file_object(self, sample, tmp_path):
-        path = tmp_path / "entry"
-        write(self.codec, sample, path)
-        assert_same(read(self.codec, io.BytesIO(path.read_bytes()), "r"), sample)
-
-    def test_round_trip_compressed(self, sample, tmp_path):
-        path = tmp_path / "entry"
-        write(self.codec, sample, path, Compression("zlib", 1))
-        assert_same(read(self.codec, path, "r"), sample)
-
-    def test_arrays_are_memory_mapped_and_read_only_under_r(self, tmp_path):
-        path = tmp_path / "entry"
-        value = self.array_sample()
-        write(self.codec, value, path)
-        arrays = self.arrays_of(read(self.codec, path, "r"))
-        assert arrays
-        for a in arrays:
-            assert is_mapped(a)
-            assert any(isinstance(b, np.memmap) for b in base_chain(a)), "no np.memmap base"
-            assert not a.flags.writeable
-            with pytest.raises(ValueError):
-                a[...] = 0
-
-    def test_arrays_are_writable_copies_without_mmap(self, tmp_path):
-        path = tmp_path / "entry"
-        write(self.codec, self.array_sample(), path)
-        before = path.read_bytes()
-        for a in self.arrays_of(read(self.codec, path, None)):
-            assert not is_mapped(a)
-            assert a.flags.writeable
-            a[...] = 0
-        assert path.read_bytes() == before
-
-    def test_copy_on_write_mapping_leaves_the_file_alone(self, tmp_path):
-        path = tmp_path / "entry"
-        write(self.codec, self.array_sample(), path)
-        before = path.read_bytes()
-        arrays = self.arrays_of(read(self.codec, path, "c"))
-        for a in arrays:
-            assert is_mapped(a) and a.flags.writeable
-            a[...] = 0
-        assert path.read_bytes() == before
-        for got, want in zip(
-            self.arrays_of(read(self.codec, path, None)), self.arrays_of(self.array_sample())
-        ):
-            assert_same(got, want)
+from mlcache.testing.codecs import CodecTests, read, write
 
 
 # -- npy ----------------------------------------------------------------------------
-def _arrays(value: Any) -> list[np.ndarray]:
-    if isinstance(value, np.ndarray):
-        return [value]
-    if isinstance(value, dict):
-        return [a for v in value.values() for a in _arrays(v)]
-    if isinstance(value, (list, tuple)):
-        return [a for v in value for a in _arrays(v)]
-    return []
-
-
 class Thing:
     def __init__(self, x: Any) -> None:
         self.x = x
@@ -209,7 +35,7 @@ class Color(enum.IntEnum):
     RED = 1
 
 
-class TestNpyCodec(CodecConformance):
+class TestNpyCodec(CodecTests):
     codec = NumpyCodec()
 
     @staticmethod
@@ -277,16 +103,12 @@ class TestNpyCodec(CodecConformance):
     def array_sample() -> Any:
         return {"a": np.arange(100.0), "b": [np.ones((3, 4), dtype=np.int32), np.array(7)]}
 
-    @staticmethod
-    def arrays_of(value: Any) -> list[np.ndarray]:
-        return _arrays(value)
-
     def test_is_safe(self):
         assert self.codec.safe is True and self.codec.name == "npy"
 
-    @pytest.mark.parametrize(
-        "value",
-        [
+    @staticmethod
+    def refused() -> dict[str, Any]:
+        values = [
             np.array([1, "a"], dtype=object),
             [1, np.array([None], dtype=object)],
             np.zeros(2, dtype=[("a", "i4"), ("b", "f8")]),
@@ -306,11 +128,8 @@ class TestNpyCodec(CodecConformance):
             bytearray(b"x"),
             memoryview(b"x"),
             np.zeros(1, dtype=[("a", "u1")])[0],
-        ],
-        ids=lambda v: type(v).__name__,
-    )
-    def test_refuses_what_it_cannot_fully_represent(self, value):
-        assert self.codec.can_encode(value) is False
+        ]
+        return {f"{i}-{type(v).__name__}": v for i, v in enumerate(values)}
 
     def test_refuses_self_reference_and_too_deep_nesting_without_crashing(self):
         loop: list[Any] = [1]
@@ -346,7 +165,7 @@ def fitted_estimator():
     return LinearRegression().fit(x, x @ [1.0, 2.0, 3.0, 4.0] + 0.5)
 
 
-class TestPickleCodec(CodecConformance):
+class TestPickleCodec(CodecTests):
     codec = PickleCodec()
 
     @staticmethod
@@ -461,6 +280,48 @@ def test_a_registered_safe_codec_is_selected_before_pickle(scratch_registry, tmp
 
 def test_registration_is_undone_by_the_fixture():
     assert "fraction" not in codecs
+
+
+# -- the kit, as a codec author uses it ------------------------------------------------
+class TestAUserCodecThroughTheKit(CodecTests):
+    """A codec written outside mlcache runs the same suite (registered for the test)."""
+
+    codec = FractionCodec()
+
+    @pytest.fixture(autouse=True)
+    def registered(self, scratch_registry):
+        register_codec(self.codec)
+
+    def samples(self) -> dict[str, Any]:
+        return {"third": fractions.Fraction(1, 3), "big": fractions.Fraction(-(10**30), 7)}
+
+    def refused(self) -> dict[str, Any]:
+        return {"float": 0.5, "int": 3, "str": "1/3"}
+
+
+class LossyCodec(FractionCodec):
+    """Claims fractions, stores them as floats: what the kit exists to catch."""
+
+    def encode(self, value: Any) -> Encoded:
+        return Encoded({"x": float(value)}, [])
+
+    def decode(self, layout: dict[str, Any], segments: Any) -> Any:
+        return fractions.Fraction(layout["x"])
+
+    def can_encode(self, value: Any) -> bool:
+        return type(value) in (fractions.Fraction, float)
+
+
+def test_the_kit_fails_a_codec_that_loses_data_or_claims_too_much(tmp_path):
+    class Suite(TestAUserCodecThroughTheKit):
+        codec = LossyCodec()
+
+    suite, third = Suite(), fractions.Fraction(1, 3)
+    with pytest.raises(AssertionError, match="Fraction"):
+        suite.test_round_trip(third, None, tmp_path)
+    with pytest.raises(AssertionError, match="claims"):
+        suite.test_refuses_what_it_cannot_fully_represent()
+    suite.test_round_trip(fractions.Fraction(1, 2), None, tmp_path)  # exact in a float
 
 
 class NoMethods:
