@@ -36,6 +36,7 @@ from _bench import (
     report,
     scratch_dir,
 )
+from mlcache.keys import bytecode
 from mlcache.keys import code_version as deps
 from mlcache.keys.hashing import bytes_hashed
 
@@ -142,8 +143,8 @@ def bench_fingerprint(
 
         def forget() -> None:  # a new process: nothing walked yet
             deps._VERSIONS.clear()
-            deps._code_digest.cache_clear()
-            deps._references_cached.cache_clear()
+            bytecode.code_digest.cache_clear()
+            bytecode.references.cache_clear()
 
         version = deps.code_version(entry)
         walked = len(version.parts)

@@ -381,7 +381,7 @@ def test_functions_and_classes_passed_as_values_bring_their_code_version(passed)
 
 
 def test_library_functions_and_classes_are_keyed_by_name_and_library_version():
-    from mlcache.keys.code_version import library_version
+    from mlcache.keys.origin import library_version
 
     assert library_version("numpy") in repr_of_stream(np.mean)
     assert library_version("numpy") in repr_of_stream(np.add)
@@ -399,7 +399,7 @@ def repr_of_stream(obj: object) -> str:
 
     h = Hasher()
     h.update(obj)
-    return bytes(h._buf).decode("latin-1")
+    return bytes(h.buf).decode("latin-1")
 
 
 def test_a_function_passed_as_argument_is_keyed_by_its_helpers_in_process(tmp_path):

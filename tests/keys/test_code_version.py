@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from mlcache import ConfigError, Memory
-from mlcache.keys.code_version import code_version, is_user_module, library_version
+from mlcache.keys.code_version import code_version
+from mlcache.keys.origin import is_user_module, library_version
 from scripts import ALL, Project  # the fresh-interpreter package
 
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlcache.keys import hashing
+from mlcache.keys import _handlers, blocks, hashing
 from mlcache.keys.hashing import HASH_SCHEME, Hasher, hash_value
 
 
@@ -204,7 +204,7 @@ def test_non_contiguous_views_hash_like_their_c_copy(view):
 def test_non_contiguous_hashing_in_several_chunks(monkeypatch):
     a = np.arange(10_000, dtype=np.int64).reshape(100, 100)[:, ::3]
     expected = hash_value(np.ascontiguousarray(a))
-    monkeypatch.setattr(hashing, "_CHUNK", 64)  # a few rows per chunk
+    monkeypatch.setattr(_handlers, "_CHUNK", 64)  # a few rows per chunk
     assert hash_value(a) == expected
     b = a.copy()
     b[-1, -1] += 1
@@ -712,8 +712,6 @@ class TestBlockTreeHashing:
 
     @pytest.fixture(autouse=True)
     def small_blocks(self, monkeypatch):
-        import mlcache.keys.hashing as hashing
-
         monkeypatch.setattr(hashing, "_TREE_MIN", 1 << 12)
         monkeypatch.setattr(hashing, "_BLOCK", 1000)  # not a divisor of any row size below
 
@@ -723,11 +721,9 @@ class TestBlockTreeHashing:
             assert hash_value(view) == hash_value(np.ascontiguousarray(view))
 
     def test_does_not_depend_on_the_thread_pool(self, monkeypatch):
-        import mlcache.keys.hashing as hashing
-
         a = np.random.default_rng(1).random(5000)
         with_pool = hash_value(a)
-        monkeypatch.setattr(hashing, "_hash_pool", lambda: None)
+        monkeypatch.setattr(blocks, "_hash_pool", lambda: None)
         assert hash_value(a) == with_pool
 
     def test_content_changes_in_any_block_change_the_key(self):

@@ -57,7 +57,8 @@ import xxhash
 
 from ..codecs import codecs
 from ..errors import EntryCorrupted, EntryNotFound, EntrySignatureError, UnsupportedValue
-from ..keys.hashing import REF_ATTR, parallel_map
+from ..keys.blocks import parallel_map
+from ..keys.hashing import REF_ATTR
 from ..store import LocalPaths, Store
 from .format import (
     CHUNK,

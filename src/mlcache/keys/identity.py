@@ -42,6 +42,8 @@ from typing import Any
 
 import xxhash
 
+from .hashing import hash_value
+
 __all__ = [
     "call_state",
     "closure_digest",
@@ -205,7 +207,5 @@ def closure_digest(func: Callable[..., Any]) -> str:
 
     Raises ``TypeError`` when a captured value cannot be hashed.
     """
-    from .hashing import hash_value
-
     state = call_state(func)
     return "" if state is None else hash_value(state)

@@ -1,0 +1,159 @@
+"""What a code object says, read from its bytecode: the normalised digest of what
+it runs (:func:`code_digest`) and the names it reads (:func:`references`).
+
+*Normalised code* is the bytecode without line numbers: instructions, names,
+constants (recursively through nested functions, lambdas and comprehensions),
+argument counts and flags, and which instructions sit inside ``try``. Constants
+that no instruction loads are left out: that is where a docstring lives. So
+comments, docstrings, blank lines and formatting never change a digest; any
+change to what runs does, including a moved line or a debug print. The digest
+names the Python version too (bytecode differs between versions).
+
+This module is the bottom of :mod:`mlcache.keys`: the hashing of functions (in
+a code walk) and code versions (:mod:`mlcache.keys.code_version`) both use it,
+and it imports neither.
+
+Both functions are cached per code object (code objects are immutable).
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import sys
+import types
+from collections.abc import Iterator
+
+import xxhash
+
+__all__ = ["PY", "code_digest", "references"]
+
+#: the Python version that every normalised digest names
+PY = f"py{sys.version_info[0]}.{sys.version_info[1]}"
+_CONST_OPS = frozenset(dis.hasconst)
+_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_DEREF_OPS = frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF"})
+
+
+@functools.lru_cache(maxsize=8192)
+def code_digest(code: types.CodeType) -> str:
+    """The normalised digest of ``code`` (16 hex digits; see the module docstring).
+
+    Examples
+    --------
+    >>> def f(x):
+    ...     '''A docstring.'''
+    ...     return x + 1  # a comment
+    >>> def g(x):
+    ...     return x + 1
+    >>> code_digest(f.__code__) == code_digest(g.__code__)
+    True
+    """
+    h = xxhash.xxh3_64(PY.encode())
+    _code_bytes(code, h)
+    return h.hexdigest()
+
+
+def _loaded_consts(code: types.CodeType) -> set[int]:
+    """Indices of the constants some instruction loads (a docstring is not one)."""
+    used: set[int] = set()
+    for ins in dis.get_instructions(code):
+        if (ins.opcode in _CONST_OPS or ins.opname == "KW_NAMES") and ins.arg is not None:
+            used.add(ins.arg)
+    return used
+
+
+def _code_bytes(code: types.CodeType, h: xxhash.xxh3_64) -> None:
+    h.update(code.co_code)
+    h.update(getattr(code, "co_exceptiontable", b""))  # Python 3.11+: where `try` is
+    for part in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+        h.update(repr(part).encode())
+    counts = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
+    h.update(repr(counts).encode())
+    used = _loaded_consts(code)
+    for i, const in enumerate(code.co_consts):
+        if i not in used:
+            continue  # the docstring (or the None that stands for its absence)
+        h.update(b"%d:" % i)
+        if isinstance(const, types.CodeType):
+            h.update(b"<code>")
+            _code_bytes(const, h)
+        elif isinstance(const, frozenset):  # its repr depends on the hash seed
+            h.update(repr(sorted(map(repr, const))).encode("utf-8", "surrogatepass"))
+        else:
+            h.update(repr(const).encode("utf-8", "surrogatepass"))
+
+
+@functools.lru_cache(maxsize=4096)
+def references(code: types.CodeType) -> list[tuple[str, ...]]:
+    """The globals, attribute chains and body imports ``code`` reads, in nested
+    code too, in the order first met:
+
+    - ``("g", name, *attrs)``: a global (``helper``, ``utils.clean``);
+    - ``("d", name, *attrs)``: a closure variable;
+    - ``("i", module, level, *names)``: an import in the body (``level`` is the
+      number of leading dots, as text). A module imported in the body and bound
+      to a local name (``import proj.helpers as h``, ``from proj import
+      helpers``) is followed through that name (``h.clean(x)``).
+
+    The list is cached: do not change it.
+
+    Examples
+    --------
+    >>> def f(x):
+    ...     return np.linalg.norm(x)
+    >>> references(f.__code__)
+    [('g', 'np', 'linalg', 'norm')]
+    """
+    refs: list[tuple[str, ...]] = []
+    for c in _all_code(code):
+        chain: list[str] | None = None
+        consts: list[object] = []
+        imported: dict[str, tuple[str, ...]] = {}  # local name -> ("i", module, level, *names)
+        pending: tuple[str, ...] | None = None  # what the next STORE_FAST binds
+        for ins in dis.get_instructions(c):
+            op = ins.opname
+            if op in _ATTR_OPS and chain is not None:
+                chain.append(str(ins.argval))
+                continue
+            if chain is not None:
+                refs.append(tuple(chain))
+                chain = None
+            if op in _GLOBAL_OPS:
+                chain = ["g", str(ins.argval)]
+            elif op in _DEREF_OPS:
+                chain = ["d", str(ins.argval)]
+            elif op == "LOAD_FAST" and str(ins.argval) in imported:
+                chain = list(imported[str(ins.argval)])
+            elif op == "IMPORT_NAME":
+                level = consts[-2] if len(consts) >= 2 and isinstance(consts[-2], int) else 0
+                names = consts[-1] if consts and isinstance(consts[-1], tuple) else ()
+                module = str(ins.argval)
+                refs.append(("i", module, str(level)))
+                refs.extend(("i", module, str(level), str(n)) for n in names)
+                pending = ("i", module, str(level))
+            elif op == "IMPORT_FROM" and pending is not None:
+                source, attr = pending[1], str(ins.argval)
+                # `import a.b as h` binds the module a.b; `from a import b`, a.b
+                if not source.endswith("." + attr):
+                    pending = (*pending[:3], attr)
+            elif op == "STORE_FAST" and pending is not None:
+                imported[str(ins.argval)] = pending
+                pending = None
+            elif op != "IMPORT_FROM":
+                pending = None if op not in ("POP_TOP", "LOAD_CONST") else pending
+            if op == "LOAD_CONST":
+                consts.append(ins.argval)
+        if chain is not None:
+            refs.append(tuple(chain))
+    return list(dict.fromkeys(refs))
+
+
+def _all_code(code: types.CodeType) -> Iterator[types.CodeType]:
+    """``code`` and every code object nested in its constants (functions,
+    lambdas, comprehensions, classes defined in it), depth first."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _all_code(const)

@@ -1,0 +1,423 @@
+"""The walk behind a code version: from a function through what its code reaches.
+
+:class:`DependencyWalk` records, under a name each, the digest of every thing a
+function depends on (see :mod:`mlcache.keys.code_version` for what counts and
+how): the function's normalised code, the globals, attribute chains and body
+imports it reads (:func:`mlcache.keys.bytecode.references`), their functions
+and classes recursively, module-level values by content (watched for changes
+a call makes: :mod:`mlcache.keys.state`) and libraries by their version.
+
+A module imported in a function's body that is not imported yet is read from
+its file, never run: :func:`module_file` finds the file as the import system
+would, :func:`compile_module_file` compiles it (running it could have any
+effect; reading it has none).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import sys
+import types
+from typing import Any
+
+import numpy as np
+
+from .bytecode import code_digest, references
+from .identity import module_name, target_function
+from .origin import NOT_USER, is_user_file, is_user_module, library_version
+from .state import MAX_ITEMS, state_parts, value_digest, watchable
+
+__all__ = [
+    "CodeWalkError",
+    "DependencyWalk",
+    "call_target",
+    "compile_module_file",
+    "is_code",
+    "library_part",
+    "module_file",
+]
+
+_MISSING = object()
+
+
+class CodeWalkError(Exception):
+    """Reading something a function's code refers to raised: ``where`` is its
+    name (a global, an attribute chain)."""
+
+    def __init__(self, where: str, exc: BaseException) -> None:
+        super().__init__(f"reading {where} raised {type(exc).__name__}: {exc}")
+        self.where = where
+
+
+def call_target(func: Any) -> Any:
+    """The function whose code runs when ``func`` is called (a memoized function
+    used as a helper: the function it memoizes)."""
+    inner = getattr(func, "func", None)  # a MemorizedFunc used as a helper
+    if inner is not None and hasattr(func, "__mlcache_token__"):
+        func = inner
+    return target_function(func)
+
+
+def _name_of(obj: Any) -> str:
+    module = module_name(getattr(obj, "__module__", None))
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or "?"
+    return f"{module}.{name}"
+
+
+class DependencyWalk:
+    """One walk of a dependency graph: ``parts`` maps names to digests."""
+
+    def __init__(self, state: frozenset[str] = frozenset()) -> None:
+        self._found: dict[str, set[str]] = {}
+        self._shape: dict[str, set[str]] = {}  # the same, mutable values by type
+        self.state_used: set[str] = set()  # names of ``state`` met
+        self._seen: set[int] = set()
+        self._keep: list[Any] = []  # what ``_seen`` refers to, alive for the walk
+        self._state = state  # names of values that calls change: by type only
+        self._static: set[str] = set()  # modules read from their files
+        #: mutable values counted by content: (name, value)
+        self.watched: list[tuple[str, Any]] = []
+
+    def _first_time(self, obj: Any) -> bool:
+        if id(obj) in self._seen:
+            return False
+        self._seen.add(id(obj))
+        self._keep.append(obj)
+        return True
+
+    def _record(self, name: str, digest: str, shape: str | None = None) -> None:
+        """Add ``digest`` under ``name``; two things of one name (two lambdas of a
+        module, two closures of one factory) are both kept, in an order that does
+        not depend on the order they were met in (see :meth:`result`). ``shape``
+        stands for it in :attr:`CodeVersion.shape` (a mutable value's type)."""
+        self._found.setdefault(name, set()).add(digest)
+        self._shape.setdefault(name, set()).add(digest if shape is None else shape)
+
+    def result(self, *, shape: bool = False) -> dict[str, str]:
+        """Name -> digest (the sorted digests of every thing of that name)."""
+        found = self._shape if shape else self._found
+        return {k: "+".join(sorted(v)) for k, v in sorted(found.items())}
+
+    def value(self, name: str, obj: Any, *, root: bool = False) -> None:
+        """Record what ``obj``, met under ``name``, contributes."""
+        if isinstance(obj, (types.MethodType, functools.partial)) or hasattr(
+            type(obj), "__mlcache_token__"
+        ):
+            if isinstance(obj, functools.partial):
+                self.value(f"{name}.<partial args>", (obj.args, obj.keywords))
+            obj = call_target(obj)
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if isinstance(obj, types.FunctionType):
+            if root or obj.__module__ is None or is_user_module(obj.__module__):
+                self._function(name if root else _name_of(obj), obj, root=root)
+            else:
+                self._record(name, library_part(obj))
+        elif isinstance(obj, type):
+            if _is_user_class(obj) or (root and _has_python_code(obj)):
+                self._class(name if root else _name_of(obj), obj)
+            elif obj.__module__ != "builtins" or root:
+                self._record(name, library_part(obj))
+        elif isinstance(obj, types.ModuleType):
+            if not is_user_module(obj.__name__):
+                self._record(name, library_version(obj.__name__))
+            # a user module: what is used of it is reached through attribute chains
+        elif isinstance(obj, property):
+            for accessor in (obj.fget, obj.fset, obj.fdel):
+                if accessor is not None:
+                    self.value(name, accessor)
+        elif isinstance(obj, (types.BuiltinFunctionType, np.ufunc)):
+            module = getattr(obj, "__module__", None) or type(obj).__module__
+            if module != "builtins" or root:
+                self._record(name, library_part(obj))
+        elif callable(obj) and _probe(obj, "__wrapped__") is not None:
+            self.value(name, obj.__wrapped__)  # functools.lru_cache and other wrappers
+        elif isinstance(obj, (list, tuple, dict, set, frozenset)):
+            self._container(name, obj)
+        elif isinstance(obj, logging.Logger):
+            # what it prints is not what the function returns (and its name is
+            # __mp_main__ in spawn workers)
+            self._record(name, "<logger>")
+        else:
+            # a value: an instance of a user class brings its class's code too
+            cls = type(obj)
+            if _is_user_class(cls):
+                self._class(_name_of(cls), cls)
+            self._data(name, obj)
+
+    def _data(self, name: str, obj: Any) -> None:
+        """A value: by content, and watched for changes when it is mutable. What
+        calls are known to change (``state``: the value itself, or some keys of a
+        dict or attributes of an object, see :func:`state_parts`) is left out."""
+        kind = f"<{type(obj).__qualname__}>"
+        if name in self._state:
+            self.state_used.add(name)
+            self._record(name, f"<state {type(obj).__qualname__}>", kind)
+            return
+        if watchable(obj):
+            self.watched.append((name, obj))
+            parts = state_parts(name, obj)
+            if parts is not None:  # counted key by key, or attribute by attribute
+                kept = [(sub[len(name) :], v) for sub, v in parts if sub not in self._state]
+                self.state_used.update(sub for sub, _ in parts if sub in self._state)
+                self._record(name, value_digest((type(obj).__qualname__, kept)), kind)
+                return
+            self._record(name, value_digest(obj), kind)
+            return
+        self._record(name, value_digest(obj))
+
+    def _container(self, name: str, obj: Any) -> None:
+        """A container: the code of the functions and classes in it (a dispatch
+        table) is walked; its data counts by value (see :meth:`_data`)."""
+        if len(obj) <= MAX_ITEMS:
+            values = obj.values() if isinstance(obj, dict) else obj
+            for item in values:  # under the container's name: no order, no index
+                if callable(item) and not isinstance(item, (types.BuiltinFunctionType, np.ufunc)):
+                    self.value(f"{name}[]", item)
+        self._data(name, obj)
+
+    def _function(self, name: str, f: types.FunctionType, *, root: bool = False) -> None:
+        if not self._first_time(f):
+            return
+        code = f.__code__
+        self._record(name, code_digest(code))
+        owner = _owner_class(f)
+        if owner is not None:  # a method: self.helper() reaches the rest of its class
+            self._class(_name_of(owner), owner)
+        # the memoized function's own defaults and closure values are part of each
+        # call's key (read at call time), not of its code version
+        if not root:
+            if f.__defaults__:
+                self.value(f"{name}.<defaults>", f.__defaults__)
+            if f.__kwdefaults__:
+                self.value(f"{name}.<kwdefaults>", f.__kwdefaults__)
+            for var, cell in zip(code.co_freevars, f.__closure__ or ()):
+                try:
+                    held = cell.cell_contents
+                except ValueError:  # not assigned yet
+                    continue
+                self.value(f"{name}.<closure {var}>", held)
+        for ref in references(code):
+            self._reference(f, ref, root=root)
+
+    def _class(self, name: str, cls: type) -> None:
+        if not self._first_time(cls):
+            return
+        self._record(name, value_digest(cls.__qualname__))
+        for klass in cls.__mro__:
+            if klass is object or not _is_user_class(klass):
+                if klass is not object and klass.__module__ != "builtins":
+                    self._record(f"{name}<{_name_of(klass)}>", library_part(klass))
+                continue
+            for attr, member in sorted(vars(klass).items()):
+                if attr.startswith("__") and attr.endswith("__") and not callable(member):
+                    continue  # __module__, __doc__, __dict__, __weakref__ ...
+                self.value(f"{_name_of(klass)}.{attr}", member)
+
+    def _reference(self, f: types.FunctionType, ref: tuple[str, ...], *, root: bool) -> None:
+        """Follow a name the code reads: ``("g", name, *attrs)`` for a global,
+        ``("d", name, *attrs)`` for a closure variable, ``("i", module, level,
+        *names)`` for an import in the body."""
+        if ref[0] == "d":
+            names = f.__code__.co_freevars
+            if ref[1] not in names or f.__closure__ is None:
+                return  # a variable of a nested function's own
+            try:
+                obj = f.__closure__[names.index(ref[1])].cell_contents
+            except ValueError:  # not assigned yet
+                return
+            if root and not is_code(obj):
+                return  # the memoized function's closure data is part of each key
+            where, attrs = f"{_name_of(f)}.<closure {ref[1]}>", ref[2:]
+        elif ref[0] == "g":
+            head, attrs = ref[1], ref[2:]
+            obj = f.__globals__.get(head, _MISSING)
+            if obj is _MISSING:
+                return  # a builtin (Python's version counts) or not defined yet
+            if head == "__name__" and isinstance(obj, str):
+                obj = module_name(obj)  # spawn workers' __mp_main__ is __main__
+            where = f"{module_name(f.__module__)}.{head}"
+        else:
+            name, level, attrs = ref[1], int(ref[2]), ref[3:]
+            try:
+                package = f.__globals__.get("__package__") or ""
+                full = importlib.util.resolve_name("." * level + name, package)
+            except (ImportError, ValueError):
+                return
+            obj = sys.modules.get(full, _MISSING)
+            if obj is _MISSING:  # imported only when the body runs: read its file
+                self._static_module(full)
+                if attrs:  # `from pkg import submodule`
+                    self._static_module(f"{full}.{attrs[0]}")
+                return
+            where = full
+        reading = where
+        try:
+            for attr in attrs:  # down user modules and classes only
+                if not _walkable(obj):
+                    break
+                reading = f"{where}.{attr}"
+                nxt = getattr(obj, attr, _MISSING)
+                if nxt is _MISSING:
+                    if isinstance(obj, types.ModuleType):  # a submodule not imported yet
+                        self._static_module(f"{obj.__name__}.{attr}")
+                    break
+                obj, where = nxt, f"{where}.{attr}"
+            self.value(where, obj)
+        except CodeWalkError:
+            raise
+        except Exception as exc:  # a global whose attribute access raises (a proxy)
+            raise CodeWalkError(reading, exc) from exc
+
+    def _static_module(self, full: str) -> None:
+        """Record the module ``full`` from its file without running it: the
+        normalised code of the whole module, and of the user modules it imports
+        (a library by its version). Nothing is recorded when it cannot be found."""
+        if full in self._static:
+            return
+        self._static.add(full)
+        if full.split(".")[0] in NOT_USER:
+            self._record(full, library_version(full))
+            return
+        path = module_file(full)
+        if path is None:
+            return
+        if not is_user_file(path):
+            self._record(full, library_version(full))
+            return
+        code = compile_module_file(path)
+        self._record(f"{full} <file>", "<unreadable>" if code is None else code_digest(code))
+        if code is None:
+            return
+        package = (
+            full if os.path.basename(path).startswith("__init__.") else full.rpartition(".")[0]
+        )
+        for ref in references(code):
+            if ref[0] != "i":
+                continue
+            try:
+                dep = importlib.util.resolve_name("." * int(ref[2]) + ref[1], package)
+            except (ImportError, ValueError):
+                continue
+            self._static_module(dep)
+            if len(ref) > 3:  # `from pkg import submodule`
+                self._static_module(f"{dep}.{ref[3]}")
+
+
+def _owner_class(f: types.FunctionType) -> type | None:
+    """The user class a function is a method of (found by its qualified name in
+    its module), or None."""
+    path = f.__qualname__.split(".")
+    if len(path) < 2 or "<locals>" in path:
+        return None
+    obj: Any = f.__globals__.get(path[0])
+    for part in path[1:-1]:
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and _is_user_class(obj):
+        return obj
+    return None
+
+
+def _is_user_class(cls: type) -> bool:
+    """A class of user code, also one made by ``exec`` in a namespace without a
+    ``__name__`` (its ``__module__`` is then ``"builtins"``)."""
+    module = cls.__module__
+    if module == "builtins":
+        return _has_python_code(cls)
+    return is_user_module(module)
+
+
+def _probe(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)`` that never raises (a proxy's ``__getattr__``
+    may raise anything)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def is_code(obj: Any) -> bool:
+    """A module, class or function: something whose code, not value, matters (by
+    its type: isinstance would read a proxy's ``__class__``, which may raise)."""
+    return issubclass(type(obj), (types.ModuleType, type, types.FunctionType, types.MethodType))
+
+
+def _has_python_code(cls: type) -> bool:
+    return any(
+        isinstance(getattr(v, "__func__", v), types.FunctionType)
+        for k in cls.__mro__
+        for v in vars(k).values()
+    )
+
+
+def _walkable(obj: Any) -> bool:
+    """A user module or class: an attribute read on it is followed."""
+    if isinstance(obj, types.ModuleType):
+        return is_user_module(obj.__name__)
+    return isinstance(obj, type) and _is_user_class(obj)
+
+
+def library_part(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    return f"{library_version(module)}:{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def module_file(full: str) -> str | None:
+    """The file of the module ``full``, found as the import system would, without
+    importing it (an imported parent package's ``__path__`` is used); None when
+    there is none (not found, a namespace package, an extension's parent...)."""
+    from importlib.machinery import PathFinder
+
+    parts = full.split(".")
+    search: Any = None
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        last = i == len(parts) - 1
+        module = sys.modules.get(name)
+        if module is not None:
+            if last:
+                return vars(module).get("__file__")
+            search = vars(module).get("__path__")
+        else:
+            try:
+                spec = PathFinder.find_spec(name, search)
+            except (ImportError, ValueError, OSError):
+                return None
+            if spec is None:
+                return None
+            if last:
+                return spec.origin if spec.has_location else None
+            search = spec.submodule_search_locations
+        if search is None:
+            return None
+    return None
+
+
+def compile_module_file(path: str) -> types.CodeType | None:
+    """A module's code, compiled from its source file ``path`` (never run); None
+    when it cannot be read or compiled. Cached until the file changes (its
+    modification time or size)."""
+    return _compile_file(path, *_file_stamp(path))
+
+
+def _file_stamp(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_file(path: str, mtime_ns: int, size: int) -> types.CodeType | None:
+    if not path.endswith(".py"):
+        return None
+    try:
+        with open(path, "rb") as f:
+            source = importlib.util.decode_source(f.read())
+        return compile(source, path, "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
