@@ -203,6 +203,22 @@ def register_store_backend(name: str, backend_class: type | str, *, replace: boo
 
     Examples
     --------
+    A backend is a class with the six methods of :class:`Store` (and any optional
+    power it has: :class:`LocalPaths`, :class:`Locking`, ...);
+    :class:`~mlcache.store.memory.MemoryStore` is a complete small one. Its tests
+    subclass the conformance suite, then it is registered::
+
+        # test_mystore.py
+        from mlcache.testing.stores import StoreTests
+
+        class TestMyStore(StoreTests):
+            def make_store(self, tmp_path):
+                return MyStore(str(tmp_path / "cache"))
+
+        # mypackage/__init__.py
+        register_store_backend("mystore", "mypackage.store:MyStore")  # lazy
+        Memory("team-space", backend="mystore", backend_options={...})
+
     >>> from mlcache.store.local import LocalStore
     >>> register_store_backend("mydisk", LocalStore)  # doctest: +SKIP
     """

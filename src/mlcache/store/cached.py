@@ -19,12 +19,13 @@ Entry names are keys of results: a copy never goes stale. What this process
 writes through the store is kept as the local copy too.
 
 >>> import tempfile
+>>> from pathlib import Path
 >>> from mlcache.store.memory import MemoryStore
 >>> remote = MemoryStore("doc-cached")
 >>> store = CachedStore(remote, tempfile.mkdtemp(), "1GB")
 >>> with remote.write("f/v/k") as f:
 ...     _ = f.write(b"payload")
->>> open(store.local_path("f/v/k"), "rb").read()
+>>> Path(store.local_path("f/v/k")).read_bytes()
 b'payload'
 """
 
