@@ -60,6 +60,34 @@ def test_the_per_user_key_file_is_created_private_and_reused(key_file, tmp_path)
     assert not [p for p in key_file.parent.iterdir() if p.name != "key"]  # no temporaries
 
 
+def test_a_key_write_that_fails_leaves_no_file_behind(key_file, monkeypatch):
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.warns(CacheWarning, match="No space left"):
+        assert resolve_signer(None, None) is None
+    assert list(key_file.parent.iterdir()) == []  # neither the key nor a temporary
+
+
+def test_a_key_made_first_by_another_process_is_kept(key_file, monkeypatch):
+    from mlcache.entry import signing
+
+    theirs = b"their key, made first: 0123456789abcdef\n"
+    real_link = os.link
+
+    def late(src, dst):  # another process published its key meanwhile
+        key_file.write_bytes(theirs)
+        key_file.chmod(0o600)
+        real_link(src, dst)
+
+    monkeypatch.setattr(signing.os, "link", late)
+    signer = resolve_signer(None, None)
+    assert key_file.read_bytes() == theirs
+    assert signer is not None and signer.sign(b"x") == Signer(theirs.strip()).sign(b"x")
+    assert [p.name for p in key_file.parent.iterdir()] == ["key"]
+
+
 def _make_key(path):
     os.environ["MLCACHE_KEY_FILE"] = path
     return resolve_signer(None, None).sign(b"probe")  # type: ignore[union-attr]

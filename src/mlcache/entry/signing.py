@@ -22,6 +22,7 @@ signs nothing of ours.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -29,6 +30,7 @@ import os
 import secrets
 from typing import Any
 
+from .._atomic import TMP_MARK, atomic_file
 from ..errors import ConfigError, warn
 
 __all__ = ["KEY_ID_SIZE", "MAC_SIZE", "Signer", "default_key_file", "resolve_signer"]
@@ -108,24 +110,25 @@ def _read_key_file(path: str) -> bytes:
 
 
 def _create_key_file(path: str) -> None:
-    """Write a new random key to ``path`` without ever showing a partial file: the
-    key is written to a private temporary file, then linked to ``path`` (which
-    fails if another process linked its key first: then that key is used)."""
-    folder = os.path.dirname(path)
+    """Write a new random key to ``path`` without ever showing a partial file, and
+    without replacing a key another process made first (then that key is used).
+
+    :func:`mlcache._atomic.atomic_file` writes the key to a private staged file
+    (mode 0o600, created exclusively, never through a link, fsynced, removed if
+    the write fails); one ``link`` publishes it only where no key exists yet: a
+    rename would replace a key that other processes already sign with.
+    """
+    folder, name = os.path.split(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    staged = os.path.join(folder, f".{name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        os.write(fd, secrets.token_hex(32).encode() + b"\n")
-        os.fsync(fd)
+        with atomic_file(staged, mode=0o600) as f:
+            f.write(secrets.token_hex(32).encode() + b"\n")
+        with contextlib.suppress(FileExistsError):
+            os.link(staged, path)
     finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)
 
 
 @functools.lru_cache(maxsize=8)
