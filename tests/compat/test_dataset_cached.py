@@ -555,15 +555,24 @@ class Numbers(CachedDataset):
         return ({"i": i} for i in range(self.n))
 
 
+def test_packs_are_kept_as_long_as_old_function_results() -> None:
+    """The data package keeps its own constant (it does not import the function
+    cache, its sibling layer): the two agree."""
+    from mlcache.data.cached import UNUSED_PACKS_KEPT_FOR
+    from mlcache.memo.versions import OLD_VERSIONS_KEPT_FOR
+
+    assert UNUSED_PACKS_KEPT_FOR == OLD_VERSIONS_KEPT_FOR
+
+
 def test_packs_unused_for_a_long_time_go(tmp_path: Path) -> None:
-    """A pack of other attributes not opened for OLD_VERSIONS_KEPT_FOR goes when
+    """A pack of other attributes not opened for UNUSED_PACKS_KEPT_FOR goes when
     another pack of the class is built; one opened recently stays."""
-    from mlcache.memo.func import OLD_VERSIONS_KEPT_FOR
+    from mlcache.data.cached import UNUSED_PACKS_KEPT_FOR
 
     cache = tmp_path / "cache"
     old = Numbers(1, cache_dir=cache, progress=False)
     recent = Numbers(2, cache_dir=cache, progress=False)
-    long_ago = time.time() - OLD_VERSIONS_KEPT_FOR - 3600
+    long_ago = time.time() - UNUSED_PACKS_KEPT_FOR - 3600
     os.utime(old.pack_path, (long_ago, long_ago))
     Numbers(3, cache_dir=cache, progress=False)
     assert not os.path.exists(old.pack_path) and os.path.exists(recent.pack_path)

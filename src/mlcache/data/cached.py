@@ -40,20 +40,14 @@ logged and rebuilt, whether the damage shows when it is opened or when a read
 meets a block whose checksum fails.
 
 Building in parallel (``num_workers=``, with ``source_items()`` and
-``load_item()``): on Linux the workers are forked, so nothing is run again (no
-script without a main guard re-run, no import of the dataset's module while it
-is being imported); the dataset reaches each worker once, then only chunks of
-items travel. With other threads running (fork would be unsafe) the workers are
-spawned when the main script has an ``if __name__ == "__main__":`` guard;
-without one the build runs in this process with a warning. A spawned child that
-re-runs a script and reaches a build raises a clear error; workers that die make
-the build finish in this process: a build never hangs.
+``load_item()``): forked workers on Linux, spawned ones (with a main guard) when
+other threads run, never a hang (see :mod:`mlcache.data.workers`).
 
 Which packs are kept (a pack is ``<folder of the class>/<attributes>-<version>.pack``):
 the older versions of the same attributes (code or source changed) go when a
 newer one is built, once 10 minutes old; packs of other attributes go when a
 pack of the class is built and they have not been opened for
-:data:`mlcache.memo.func.OLD_VERSIONS_KEPT_FOR` (30 days, as function results of
+:data:`UNUSED_PACKS_KEPT_FOR` (30 days, as function results of
 an old code version); ``mlcache clear`` removes any. When the last three builds
 of a class, by three runs within an hour, each had a new value of the same
 attribute (``self.out_dir = mkdtemp()``), a warning names it.
@@ -67,49 +61,35 @@ import json
 import logging
 import multiprocessing
 import os
-import re
-import sys
-import threading
 import time
-from array import array
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-import xxhash
-
 from .._atomic import open_folder, open_regular, write_bytes_atomic
 from ..errors import PackCorrupted, warn
-from ..keys.code_version import code_version, learnable, watched_digests
+from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
 from ..keys.identity import slug
+from ..keys.state import learnable, watched_digests
 from ..store.local import cache_folder, default_location, mark_cache_folder
 from .fetch import is_url, publish
 from .reader import PackedDataset, spawning_worker
+from .sources import read_state, source_fingerprint, warn_if_new_every_run, write_state
+from .workers import load_in_workers, refuse_in_bootstrap
 from .writer import write_pack
 
-__all__ = ["CachedDataset", "remove_pack"]
+__all__ = ["UNUSED_PACKS_KEPT_FOR", "CachedDataset", "remove_pack"]
 
 logger = logging.getLogger("mlcache")
 
 
 #: an older version of a pack is removed once it has not been rebuilt for this long
 _GRACE_SECONDS = 600.0
-#: builds of one class by this many runs, within this many seconds, each with a new
-#: value of the same attribute, make a warning naming it (see cache_ignore)
-_EVERY_RUN_BUILDS = 3
-_EVERY_RUN_WINDOW = 3600.0
-_WARNED_EVERY_RUN: set[tuple[type, frozenset[str]]] = set()
-#: a parallel build first loads up to this many items (or this many seconds of
-#: them) in the building process, and stays there when the rest would take less
-#: than _SERIAL_BELOW seconds (2,000 tiny JSON files: 0.25 s serial, 0.37 s in 2
-#: forked workers on a 2-core machine)
-_PROBE_ITEMS = 32
-_PROBE_SECONDS = 0.2
-_SERIAL_BELOW = 1.0
-#: the file, in a class's folder of packs, naming the module-level values its builds
-#: change (state: counted by type, not content)
-_STATE_FILE = ".state"
+#: a pack of other attributes goes once it has not been opened for this long: as
+#: long as the function cache keeps results of an old code version
+#: (``mlcache.memo.versions.OLD_VERSIONS_KEPT_FOR``, a test checks they agree); the
+#: data package does not import the function cache, its sibling layer
+UNUSED_PACKS_KEPT_FOR = 30 * 86400
 
 
 def remove_pack(path: str) -> None:
@@ -205,7 +185,7 @@ class CachedDataset(Sequence[Any]):
         # what builds change is recorded by the code's shape (its version with
         # mutable values by type): editing the code learns anew
         self._shape = code_version(cls).shape[:16]
-        self._state = _read_state(self._folder, self._shape)
+        self._state = read_state(self._folder, self._shape)
         self.pack_path = self._name_pack()
         self.transform = transform
         self._allow_pickle = allow_pickle
@@ -226,72 +206,7 @@ class CachedDataset(Sequence[Any]):
         # a DataLoader worker (a daemon) rebuilding the pack cannot have children
         if self._num_workers <= 1 or multiprocessing.current_process().daemon or len(items) < 2:
             return _Counted(map(self.load_item, items), len(items))
-        return _Counted(self._parallel(items), len(items))
-
-    def _parallel(self, items: list[Any]) -> Iterator[Mapping[str, Any]]:
-        """``load_item`` over ``items`` in ``num_workers`` processes, in order.
-
-        The first items are loaded here, timed: when the rest would take less
-        than :data:`_SERIAL_BELOW` seconds in this process, workers would cost
-        more than they save (starting them, sending items and samples), and the
-        build stays here. Otherwise the dataset reaches each worker once
-        (inherited under fork, pickled once under spawn); then only chunks of
-        items go out and lists of samples come back, a bounded number of chunks
-        in flight. Workers that cannot start (a spawned child that fails while
-        re-importing the main script) make the rest of the build run in this
-        process, with a warning: it never waits for ever.
-        """
-        from concurrent.futures import Future, ProcessPoolExecutor
-        from concurrent.futures.process import BrokenProcessPool
-
-        spent, probe = 0.0, min(len(items), _PROBE_ITEMS)
-        for i, item in enumerate(items[:probe]):
-            t0 = time.perf_counter()
-            sample = self.load_item(item)
-            spent += time.perf_counter() - t0
-            yield sample
-            if spent > _PROBE_SECONDS:  # slow items: no need to time more of them
-                probe = i + 1
-                break
-        items = items[probe:]
-        if not items:
-            return
-        method = None
-        if spent / probe * len(items) >= _SERIAL_BELOW:
-            method = _start_method(type(self).__qualname__)
-        if method is None:
-            yield from map(self.load_item, items)
-            return
-        workers = self._num_workers
-        size = _chunk_size(len(items), workers)
-        chunks = deque(items[i : i + size] for i in range(0, len(items), size))
-        done = 0  # items yielded so far
-        pool = ProcessPoolExecutor(
-            workers,
-            mp_context=multiprocessing.get_context(method),
-            initializer=_worker_start,
-            initargs=(self,),
-        )
-        try:
-            pending: deque[Future[list[Mapping[str, Any]]]] = deque()
-            while chunks or pending:
-                while chunks and len(pending) < 4 * workers:
-                    pending.append(pool.submit(_worker_load, chunks.popleft()))
-                for sample in pending.popleft().result():
-                    yield sample
-                    done += 1
-        except BrokenProcessPool as exc:
-            warn(
-                f"mlcache: the {workers} {method} workers building {type(self).__qualname__} "
-                f"stopped ({exc}); loading the remaining {len(items) - done} items in this "
-                "process",
-                stacklevel=3,
-            )
-            yield from map(self.load_item, items[done:])
-        finally:
-            # a build stopped early (a sample that does not fit) does not wait for
-            # the chunks still queued
-            pool.shutdown(wait=True, cancel_futures=True)
+        return _Counted(load_in_workers(self, items, self._num_workers), len(items))
 
     def source_items(self) -> Iterable[Any]:
         """What ``load_item`` turns into samples (default: ``source_files()``)."""
@@ -321,15 +236,14 @@ class CachedDataset(Sequence[Any]):
         too slow.
         """
         files = self.source_files()
-        found = "" if files is None else _files_digest(files)
         if type(self).source_items is CachedDataset.source_items:
-            return found  # the items are source_files(): counted above
+            return source_fingerprint(files, None)  # the items are source_files()
         bases = [
             os.fspath(v)
             for v in vars(self).values()
             if isinstance(v, (str, os.PathLike)) and os.path.isdir(v)
         ][:4]
-        return hash_value(("items", found, _items_digest(self.source_items(), bases)))
+        return source_fingerprint(files, self.source_items, bases)
 
     # -- building --------------------------------------------------------------------
     def _open_or_build(
@@ -346,32 +260,62 @@ class CachedDataset(Sequence[Any]):
         mark_cache_folder(self._root)
         os.makedirs(self._root, mode=0o700, exist_ok=True)
         os.close(open_folder(self._root, os.path.relpath(folder, self._root)))
-        if self._remote is not None:
-            return self._open_or_build_remote(force, progress, damaged)
-        if not force and damaged is None:
-            opened = self._try_open()
-            if opened is not None:
+        if self._remote is None:
+            # a pack found damaged is not looked at before the lock: under it,
+            # another process may have replaced it
+            look_first, build = damaged is None, self._build_here
+            look, lock = self._try_open, self._local_lock
+        else:
+            look_first, build = True, self._build_and_publish
+            look, lock = self._fetch_remote, self._remote_lease
+        return self._build_under_lock(look, lock, build, force, progress, damaged, look_first)
+
+    def _build_under_lock(
+        self,
+        look: Callable[[bool], PackedDataset | None],
+        lock: Callable[[], contextlib.AbstractContextManager[None]],
+        build: Callable[[bool], PackedDataset],
+        force: bool,
+        progress: bool,
+        damaged: tuple[int, int] | None,
+        look_first: bool,
+    ) -> PackedDataset:
+        """The one open-or-build routine, for a pack here (an ``flock``) and in a
+        remote folder (a lease): the pack if ``look(False)`` finds it; else, holding
+        ``lock()``, the pack ``look(True)`` finds (another process may have built it
+        while this one waited), else ``build(progress)``. A pack whose ``file_id``
+        is ``damaged`` counts as not found."""
+        if look_first and not force:
+            opened = look(False)
+            if opened is not None and opened.file_id != damaged:
                 return opened
-        _refuse_in_bootstrap(type(self))
+        # before the lock: a spawned child re-running the script must not wait for
+        # a lock its parent holds
+        refuse_in_bootstrap(type(self))
+        with lock():
+            if not force:
+                opened = look(True)
+                if opened is not None and opened.file_id != damaged:
+                    return opened
+            return build(progress)
+
+    @contextlib.contextmanager
+    def _local_lock(self) -> Iterator[None]:
+        """One builder of the pack at a time on this machine: an ``flock`` on
+        ``<pack>.lock``. A lock held by a killed process is released by the kernel,
+        so it can never block for ever."""
         lock_fd = open_regular(self.pack_path + ".lock", os.O_RDWR | os.O_CREAT)
         with open(lock_fd, "r+b") as lock:
-            # one builder at a time; a lock held by a killed process is released by
-            # the kernel, so it can never block for ever
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
-                if not force:  # someone else may have built it while we waited
-                    learned = _read_state(self._folder, self._shape)
-                    if learned != self._state:  # ...and learned what its build changes
-                        self._state = learned
-                        self.pack_path = self._name_pack()
-                    opened = self._try_open()
-                    if opened is not None and opened.file_id != damaged:
-                        return opened
-                built = self._build(progress)
-                self._after_build()
-                return built
+                yield
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _build_here(self, progress: bool) -> PackedDataset:
+        built = self._build(progress)
+        self._after_build()
+        return built
 
     def _key_attributes(self) -> list[str]:
         """The names of the attributes that make the key: ``cache_on`` (or every
@@ -431,8 +375,8 @@ class CachedDataset(Sequence[Any]):
             type(self).__qualname__,
             ", ".join(sorted(changed)),
         )
-        self._state = _read_state(self._folder, self._shape) | self._state | changed
-        _write_state(self._root, self._folder, self._shape, self._state)
+        self._state = read_state(self._folder, self._shape) | self._state | changed
+        write_state(self._root, self._folder, self._shape, self._state)
         named = self._name_pack()
         if named == self.pack_path:
             return built
@@ -451,7 +395,7 @@ class CachedDataset(Sequence[Any]):
                 durable=False,
                 root=self._root,
             )
-            self._warn_if_new_every_run(mine)
+            warn_if_new_every_run(type(self), self._folder, self._args_id, mine)
         except Exception as exc:  # housekeeping: never fail the build for it
             logger.debug("mlcache: could not record the attributes of %s: %s", self.pack_path, exc)
         self._remove_older_versions()
@@ -461,69 +405,64 @@ class CachedDataset(Sequence[Any]):
         folder, name = os.path.split(self.pack_path)
         return f"{os.path.basename(folder)}/{name}"
 
-    def _open_or_build_remote(
-        self, force: bool, progress: bool, damaged: tuple[int, int] | None
-    ) -> PackedDataset:
-        """The pack in the remote folder, through this machine's copy; built here,
-        under the key's lease, when it is not there (or damaged, or ``force``)."""
+    def _fetch_remote(self, again: bool) -> PackedDataset | None:
+        """The pack in the remote folder, through this machine's copy, or None."""
+        assert self._remote is not None
+        root, options = self._remote
+        try:
+            return PackedDataset(
+                f"{root}/{self._remote_name()}",
+                allow_pickle=self._allow_pickle,
+                storage_options=options,
+                local_cache_dir=os.path.dirname(self.pack_path),
+            )
+        except FileNotFoundError:
+            return None
+        except PackCorrupted as exc:
+            warn(f"mlcache: {exc}; rebuilding it", stacklevel=5)
+            return None
+
+    @contextlib.contextmanager
+    def _remote_lease(self) -> Iterator[None]:
+        """One builder of the pack among every machine: the key's lease in the
+        remote folder. Without a lease (read-only credentials...), or after an hour
+        of another machine's build, it is built here too, with a warning."""
         from ..store.fsspec import FsspecStore
 
         assert self._remote is not None
         root, options = self._remote
         url = f"{root}/{self._remote_name()}"
-        folder = os.path.dirname(self.pack_path)
-
-        def fetched() -> PackedDataset | None:
-            try:
-                opened = PackedDataset(
-                    url,
-                    allow_pickle=self._allow_pickle,
-                    storage_options=options,
-                    local_cache_dir=folder,
-                )
-            except FileNotFoundError:
-                return None
-            except PackCorrupted as exc:
-                warn(f"mlcache: {exc}; rebuilding it", stacklevel=5)
-                return None
-            return None if opened.file_id == damaged else opened
-
-        if not force:
-            opened = fetched()
-            if opened is not None:
-                return opened
-        store = FsspecStore(
-            root, local_cache_dir=os.path.join(folder, ".leases"), **(options or {})
-        )
+        leases = os.path.join(os.path.dirname(self.pack_path), ".leases")
+        store = FsspecStore(root, local_cache_dir=leases, **(options or {}))
         with contextlib.ExitStack() as stack:
+            # stacklevel: the caller of CachedDataset.__init__, as for a local build
             try:
                 held = stack.enter_context(store.lock(self._remote_name(), timeout=3600))
             except OSError as exc:  # no lease can be made (read-only credentials...)
-                warn(f"mlcache: cannot lease {url} ({exc}); building it unlocked", stacklevel=4)
+                warn(f"mlcache: cannot lease {url} ({exc}); building it unlocked", stacklevel=6)
                 held = True
             if not held:
                 warn(
                     f"mlcache: another machine has been building {url} for an hour; "
                     "building it here too",
-                    stacklevel=4,
+                    stacklevel=6,
                 )
-            if not force:  # another machine may have built it while we waited
-                opened = fetched()
-                if opened is not None:
-                    return opened
-            _refuse_in_bootstrap(type(self))
-            built = self._build(progress)
-            publish(self.pack_path, f"{root}/{self._remote_name()}", options)
-            return built
+            yield
+
+    def _build_and_publish(self, progress: bool) -> PackedDataset:
+        """Build the pack here, then upload it to the remote folder."""
+        assert self._remote is not None
+        root, options = self._remote
+        built = self._build(progress)
+        publish(self.pack_path, f"{root}/{self._remote_name()}", options)
+        return built
 
     def _remove_older_versions(self) -> None:
         """Delete the packs this one replaces (same attributes, older code or
         source) once they are :data:`_GRACE_SECONDS` old, and the packs of other
-        attributes not opened for :data:`~mlcache.memo.versions.OLD_VERSIONS_KEPT_FOR`
+        attributes not opened for :data:`UNUSED_PACKS_KEPT_FOR`
         (as the function cache does with code versions); a process still reading
         one keeps its map (the file goes when it closes)."""
-        from ..memo.versions import OLD_VERSIONS_KEPT_FOR
-
         folder, mine = os.path.split(self.pack_path)
         now = time.time()
         for name in os.listdir(folder):
@@ -536,7 +475,7 @@ class CachedDataset(Sequence[Any]):
             path = os.path.join(folder, name)
             try:
                 age = now - os.stat(path, follow_symlinks=False).st_mtime
-                if age < (_GRACE_SECONDS if ours else OLD_VERSIONS_KEPT_FOR):
+                if age < (_GRACE_SECONDS if ours else UNUSED_PACKS_KEPT_FOR):
                     continue  # maybe another job's current version: leave it a while
                 if sidecar:
                     os.unlink(path)
@@ -547,48 +486,15 @@ class CachedDataset(Sequence[Any]):
             else:
                 logger.info("mlcache: removed the %s pack %s", "older" if ours else "unused", name)
 
-    def _warn_if_new_every_run(self, mine: dict[str, str]) -> None:
-        """One warning when the last builds of this class, by other processes in
-        the last hour, each had a new value of the same attributes and the same
-        value of every other one: such an attribute (a temporary folder, a time)
-        makes a new pack at every run."""
-        now, others = time.time(), []
-        for name in os.listdir(self._folder):
-            if not (name.startswith(".") and name.endswith(".args")):
-                continue
-            if name == f".{self._args_id}.args":
-                continue
-            path = os.path.join(self._folder, name)
-            with contextlib.suppress(OSError, ValueError):
-                when = os.stat(path, follow_symlinks=False).st_mtime
-                if now - when < _EVERY_RUN_WINDOW:
-                    with open(path, "rb") as f:
-                        data = json.loads(f.read())
-                    if data.get("pid") != os.getpid() and isinstance(data.get("attrs"), dict):
-                        others.append((when, data["attrs"]))
-        if len(others) < _EVERY_RUN_BUILDS - 1:
-            return
-        last = [a for _, a in sorted(others, key=lambda o: o[0])[-(_EVERY_RUN_BUILDS - 1) :]]
-        differ = {n for n in mine if any(a.get(n) != mine[n] for a in last)}
-        runs = [mine, *last]
-        if not differ or any(set(a) != set(mine) for a in last):
-            return
-        same = all(a[n] == mine[n] for a in last for n in mine if n not in differ)
-        new_each_time = all(len({r[n] for r in runs}) == len(runs) for n in differ)
-        key = (type(self), frozenset(differ))
-        if same and new_each_time and key not in _WARNED_EVERY_RUN:
-            _WARNED_EVERY_RUN.add(key)
-            names = ", ".join(repr(n) for n in sorted(differ))
-            plural = "s" if len(differ) > 1 else ""
-            warn(
-                f"mlcache: {type(self).__qualname__}: the attribute{plural} {names} had a new "
-                f"value in each of the last {len(runs)} runs, so each built a new pack (unused "
-                "packs are removed after 30 days); if it does not change the samples, leave it "
-                f"out of the key: cache_ignore = ({names},)",
-                stacklevel=6,
-            )
-
-    def _try_open(self) -> PackedDataset | None:
+    def _try_open(self, again: bool) -> PackedDataset | None:
+        """The pack here, or None (missing, or damaged: a warning). ``again``, under
+        the build lock: first learn what another process's build learned changes
+        (its state), which renames the pack."""
+        if again:
+            learned = read_state(self._folder, self._shape)
+            if learned != self._state:
+                self._state = learned
+                self.pack_path = self._name_pack()
         try:
             opened = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
             if time.time() - os.stat(self.pack_path).st_mtime > _GRACE_SECONDS:
@@ -600,7 +506,7 @@ class CachedDataset(Sequence[Any]):
         except FileNotFoundError:
             return None
         except PackCorrupted as exc:
-            warn(f"mlcache: {exc}; rebuilding it", stacklevel=4)
+            warn(f"mlcache: {exc}; rebuilding it", stacklevel=5)
             return None
 
     # -- reading ----------------------------------------------------------------------
@@ -669,242 +575,3 @@ class _Counted(Iterable[Mapping[str, Any]]):
 
     def __len__(self) -> int:
         return self._n
-
-
-# -- source fingerprints ----------------------------------------------------------------
-def _files_digest(files: Iterable[str | os.PathLike[str]]) -> str:
-    """Paths, sizes and modification times of ``files`` (which must exist)."""
-    paths, stats = [], array("q")
-    for f in files:  # the one cost that grows with the dataset when opening it
-        path = os.fspath(f)
-        if not os.path.isabs(path):
-            path = os.path.abspath(path)
-        st = os.stat(path)
-        paths.append(path)
-        stats.extend((st.st_size, st.st_mtime_ns))
-    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
-    digest.update(stats.tobytes())
-    return digest.hexdigest()
-
-
-def _items_digest(items: Iterable[Any], bases: Sequence[str] = ()) -> str:
-    """The items of ``source_items()``: by value (their order and count too), and
-    every existing file or folder they name by its path, size and modification
-    time: an item that is a path, or a tuple or list holding paths (``(path,
-    label)``), or a name relative to one of ``bases`` (the dataset's own folder
-    attributes, for ``os.listdir(self.root)``). A folder counts by every file in
-    it (editing ``p0/a.txt`` changes nothing of ``p0`` itself)."""
-    items = list(items)
-    paths, stats = [], array("q")
-    for item in items:
-        for part in item if isinstance(item, (tuple, list)) else (item,):
-            path = _existing_path(part, bases)
-            if path is None:
-                continue
-            paths.append(path)
-            _add_stats(path, paths, stats)
-    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
-    digest.update(stats.tobytes())
-    digest.update(hash_value(items).encode())
-    return digest.hexdigest()
-
-
-def _existing_path(part: Any, bases: Sequence[str]) -> str | None:
-    """``part`` as the absolute path of an existing file or folder, or None."""
-    if not isinstance(part, (str, os.PathLike)):
-        return None
-    try:
-        name = os.fsdecode(os.fspath(part))
-        if not name or "\0" in name:
-            return None
-        for candidate in (name, *(os.path.join(b, name) for b in bases)):
-            if os.path.exists(candidate):
-                return os.path.abspath(candidate)
-    except (OSError, ValueError, TypeError):
-        return None
-    return None
-
-
-def _add_stats(path: str, paths: list[str], stats: array) -> None:
-    """Size and modification time of ``path``; of a folder, of each file in it too."""
-    st = os.stat(path)
-    stats.extend((st.st_size, st.st_mtime_ns))
-    if not os.path.isdir(path):
-        return
-    for folder, subdirs, files in os.walk(path):
-        subdirs.sort()
-        for name in sorted(files):
-            inner = os.path.join(folder, name)
-            try:
-                st = os.stat(inner)
-            except OSError:  # removed meanwhile: its absence counts
-                continue
-            paths.append(inner)
-            stats.extend((st.st_size, st.st_mtime_ns))
-
-
-# -- state: module-level values a build changes ------------------------------------
-def _read_state(folder: str, shape: str) -> frozenset[str]:
-    """The names of the module-level values (or their parts: see
-    :func:`mlcache.keys.code_version.state_parts`) that builds of this class, with code of this
-    shape, change."""
-    try:
-        with open(os.path.join(folder, f"{_STATE_FILE}-{shape}"), "rb") as f:
-            names = json.loads(f.read()).get("globals", [])
-    except FileNotFoundError:
-        return frozenset()
-    except (OSError, ValueError, AttributeError) as exc:  # unreadable: learned again
-        logger.debug("mlcache: could not read %s: %s", _STATE_FILE, exc)
-        return frozenset()
-    return frozenset(n for n in names if isinstance(n, str))
-
-
-def _write_state(root: str, folder: str, shape: str, names: frozenset[str]) -> None:
-    try:
-        data = json.dumps({"globals": sorted(names)}).encode()
-        path = os.path.join(folder, f"{_STATE_FILE}-{shape}")
-        write_bytes_atomic(path, data, durable=False, root=root)
-    except OSError as exc:  # learned again by the next build
-        logger.debug("mlcache: could not record what building changes: %s", exc)
-
-
-# -- worker processes ---------------------------------------------------------------
-#: the dataset a build's worker process loads items of (set once per worker)
-_WORKER_DATASET: Any = None
-
-
-def _worker_start(dataset: CachedDataset) -> None:
-    global _WORKER_DATASET
-    _WORKER_DATASET = dataset
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        # a forked child of a process whose OpenMP pool ran (any torch op) hangs
-        # at its first parallel region; one thread per worker, as PyTorch's own
-        # DataLoader workers do (the workers are the parallelism here)
-        with contextlib.suppress(Exception):
-            torch.set_num_threads(1)
-
-
-def _worker_load(items: list[Any]) -> list[Mapping[str, Any]]:
-    return [_WORKER_DATASET.load_item(item) for item in items]
-
-
-def _chunk_size(n: int, workers: int) -> int:
-    """Items per task: enough that a tiny item's sample is not outweighed by the
-    round trip of a task (about 0.2 ms), small enough that every worker gets
-    several tasks and the first samples come back early."""
-    return max(1, min(256, n // (8 * workers)))
-
-
-_GUARD = re.compile(
-    r"""^if\s+(__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__)""", re.M
-)
-
-
-def _main_is_guarded() -> bool:
-    """Whether a spawned child can import the main module without re-running the
-    user's work: it has no file (an interactive session, ``python -c``, a
-    notebook), or its source has an ``if __name__ == "__main__":`` guard."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if main is None or path is None:
-        return True
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return _GUARD.search(f.read()) is not None
-    except OSError:
-        return False
-
-
-def _other_threads() -> int:
-    """Threads other than this one, except two kinds of helpers that sleep and
-    that a forked worker never needs: mlcache's hashing threads (forgotten by a
-    forked child: see mlcache.keys.hashing) and tqdm's monitor (started by the first
-    progress bar on a terminal, ours included; it wakes every 10 s)."""
-    me = threading.current_thread()
-    return sum(
-        1
-        for t in threading.enumerate()
-        if t is not me
-        and t.is_alive()
-        and not t.name.startswith("mlcache-hash")
-        and type(t).__name__ != "TMonitor"
-    )
-
-
-def _start_method(what: str) -> str | None:
-    """How to start a build's workers, or None to build in this process.
-
-    fork (on Linux) runs nothing again: no script re-run, no import of the
-    dataset's module, so no main guard is needed. With other threads running, a
-    forked child may inherit a lock one of them held and hang, so then spawn,
-    when the main module has a guard (spawn, like forkserver, imports it again
-    in each worker); otherwise the build runs in this process, with a warning.
-    """
-    threads = _other_threads()
-    if sys.platform.startswith("linux") and threads == 0:
-        return "fork"
-    importing = _module_being_imported()
-    if importing is not None:
-        # spawn workers would import that module again to unpickle the dataset,
-        # and so build it again each: never workers then
-        warn(
-            f"mlcache: building {what} in this process, not in workers: it is built "
-            f"while the module {importing!r} is being imported, which spawn workers "
-            "would import (and build) again; build it in a function, or under the "
-            'main script\'s `if __name__ == "__main__":` guard, to use num_workers',
-            stacklevel=5,
-        )
-        return None
-    if _main_is_guarded():
-        return "spawn"
-    why = (
-        f"{threads} other thread{'s are' if threads > 1 else ' is'} running (fork is unsafe)"
-        if sys.platform.startswith("linux")
-        else "fork is not available here"
-    )
-    warn(
-        f"mlcache: building {what} in this process, not in workers: {why}, and spawn "
-        'would re-run the main script, which has no `if __name__ == "__main__":` guard; '
-        "add one to use num_workers (threads: "
-        f"{', '.join(sorted(t.name for t in threading.enumerate()))})",
-        stacklevel=5,
-    )
-    return None
-
-
-def _module_being_imported() -> str | None:
-    """The name of a module (not the main script) whose import is running this
-    code: a dataset built at the top level of a module, or None."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_globals.get("__name__")
-        if isinstance(name, str) and name not in ("__main__", "__mp_main__"):
-            module = sys.modules.get(name)
-            spec = vars(module).get("__spec__") if module is not None else None
-            if getattr(spec, "_initializing", False) and not name.startswith("mlcache"):
-                return name
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
-
-
-def _refuse_in_bootstrap(cls: type) -> None:
-    """Raise when a build would start while this process is a spawned child still
-    importing the main script (it re-runs the script's top level: the parent may
-    hold the build's lock, and a child cannot start workers)."""
-    # set by multiprocessing while a spawned child imports the main module and
-    # unpickles its process object (parent_process() is not known yet then)
-    if not getattr(multiprocessing.current_process(), "_inheriting", False):
-        return
-    # while a spawned child prepares, __main__ may not have its __file__ yet; argv has
-    # the parent's
-    main = getattr(sys.modules.get("__main__"), "__file__", None) or (
-        sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else "the main module"
-    )
-    raise RuntimeError(
-        f"mlcache: {cls.__qualname__} would be built in a child process that "
-        f"multiprocessing spawned while it is re-running {main} (spawn imports the main "
-        "script again in each child). Put the script's work under "
-        '`if __name__ == "__main__":` (or build the dataset there) so that children '
-        "only import it."
-    )
