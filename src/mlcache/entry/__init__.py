@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from .format import BLOCK_SUMS, CODE_SIGNED, FORMAT_VERSION, HEADER, MAGIC, SIGNED
 from .reader import (
+    REF_ATTR,
     EntryReader,
     decode,
     forget_verified,
@@ -48,6 +49,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER",
     "MAGIC",
+    "REF_ATTR",
     "SIGNED",
     "EntryPlan",
     "EntryReader",

@@ -58,7 +58,6 @@ import xxhash
 from ..codecs import codecs
 from ..errors import EntryCorrupted, EntryNotFound, EntrySignatureError, UnsupportedValue
 from ..keys.blocks import parallel_map
-from ..keys.hashing import REF_ATTR
 from ..store import LocalPaths, Store
 from .format import (
     CHUNK,
@@ -76,6 +75,7 @@ from .signing import KEY_ID_SIZE, MAC_SIZE, Signer
 __all__ = [
     "COARSE_SETTLED_NS",
     "FIRST_READ",
+    "REF_ATTR",
     "SETTLED_NS",
     "EntryReader",
     "decode",
@@ -96,6 +96,11 @@ __all__ = [
 SETTLED_NS = 50_000_000
 COARSE_SETTLED_NS = 2_000_000_000
 _VERIFIED_MAX = 1 << 16
+#: the attribute a read-only mapped array carries: ``"<entry name>#<segment>@<payload
+#: xxh3-64 hex>"``, what it holds; :mod:`mlcache.keys` keys such an array by it
+#: instead of hashing its bytes again (the keys import it from here: entries are
+#: below keys)
+REF_ATTR = "_mlcache_ref"
 #: bytes read at once when an entry is opened: a small entry (most hits) is read
 #: whole in one read, a larger one's header, layout and info are
 FIRST_READ = 1 << 16
