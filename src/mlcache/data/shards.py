@@ -222,10 +222,6 @@ def pack_sharded(
     carry = next(source, None)  # the next shard's first sample
     if carry is None:
         raise ValueError(f"no samples to pack into {path}: the source is empty")
-    shards: list[dict[str, Any]] = []
-    build = _new_build()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    held = _hold(_lock_path(path, build), create=True)  # our shards, while we write them
 
     def chunk() -> Iterator[Mapping[str, Any]]:
         nonlocal carry
@@ -238,31 +234,64 @@ def pack_sharded(
             sample, carry = carry, next(source, None)
             yield sample
 
+    def write_shards(build: str) -> list[dict[str, Any]]:
+        shards: list[dict[str, Any]] = []
+        while carry is not None:
+            name = _shard_name(path, build, len(shards))
+            shard_path = os.path.join(os.path.dirname(path), name)
+            done = write_pack(chunk(), shard_path, **pack_options)
+            shards.append(_shard_info(name, done, shard_path))
+            del done  # its map: the shard is opened again when read
+        return shards
+
+    return _build_version(path, write_shards, pack_options.get("allow_pickle", False), None)
+
+
+def _build_version(
+    path: str,
+    write_shards: Callable[[str], list[dict[str, Any]]],
+    allow_pickle: bool,
+    storage_options: dict[str, Any] | None,
+) -> ShardedDataset:
+    """The one build of a new version of the sharded pack ``path``, serial or on a
+    Dask cluster: ``write_shards(build)`` writes the shards of a new build id and
+    returns their manifest entries, while (for a local path) this process holds
+    the build's lock, so that no other build removes them; on failure they go
+    and the previous version is untouched. Then the manifest, last, by one
+    rename (one write for a URL), and the builds nobody holds go."""
+    build = _new_build()
+    local = not is_url(path)
+    held = None
+    if local:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        held = _hold(_lock_path(path, build), create=True)  # our shards, while we write them
     try:
         try:
-            while carry is not None:
-                name = _shard_name(path, build, len(shards))
-                shard_path = os.path.join(os.path.dirname(path), name)
-                done = write_pack(chunk(), shard_path, **pack_options)
-                shards.append(_shard_info(name, done, shard_path))
-                del done  # its map: the shard is opened again when read
+            shards = write_shards(build)
         except BaseException:
-            # the previous version (manifest and shards) is untouched; ours go now
-            folder = os.path.dirname(path)
-            with contextlib.suppress(OSError):
-                for name in os.listdir(folder):
-                    if _build_of(path, name) == build:
-                        os.unlink(os.path.join(folder, name))
-                os.unlink(_lock_path(path, build))
+            if local:  # the previous version (manifest and shards) is untouched; ours go now
+                folder = os.path.dirname(path)
+                with contextlib.suppress(OSError):
+                    for name in os.listdir(folder):
+                        if _build_of(path, name) == build:
+                            os.unlink(os.path.join(folder, name))
+                    os.unlink(_lock_path(path, build))
             raise
-        total = sum(s["n"] for s in shards)
-        write_bytes_atomic(path, _manifest_bytes(total, shards))  # last, by one rename
-        opened = ShardedDataset(path, allow_pickle=pack_options.get("allow_pickle", False))
-        _remove_unused(path)
+        manifest = _manifest_bytes(sum(s["n"] for s in shards), shards)
+        if local:
+            write_bytes_atomic(path, manifest)  # last, by one rename
+        else:
+            from .fetch import _fs
+
+            fs, remote = _fs(path, storage_options)
+            fs.pipe_file(remote, manifest)  # last: the shards are all there
+        opened = ShardedDataset(path, allow_pickle=allow_pickle, storage_options=storage_options)
+        if local:
+            _remove_unused(path)
+        return opened
     finally:
         if held is not None:
             os.close(held)
-    return opened
 
 
 def _shard_info(name: str, done: PackedDataset, path: str) -> dict[str, Any]:
@@ -322,50 +351,22 @@ def pack_with_dask(
     chunks = [list(items[i : i + items_per_shard]) for i in range(0, len(items), items_per_shard)]
     if not chunks:
         raise ValueError(f"no items to pack into {path}")
-    build = _new_build()
-    targets = [_sibling(path, _shard_name(path, build, k)) for k in range(len(chunks))]
-    held = None
-    if not is_url(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        held = _hold(_lock_path(path, build), create=True)
-    try:
-        return _dask_build(path, chunks, targets, load_item, client, storage_options, allow_pickle)
-    finally:
-        if held is not None:
-            os.close(held)
 
+    def write_shards(build: str) -> list[dict[str, Any]]:
+        targets = [_sibling(path, _shard_name(path, build, k)) for k in range(len(chunks))]
+        futures = client.map(
+            _pack_shard,
+            chunks,
+            targets,
+            load_item=load_item,
+            storage_options=storage_options,
+            allow_pickle=allow_pickle,
+            pure=False,
+        )
+        shards: list[dict[str, Any]] = client.gather(futures)
+        return shards
 
-def _dask_build(
-    path: str,
-    chunks: list[list[Any]],
-    targets: list[str],
-    load_item: Callable[[Any], Mapping[str, Any]],
-    client: Any,
-    storage_options: dict[str, Any] | None,
-    allow_pickle: bool,
-) -> ShardedDataset:
-    futures = client.map(
-        _pack_shard,
-        chunks,
-        targets,
-        load_item=load_item,
-        storage_options=storage_options,
-        allow_pickle=allow_pickle,
-        pure=False,
-    )
-    shards = client.gather(futures)
-    manifest = _manifest_bytes(sum(s["n"] for s in shards), shards)
-    if is_url(path):
-        from .fetch import _fs
-
-        fs, remote = _fs(path, storage_options)
-        fs.pipe_file(remote, manifest)  # last: the shards are all there
-    else:
-        write_bytes_atomic(path, manifest)
-    opened = ShardedDataset(path, allow_pickle=allow_pickle, storage_options=storage_options)
-    if not is_url(path):
-        _remove_unused(path)
-    return opened
+    return _build_version(path, write_shards, allow_pickle, storage_options)
 
 
 class ShardedDataset(Pack):

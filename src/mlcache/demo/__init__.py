@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util import progress
 from ..data import CachedDataset
 from ..keys.identity import slug
 from ..memo.memory import Memory
@@ -100,14 +101,6 @@ def _timed(fn: Callable[[], Any], repeat: int = 1) -> float:
     return best
 
 
-def _progress(iterable: Any, desc: str, total: int | None = None) -> Any:
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, desc=desc, total=total, leave=False, disable=None)
-
-
 # -- 1. datasets ------------------------------------------------------------------------
 def _collate(batch: list[dict[str, Any]]) -> Any:
     """Pad the vitals of a batch to its longest series; stack the labels."""
@@ -146,10 +139,10 @@ def _epoch(dataset: Any, workers: int, desc: str) -> float:
         collate_fn=_collate,
         persistent_workers=workers > 0,
     )
-    for _ in _progress(loader, desc + " (warm-up)", total=len(loader)):
+    for _ in progress(loader, desc + " (warm-up)", total=len(loader), unit="it", leave=False):
         pass
     t0 = time.perf_counter()
-    for _ in _progress(loader, desc, total=len(loader)):
+    for _ in progress(loader, desc, total=len(loader), unit="it", leave=False):
         pass
     return time.perf_counter() - t0
 
@@ -167,7 +160,9 @@ def _datasets(
     group = f"loading {n:,} patient files"
 
     def read_all() -> list[dict[str, Any]]:
-        return [read_patient(p) for p in _progress(paths, "reading the files")]
+        return [
+            read_patient(p) for p in progress(paths, "reading the files", unit="it", leave=False)
+        ]
 
     pkl = os.path.join(root, "patients.pkl")
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .._util import progress as _progress
+
 __all__ = ["VITALS", "read_patient", "write_patients"]
 
 #: the vitals columns, in file order
@@ -53,14 +55,7 @@ def write_patients(
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     paths = []
-    steps: Any = range(n_patients)
-    if progress:
-        try:
-            from tqdm.auto import tqdm
-
-            steps = tqdm(steps, desc="writing patient files", unit=" files", disable=None)
-        except ImportError:
-            pass
+    steps = _progress(range(n_patients), "writing patient files", unit=" files", enabled=progress)
     for i in steps:
         hours = int(rng.integers(min_hours, max_hours + 1))
         age = int(rng.integers(18, 95))
