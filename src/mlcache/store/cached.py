@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
@@ -44,6 +45,9 @@ from . import EntryStat, Store, check_name
 
 __all__ = ["CachedStore", "LocalCopies"]
 
+#: an empty, "." or ".." segment (so also a leading "/"): such a name could leave the folder
+_UNSAFE = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
+_ALT_SEP = os.altsep or (os.sep if os.sep != "/" else "")
 #: copies are moved in chunks of this many bytes when a store gives no whole-file transfer
 _CHUNK = 1 << 22
 
@@ -71,11 +75,12 @@ class LocalCopies:
         return f"LocalCopies({self.folder!r}, limit={self.limit!r})"
 
     def path(self, name: str) -> str:
-        """Where the copy of ``name`` lives (whether or not it is there)."""
-        parts = name.split("/")
-        if not name or any(p in ("", ".", "..") or os.sep in p for p in parts):
+        """Where the copy of ``name`` lives (whether or not it is there); a name
+        that could leave the folder is a ``ValueError``."""
+        # on every remote hit: one regex, one join
+        if _UNSAFE.search(name) is not None or (_ALT_SEP and _ALT_SEP in name):
             raise ValueError(f"invalid local copy name {name!r}")
-        return os.path.join(self.folder, *parts)
+        return os.path.join(self.folder, name)
 
     def get(self, name: str, fill: Callable[[str], None]) -> str:
         """The local copy of ``name``, made by ``fill(tmp)`` (which writes the whole

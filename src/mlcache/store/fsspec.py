@@ -201,12 +201,12 @@ class FsspecStore:
         """A local file holding entry ``name`` (copied in on first use, in one GET),
         for reading and mapping. Raises ``FileNotFoundError`` if the entry does not
         exist."""
-        path = self._path(name)
+        check_name(name)
 
         def fill(tmp: str) -> None:
             try:
                 with _io(f"cannot fetch {name}"):
-                    self.fs.get_file(path, tmp)
+                    self.fs.get_file(self._path(name), tmp)
             except FileNotFoundError:
                 raise FileNotFoundError(name) from None
 
