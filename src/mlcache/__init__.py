@@ -24,7 +24,7 @@ from .errors import (
     UnknownBackend,
     UnsupportedValue,
 )
-from .keys.hashing import hash_value
+from .keys.hashing import hash_value, register_hasher
 from .memo.memory import (
     MemorizedFunc,
     MemorizedResult,
@@ -68,5 +68,6 @@ __all__ = [
     "expires_after",
     "hash_value",
     "register_codec",
+    "register_hasher",
     "register_store_backend",
 ]

@@ -446,13 +446,14 @@ def register_hasher(cls: type, function: Callable[[Any], Any]) -> None:
 
     Examples
     --------
+    >>> import threading
     >>> import mlcache
     >>> class Tokenizer:
     ...     def __init__(self, vocab):
     ...         self.vocab = vocab
-    ...         self._lock = __import__("threading").Lock()  # refuses pickling
+    ...         self.lock = threading.Lock()  # pickle refuses it: no default key
     >>> mlcache.register_hasher(Tokenizer, lambda t: sorted(t.vocab))
-    >>> hash_value(Tokenizer({"a", "b"})) == hash_value(Tokenizer({"b", "a"}))
+    >>> mlcache.hash_value(Tokenizer({"a", "b"})) == mlcache.hash_value(Tokenizer({"b", "a"}))
     True
     """
     if not isinstance(cls, type):
