@@ -161,7 +161,7 @@ def test_a_planted_malicious_pickle_is_never_loaded_when_signed(tmp_path, caplog
     attacker = None if attack == "unsigned" else Signer(b"another key")
     _plant(path, marker, attacker)
     if attack == "forged key id":
-        _forge_key_id(path, mem._signer.key_id)
+        _forge_key_id(path, mem.context.signer.key_id)
     with pytest.warns(CacheWarning, match=message):
         assert f(1) == {"x": 1}
     assert not marker.exists()

@@ -162,9 +162,7 @@ def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
         cleared = [f.func for f in funcs] + [p.name for p in found]
         text = f"cleared {len(funcs)} functions and {len(found)} dataset packs in {location}"
     elif (st := inventory.find_function(mem, args.name)) is not None:
-        assert mem.store is not None and mem._usage is not None
-        mem.store.delete(st.folder)
-        mem._usage.forget(st.folder)
+        mem.remove_function(st.folder)
         cleared, text = [st.func], f"cleared {st.func} ({st.entries} entries, {_size(st.size)})"
     elif (pack := inventory.find_pack(location, args.name)) is not None:
         remove_pack(pack.path)

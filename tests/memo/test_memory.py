@@ -444,7 +444,7 @@ def test_bytes_limit_is_enforced_on_write_lru(tmp_path):
     for i in range(3):
         f(np.full(10_000, i, dtype=np.float64))  # ~80 KB each
     f(np.full(10_000, 0, dtype=np.float64))  # a hit: 0 is now the most recent
-    mem._usage.flush()
+    mem.flush_usage()
     for i in range(3, 8):
         f(np.full(10_000, i, dtype=np.float64))
         total = sum(e.size for e in mem.store.list())
@@ -502,7 +502,7 @@ def test_reduce_size_limits(mem):
 def test_store_failure_returns_the_value_with_one_warning(mem):
     f = mem.cache(double)
     f(1)  # creates the function folder
-    code_dir = os.path.join(mem.location, f._code_dir)
+    code_dir = os.path.join(mem.location, f._code.code_dir)
     # a real failure: the entry name is taken by a folder the store cannot replace
     name = f._name((2,), {})
     os.makedirs(os.path.join(mem.location, name, "blocker"))
@@ -913,7 +913,7 @@ def test_foreign_files_in_the_cache_folder_are_left_alone(tmp_path):
     f = mem.cache(double)
     f(1)
     (tmp_path / "notes (1).txt").write_text("mine")
-    (Path(mem.store.local_path(f._code_dir)) / ".DS_Store").write_text("finder")
+    (Path(mem.store.local_path(f._code.code_dir)) / ".DS_Store").write_text("finder")
     for i in range(3):
         f(np.full(1000, i, dtype=np.float64))
     assert mem.verify() == []

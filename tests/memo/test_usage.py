@@ -91,7 +91,7 @@ def test_a_hit_writes_nothing(tmp_path, monkeypatch):
     mem = Memory(tmp_path, verbose=0)
     f = mem.cache(slow_square)
     f(5)
-    mem._usage.flush()
+    mem.flush_usage()
     writes = []
     store = mem.store
     original = store.write
@@ -99,7 +99,7 @@ def test_a_hit_writes_nothing(tmp_path, monkeypatch):
     for _ in range(50):
         f(5)
     assert writes == []
-    mem._usage.flush()
+    mem.flush_usage()
     assert len(writes) == 1 and is_stats(writes[0])
 
 
@@ -112,7 +112,7 @@ def test_a_forked_child_counts_its_own_calls(tmp_path):
     pid = os.fork()
     if pid == 0:  # the child must not write the parent's pending hit again
         f(7)
-        mem._usage.flush()
+        mem.flush_usage()
         os._exit(0)
     os.waitpid(pid, 0)
     st = f.stats()
@@ -173,7 +173,7 @@ def test_idle_processes_statistics_are_folded_into_one_archive(tmp_path):
         log = StatsLog(mem.store)
         log.add(folder, f.func_id, hits=3, saved=0.5)
         log.flush()
-    mem._usage.flush()
+    mem.flush_usage()
     before = f.stats()
     assert before.hits == 30 and len(_stats_names(mem.store, folder)) == 11
     _age_stats(mem.store, folder, FOLD_AFTER_SECONDS + 60)
@@ -194,7 +194,7 @@ def test_an_interrupted_fold_counts_nothing_twice(tmp_path):
     f = mem.cache(slow_square)
     f(1)
     f(1)
-    mem._usage.flush()
+    mem.flush_usage()
     folder = f._folder
     [own] = _stats_names(mem.store, folder)
     value = _read_stats(mem.store, f"{folder}/stats/{own}")
@@ -211,7 +211,7 @@ def test_a_live_process_whose_entry_was_folded_counts_on(tmp_path):
     mem = Memory(tmp_path, verbose=0)
     f = mem.cache(slow_square)
     f(1)
-    mem._usage.flush()
+    mem.flush_usage()
     folder = f._folder
     live = StatsLog(mem.store)
     live.add(folder, f.func_id, hits=5)

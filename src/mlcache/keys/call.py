@@ -54,9 +54,18 @@ class CallKeyer:
     prefix:
         Bytes that identify the function and its code version; they start every
         key's stream.
+    captured:
+        Other names ``ignore`` may hold (what the function captures, which the
+        caller leaves out of the key itself); said in the error for a wrong name.
     """
 
-    def __init__(self, func: Callable[..., Any], ignore: Iterable[str] | None, prefix: bytes):
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        ignore: Iterable[str] | None,
+        prefix: bytes,
+        captured: Iterable[str] = (),
+    ):
         try:
             self.signature = inspect.signature(func)
         except (TypeError, ValueError):  # some builtins have no signature
@@ -73,11 +82,13 @@ class CallKeyer:
         ignore = list(ignore or ())
         if not all(isinstance(n, str) for n in ignore):
             raise ConfigError(f"ignore must be a list of parameter names, got {ignore!r}")
-        unknown = [n for n in ignore if n not in self.names]
+        captured = sorted(captured)
+        unknown = [n for n in ignore if n not in self.names and n not in captured]
         if unknown:
             raise ConfigError(
                 f"ignore={unknown!r}: not parameters of {getattr(func, '__qualname__', func)}; "
                 f"its parameters are {self.names}"
+                + (f" and it captures {captured}" if captured else "")
             )
         self._keep = [i for i, n in enumerate(self.names) if n not in ignore]
         kinds = {p.kind for p in params}

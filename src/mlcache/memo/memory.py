@@ -27,10 +27,11 @@ from .._util import parse_bytes, parse_duration
 from ..entry import open_entry
 from ..entry.signing import Signer, resolve_signer
 from ..errors import ConfigError, ConfigTypeError, EntryCorrupted, EntryNotFound, warn
-from ..store import LocalPaths, Store, stores
+from ..store import Store, stores
 from ..store.local import default_location
 from .config import MemoryConfig, check_mmap_mode
-from .eviction import SizeGuard, UsageLog, enforce_limits
+from .context import MemoContext, WriteGate, store_powers
+from .eviction import SizeGuard, enforce_limits
 from .func import AsyncMemorizedFunc, MemorizedFunc
 from .layout import cached_objects, entry_folder, is_stats
 from .results import (
@@ -40,7 +41,7 @@ from .results import (
     NotMemorizedResult,
     expires_after,
 )
-from .usage import FunctionStats, collect
+from .usage import FunctionStats, UsageLog, collect
 
 __all__ = [
     "MemorizedFunc",
@@ -162,50 +163,61 @@ class Memory:
             except TypeError as exc:
                 raise TypeError(f"backend {backend!r} rejected backend_options: {exc}") from None
         self._secret = secret
-        self._signer: Signer | None = None
-        if self.store is not None:
-            local = str(self.store.location) if isinstance(self.store, LocalPaths) else None
-            self._signer = resolve_signer(secret, local)
-        # a store that can say it is read-only (the local store on a read-only
-        # mount): its hits are read, what is computed is returned unstored
-        self._read_only = getattr(self.store, "read_only", False) is True
-        self._read_only_said = False
-        self._usage = (
-            UsageLog(self.store, read_only=self._read_only) if self.store is not None else None
-        )
         self.timestamp = time.time()  # joblib's attribute
-        self._guard = (
-            SizeGuard(self.store, self.bytes_limit, self._usage)
-            if self.store is not None and self._usage is not None and self.bytes_limit is not None
+        #: what the functions this Memory memoizes share (None without a store)
+        self.context: MemoContext | None = None
+        if self.store is not None:
+            self.context = self._make_context(self.store)
+        # the Memory's own shortcuts to its context's parts
+        self._signer: Signer | None = self.context.signer if self.context else None
+        self._usage: UsageLog | None = self.context.usage if self.context else None
+
+    def _make_context(self, store: Store) -> MemoContext:
+        """Resolve, once, what every memoized function of this Memory uses."""
+        local, locking, counters, read_only = store_powers(store)
+        signer = resolve_signer(self._secret, str(store.location) if local else None)
+        # a read-only store (the local store on a read-only mount) serves its
+        # hits; what is computed is returned unstored
+        usage = UsageLog(store, read_only=read_only, local=local)
+        c = self._config
+        guard = (
+            SizeGuard(store, c.bytes_limit, usage, counters=counters)
+            if c.bytes_limit is not None
             else None
         )
-
-    def _refuses_writes(self) -> bool:
-        """True when nothing can be stored here (a read-only cache); the first time,
-        one warning says so (not one per call)."""
-        if not self._read_only:
-            return False
-        if not self._read_only_said:
-            self._read_only_said = True
-            warn(
-                f"mlcache: the cache at {self.store.location if self.store else None} is "
-                "read-only: its results are read, and what is computed is returned "
-                "without being stored",
-                stacklevel=5,
-            )
-        return True
-
-    def _cannot_clear(self) -> bool:
-        """True (with one warning) when the cache is read-only: nothing can be
-        removed from it, and clearing it never fails a program for that."""
-        if not self._read_only:
-            return False
-        warn(
-            f"mlcache: the cache at {self.store.location if self.store else None} is "
-            "read-only: nothing was cleared",
-            stacklevel=4,
+        return MemoContext(
+            store=store,
+            location=c.location,
+            signer=signer,
+            allow_pickle=c.allow_pickle,
+            compress=c.compress,
+            mmap_mode=c.mmap_mode,
+            code=c.code,
+            verbose=c.verbose,
+            bytes_limit=c.bytes_limit,
+            usage=usage,
+            guard=guard,
+            writes=WriteGate(str(store.location), read_only),
+            local=local,
+            locking=locking,
+            counters=counters,
+            origin=self.__reduce__(),
         )
-        return True
+
+    def flush_usage(self) -> None:
+        """Write this process's pending last-use times and statistics now (they are
+        batched off the hot path; :meth:`stats` and eviction flush them first)."""
+        if self._usage is not None:
+            self._usage.flush()
+
+    def remove_function(self, folder: str) -> None:
+        """Remove everything cached under a function's ``folder`` (every code
+        version, see :class:`~mlcache.memo.usage.FunctionStats`), and this
+        process's statistics of it."""
+        if self.store is None or self._usage is None:
+            return
+        self.store.delete(folder)
+        self._usage.forget(folder)
 
     # joblib-compatible attributes
     @property
@@ -368,14 +380,14 @@ class Memory:
     def clear(self, warn: bool = True) -> None:
         """Remove every cached result of this location (other files there, such as
         dataset packs, stay)."""
-        if self.store is None or self._cannot_clear():
+        ctx = self.context
+        if ctx is None or ctx.writes.cannot_clear():
             return
         if warn and self._verbose:
             logger_for(self._verbose).info("[Memory] clearing the whole cache at %s", self.location)
-        for folder in {entry_folder(e.name) for e in cached_objects(self.store)}:
-            self.store.delete(folder)
-        assert self._usage is not None
-        self._usage.forget()
+        for folder in {entry_folder(e.name) for e in cached_objects(ctx.store)}:
+            ctx.store.delete(folder)
+        ctx.usage.forget()
 
     def reduce_size(
         self,
@@ -400,8 +412,7 @@ class Memory:
         age = parse_duration(age_limit)
         if limit is None and items_limit is None and age is None:
             return
-        assert self._usage is not None
-        self._usage.flush()
+        self.flush_usage()
         removed = enforce_limits(
             self.store, bytes_limit=limit, items_limit=items_limit, age_limit=age
         )
@@ -423,8 +434,7 @@ class Memory:
         this process's latest counts are written first)."""
         if self.store is None:
             return {}
-        assert self._usage is not None
-        self._usage.flush()
+        self.flush_usage()
         return {st.func: st for st in collect(self.store).values()}
 
     def verify(self, *, fix: bool = False) -> list[str]:

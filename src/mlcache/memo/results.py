@@ -8,13 +8,11 @@ import functools
 import time
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from ..entry import decode, open_entry, read_entry_info
 from ..errors import EntryNotFound
-
-if TYPE_CHECKING:
-    from .memory import Memory
+from .context import MemoContext
 
 __all__ = [
     "ExpiresAfter",
@@ -29,12 +27,15 @@ R = TypeVar("R")
 
 
 class MemorizedResult:
-    """A reference to one cached result: small, picklable; ``.get()`` loads it."""
+    """A reference to one cached result: small, picklable; ``.get()`` loads it.
+
+    ``context`` is the :class:`~mlcache.memo.context.MemoContext` of the Memory
+    that stored it (it pickles as that Memory, rebuilt where it is unpickled)."""
 
     def __init__(
-        self, memory: Memory, name: str, func_id: str, *, mmap_mode: str | None = None
+        self, context: MemoContext, name: str, func_id: str, *, mmap_mode: str | None = None
     ) -> None:
-        self.memory = memory
+        self.context = context
         self.name = name
         self.func_id = func_id
         self.mmap_mode = mmap_mode
@@ -46,8 +47,7 @@ class MemorizedResult:
     @property
     def metadata(self) -> dict[str, Any]:
         """The stored metadata: ``time``, ``duration``, ``input_args``, ``size``..."""
-        assert self.memory.store is not None
-        return read_entry_info(self.memory.store, self.name)
+        return read_entry_info(self.context.store, self.name)
 
     def __repr__(self) -> str:
         return f"MemorizedResult(func={self.func_id!r}, args_id={self.args_id!r})"
@@ -55,21 +55,18 @@ class MemorizedResult:
     def get(self) -> Any:
         """The value. ``KeyError`` if it has been cleared, ``EntryCorrupted`` (a
         ``ValueError``) if it is damaged."""
-        assert self.memory.store is not None
+        ctx = self.context
         try:
-            reader = open_entry(
-                self.memory.store, self.name, self.mmap_mode, signer=self.memory._signer
-            )
+            reader = open_entry(ctx.store, self.name, self.mmap_mode, signer=ctx.signer)
         except EntryNotFound:
             raise EntryNotFound(
                 f"no cached result {self.name!r} (it may have been cleared)"
             ) from None
-        return decode(reader, allow_pickle=self.memory.allow_pickle)
+        return decode(reader, allow_pickle=ctx.allow_pickle)
 
     def clear(self) -> None:
         """Remove this result from the cache."""
-        assert self.memory.store is not None
-        self.memory.store.delete(self.name)
+        self.context.store.delete(self.name)
 
 
 class NotMemorizedResult:

@@ -16,26 +16,57 @@ process and function, under the store's lock for that name). The archive lists
 the names it has folded in, so a fold interrupted after writing the archive and
 before removing them counts nothing twice. A process that finds its own entry
 folded in goes on with the counts since.
+
+Last use is a file's modification time, updated in batches by :class:`UsageLog`
+(a hit only adds a name to a dict; the notes are written at most every
+:data:`FLUSH_SECONDS`, before any eviction, and at exit). A lost batch only makes
+eviction slightly less exact, never a result wrong.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import json
+import multiprocessing.util
 import os
 import secrets
 import socket
 import threading
 import time
+import weakref
 from typing import Any
 
 from ..codecs import codecs
-from ..entry import decode, open_entry, read_entry_info, write_entry
+from ..entry import decode, keep_verified, open_entry, read_entry_info, write_entry
 from ..errors import EntryCorrupted, EntryNotFound
-from ..store import Store
+from ..store import LocalFolders, Locking, Store
 from .layout import STATS, cached_objects, entry_folder, is_stats
 
-__all__ = ["FunctionStats", "StatsLog", "collect"]
+__all__ = ["FLUSH_SECONDS", "FunctionStats", "StatsLog", "UsageLog", "collect", "renew_at_fork"]
+
+#: seconds of activity between two flushes of the usage notes
+FLUSH_SECONDS = 2.0
+_LOGS: weakref.WeakSet[UsageLog] = weakref.WeakSet()
+# objects holding locks that a child forked while another thread held them would
+# inherit locked: they get fresh locks in the child
+_FORK_SENSITIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def renew_at_fork(obj: Any) -> None:
+    """Call ``obj._after_fork()`` in every child this process forks (``obj`` is held
+    weakly): it renews the locks it holds."""
+    _FORK_SENSITIVE.add(obj)
+
+
+def _renew_locks() -> None:
+    for obj in list(_FORK_SENSITIVE):
+        obj._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks)
 
 _COUNTS = ("hits", "misses", "saved", "computed")
 #: the statistics entry that holds the folded-in counts of idle processes
@@ -154,6 +185,115 @@ class StatsLog:
         self._process = _process_name()
 
 
+class UsageLog:
+    """Batches what happens to one store's entries, off the hot path.
+
+    A hit notes the entry's name and its metadata bytes (a dict update); a miss
+    notes its compute time. Every ``FLUSH_SECONDS`` of activity, and at exit, the
+    notes become last-use times (one ``touch`` of the names) and per-function
+    statistics (:class:`StatsLog`). Notes racing with a flush may be lost: both
+    are advisory.
+
+    ``local`` is the store when its entries are local files (see
+    :class:`mlcache.store.LocalFolders`): the touch then keeps this process's
+    marks of verified files.
+    """
+
+    def __init__(
+        self, store: Store, *, read_only: bool = False, local: LocalFolders | None = None
+    ) -> None:
+        self._store = store
+        self._local = local
+        #: nothing can be written to the store: last-use times are not kept
+        self._read_only = read_only
+        self._hits: dict[str, tuple[int, bytes]] = {}
+        self.stats = StatsLog(store, read_only=read_only)
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+        _LOGS.add(self)
+        renew_at_fork(self)
+
+    def note(self, name: str, info: bytes = b"") -> None:
+        """Entry ``name`` was just read; ``info`` is its metadata (JSON bytes)."""
+        seen = self._hits.get(name)
+        self._hits[name] = (1 if seen is None else seen[0] + 1, info)
+        if time.monotonic() - self._last > FLUSH_SECONDS:
+            self.flush()
+
+    def miss(self, name: str, func: str, duration: float) -> None:
+        """A call of ``func`` computed entry ``name`` in ``duration`` seconds."""
+        self.stats.add(entry_folder(name), func, misses=1, computed=duration)
+        if time.monotonic() - self._last > FLUSH_SECONDS:
+            self.flush()
+
+    def forget(self, folder: str | None = None) -> None:
+        """Drop the pending notes and totals of ``folder`` (all when None): its
+        results were cleared, so its statistics start again."""
+        with self._lock:
+            if folder is None:
+                self._hits = {}
+            else:
+                self._hits = {n: v for n, v in self._hits.items() if entry_folder(n) != folder}
+        self.stats.forget(folder)
+
+    def flush(self) -> None:
+        """Write the pending notes now: last-use times, then statistics."""
+        with self._lock:
+            hits, self._hits = self._hits, {}
+            self._last = time.monotonic()
+        if hits and not self._read_only:
+            try:
+                # the touch sets the entries' mtime: keep this process's marks of
+                # verified files (mlcache.entry), or the next mapped hit re-checks
+                local = self._local
+                paths = [local.local_path(n) for n in hits] if local is not None else []
+                keep_verified(paths, lambda: self._store.touch(list(hits)))
+            except (OSError, ValueError):
+                pass  # last-use times are advisory
+            for name, (count, info) in list(hits.items()):  # a late note may still land
+                func, duration = _func_and_duration(info)
+                self.stats.add(entry_folder(name), func, hits=count, saved=count * duration)
+        self.stats.flush()
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._hits = {}
+        self.stats._after_fork()
+
+    def __del__(self) -> None:
+        # a Memory dropped before the process ends (a worker's local) keeps its notes
+        try:
+            self.flush()
+        except Exception:  # nothing can be reported from a finalizer
+            pass
+
+
+def _func_and_duration(info: bytes) -> tuple[str, float]:
+    try:
+        meta = json.loads(info) if info else {}
+        return str(meta.get("func", "")), float(meta.get("duration", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        return "", 0.0
+
+
+@atexit.register
+def _flush_all() -> None:
+    for log in list(_LOGS):
+        with contextlib.suppress(Exception):  # at exit: never a traceback for a statistic
+            log.flush()
+
+
+def _flush_at_process_exit(_: object = None) -> None:
+    # multiprocessing children end with os._exit, which skips atexit; they run
+    # multiprocessing's own exit finalizers instead (forked children get a fresh
+    # registry, hence the re-registration after each fork)
+    multiprocessing.util.Finalize(None, _flush_all, exitpriority=0)
+
+
+_flush_at_process_exit()
+multiprocessing.util.register_after_fork(_flush_all, _flush_at_process_exit)
+
+
 def _write_stats(store: Store, name: str, value: dict[str, Any]) -> None:
     codec = codecs["npy"]
     with store.write(name) as f:
@@ -180,8 +320,9 @@ def fold_idle(store: Store, folder: str, now: float | None = None) -> int:
     ]
     if len(idle) < FOLD_MIN:
         return 0
-    lock = getattr(store, "lock", None)
-    with lock(archive_name, 0) if lock is not None else contextlib.nullcontext(True) as held:
+    # once per process and function: the Protocol check costs nothing here
+    lock = store.lock(archive_name, 0) if isinstance(store, Locking) else None
+    with lock if lock is not None else contextlib.nullcontext(True) as held:
         if not held:
             return 0
         try:

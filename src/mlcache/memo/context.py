@@ -1,0 +1,118 @@
+"""What a :class:`~mlcache.Memory` resolves once and hands to every function it
+memoizes: :class:`MemoContext`.
+
+A memoized function, a shelved result and the housekeeping around them read
+their settings and their helpers from this one frozen object, never from the
+``Memory``'s private state. The store's optional powers (:mod:`mlcache.store`'s
+Protocols) are resolved here once, with ``isinstance``: a runtime Protocol check
+costs microseconds, so it is never made on the hit path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..codecs.compression import Compression
+from ..entry.signing import Signer
+from ..errors import warn
+from ..store import LocalFolders, Locking, ReadOnly, SharedCounters, Store
+from .eviction import SizeGuard
+from .usage import UsageLog
+
+__all__ = ["MemoContext", "WriteGate", "store_powers"]
+
+
+def store_powers(
+    store: Store,
+) -> tuple[LocalFolders | None, Locking | None, SharedCounters | None, bool]:
+    """The optional powers of ``store``: (local folders, locking, shared counters,
+    read-only), each None (False) when it lacks it. Local copies of a remote
+    store's entries (:class:`~mlcache.store.LocalPaths` only) do not count as
+    local folders: :mod:`mlcache.entry` reads through them by itself."""
+    read_only = isinstance(store, ReadOnly) and store.read_only is True
+    return (
+        store if isinstance(store, LocalFolders) else None,
+        store if isinstance(store, Locking) else None,
+        store if isinstance(store, SharedCounters) else None,
+        read_only,
+    )
+
+
+class WriteGate:
+    """Whether a cache takes writes; a read-only one (the local store on a
+    read-only mount) serves its hits, and what is computed is returned unstored.
+    Each refusal is said once (not once per call)."""
+
+    def __init__(self, location: str | None, read_only: bool) -> None:
+        self.read_only = read_only
+        self._location = location
+        self._said = False
+
+    def refuses_writes(self) -> bool:
+        """True when nothing can be stored here; the first time, one warning says so."""
+        if not self.read_only:
+            return False
+        if not self._said:
+            self._said = True
+            warn(
+                f"mlcache: the cache at {self._location} is read-only: its results are "
+                "read, and what is computed is returned without being stored",
+                stacklevel=5,
+            )
+        return True
+
+    def cannot_clear(self) -> bool:
+        """True (with one warning) when nothing can be removed from the cache: clearing
+        a read-only cache never fails a program for that."""
+        if not self.read_only:
+            return False
+        warn(
+            f"mlcache: the cache at {self._location} is read-only: nothing was cleared",
+            stacklevel=4,
+        )
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoContext:
+    """Everything the functions of one :class:`~mlcache.Memory` share.
+
+    ``local``, ``locking`` and ``counters`` are the store itself seen through the
+    matching :mod:`mlcache.store` Protocol (``local``: :class:`~mlcache.store.LocalFolders`,
+    its entries are the files under a local folder), or None when it lacks that
+    power.
+    ``origin`` is how the owning ``Memory`` pickles (its ``__reduce__``): a
+    context travels to another process as a ``Memory`` rebuilt there.
+    """
+
+    store: Store
+    #: the location the Memory was given (for messages)
+    location: str | None
+    signer: Signer | None
+    allow_pickle: bool
+    compress: Compression | None
+    #: the Memory's default ``mmap_mode`` (a function may override it)
+    mmap_mode: str | None
+    #: which code changes make results stale (``Memory(code=)``)
+    code: str
+    verbose: int
+    bytes_limit: int | None
+    usage: UsageLog
+    guard: SizeGuard | None
+    writes: WriteGate
+    local: LocalFolders | None
+    locking: Locking | None
+    counters: SharedCounters | None
+    origin: tuple[Any, ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_context_of, self.origin)
+
+
+def _context_of(rebuild: Any, args: tuple[Any, ...]) -> MemoContext:
+    """The context of the Memory ``rebuild(*args)`` makes (unpickling a context)."""
+    context: MemoContext | None = rebuild(*args).context
+    if context is None:  # the Memory pickled had a store: so has its rebuild
+        raise ValueError("a Memory without a store has no context")
+    return context

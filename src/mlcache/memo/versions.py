@@ -1,0 +1,415 @@
+"""Code versions of a memoized function, side by side, and what its calls change.
+
+:class:`FunctionCode` works out which code version a function's calls are keyed
+under (:func:`mlcache.keys.code_version.code_version`, once per process and
+again when the code is replaced), notes the function's other versions (kept
+side by side; one unused for :data:`OLD_VERSIONS_KEPT_FOR` is removed), and
+learns what calls change: a captured variable, a bound object's attribute or a
+module-level container that the function itself mutates is state, not input,
+and is left out of later keys. What was learned is recorded, signed, in
+``<function folder>/<code shape>.state`` (see :mod:`mlcache.memo.layout`), so
+that the next process starts with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+from .._log import logger_for
+from ..codecs import select_codec
+from ..entry import EntryPlan, decode, open_entry
+from ..errors import EntryNotFound, warn
+from ..keys.call import CallKeyer
+from ..keys.code_version import CodeVersion, code_version
+from ..keys.hashing import Hasher
+from ..keys.identity import call_state, slug, target_function
+from ..keys.state import learnable, state_parts, watched_digests
+from .context import MemoContext
+from .layout import CODE_MANIFEST, STATE, STATS
+
+__all__ = ["OLD_VERSIONS_KEPT_FOR", "FunctionCode", "Keyed"]
+
+logger = logging.getLogger("mlcache")
+#: a call's entry name and its kept arguments' digests (see CallKeyer.key)
+Keyed = tuple[str, list[bytes]]
+
+#: (location, function folder, version) whose other versions this process looked at
+_CLEANED: set[tuple[str, str, str]] = set()
+_CLEANED_LOCK = threading.Lock()
+#: a function's other code versions are kept side by side (two processes may run
+#: two versions: a spawn worker, a notebook and its workers); one whose results
+#: were not used for this long (seconds) is removed when another version of the
+#: function is first used in a process. Size limits and ``prune`` remove them too.
+OLD_VERSIONS_KEPT_FOR = 30 * 86400
+#: module-level values (names of their parts, see state_parts) that calls of any
+#: memoized function of this process were seen changing: state for all of them
+_PROCESS_STATE: set[str] = set()
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    """Names whose digest differs, or that are in only one of the two."""
+    return {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+
+
+class FunctionCode:
+    """The code version one memoized function's calls are keyed under, and what
+    its calls were learned to change.
+
+    Parameters
+    ----------
+    func, func_id:
+        The function and its identity (:func:`mlcache.keys.identity.func_identity`).
+    context:
+        The owning Memory's :class:`~mlcache.memo.context.MemoContext`.
+    version:
+        A version set by hand (``cache(version=)``), or None.
+    params:
+        The parameters left out of the key (``ignore=``, the parameter names).
+    state_ignore:
+        Names of captured state left out (``ignore=``, the other names).
+    verbose:
+        The function's verbosity.
+    on_unkeyable:
+        Called ``(why, hint)`` when the code cannot be walked (the function is
+        then called uncached until its code changes).
+
+    The hit path reads :attr:`keyer`, :attr:`code_dir`, :attr:`code_path`,
+    :attr:`target` and :attr:`stateful`, and calls :meth:`same_code` and
+    :meth:`captured_key`; everything else runs on misses.
+    """
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        func_id: str,
+        context: MemoContext,
+        *,
+        version: str | None,
+        params: list[str],
+        state_ignore: frozenset[str],
+        verbose: int,
+        on_unkeyable: Callable[..., None],
+    ) -> None:
+        self.func, self.func_id, self.folder = func, func_id, slug(func_id)
+        self._ctx = context
+        self._store = context.store
+        self.version = version
+        self._params, self._state_ignore = params, state_ignore
+        self._verbose = verbose
+        self._on_unkeyable = on_unkeyable
+        target = target_function(func)
+        #: a plain Python function can have its code or defaults replaced at run
+        #: time (%autoreload does): such a change re-fingerprints it
+        self.target = target if isinstance(target, types.FunctionType) else None
+        #: the function captures something (closure, bound object, partial)
+        self.stateful = call_state(func, state_ignore) is not None
+        self.keyer: CallKeyer | None = None
+        self._seen_code: tuple[Any, ...] = (None, None, None)
+        self.code_dir = ""  #: ``<function folder>/<code version>``
+        self.code_path = ""  #: the code folder's local path (stores with local paths)
+        self.walk_failed = False  #: the code walk raised: uncached until the code changes
+        self._unhashable_warned: set[str] = set()  # captured variables left out of keys
+        #: names of what calls of this function change (state, not input): captured
+        #: variables and bound-object attributes, and module-level values (code
+        #: walk names); read from and written to the function's folder
+        self._captured_state: set[str] = set()
+        self._global_state: frozenset[str] = frozenset()
+        #: the record of what was learned (``<folder>/<shape>.state``): named by
+        #: the code version's shape (CodeVersion.shape), the same in every process
+        self._state_base: str | None = None
+        self._watched: tuple[tuple[str, Any], ...] = ()  # mutable values the code reads
+        self.code_changed = False  #: other code versions were found
+        self.code_changes: list[str] = []  #: what differed from the newest of them
+        self._manifest: dict[str, str] | None = None  # to write with the first result
+
+    def current(self) -> CallKeyer | None:
+        """The keyer of the code as it is now (worked out again when the code was
+        replaced), or None when the code cannot be walked (warned once)."""
+        if self.walk_failed and (self.target is None or self.same_code()):
+            return None  # warned: the code walk fails until the code changes
+        return self.prepare()
+
+    # -- the code version -------------------------------------------------------------------
+    def _code_ids(self) -> tuple[Any, ...]:
+        t = self.target
+        return () if t is None else (t.__code__, t.__defaults__, t.__kwdefaults__)
+
+    def same_code(self) -> bool:
+        # identity, not ==: defaults may be arrays. On every call: keep it cheap
+        t, (code, defaults, kwdefaults) = self.target, self._seen_code
+        return (
+            t.__code__ is code and t.__defaults__ is defaults and t.__kwdefaults__ is kwdefaults  # type: ignore[union-attr]
+        )
+
+    def prepare(self) -> CallKeyer | None:
+        """Fingerprint the code (once per process, again if it is replaced, and when
+        a call turns out to change a value the code reads), note the function's
+        other versions; None (warned once) when the code cannot be walked."""
+        seen = self._code_ids()
+        if self.keyer is not None and not self.same_code():  # new code: learn anew
+            self._captured_state, self._global_state, self._state_base = set(), frozenset(), None
+        try:
+            code = self._code_version()
+            if self._state_base is None:
+                # by the code's shape: every process finds it, whatever the
+                # values calls change held when it started
+                shape = (code.shape or code.digest)[:16]
+                self._state_base = f"{self.folder}/{shape}.{STATE}"
+                if self._load_state():
+                    code = self._code_version()
+            if code.state_used - self._global_state:
+                # learned from another function of this process (a memo they share):
+                # recorded for this one too, so that its next process starts with it
+                self._global_state |= code.state_used
+                self._save_state()
+        except Exception as exc:  # a global whose attribute access raises, a bug of ours
+            self.walk_failed, self._seen_code = True, seen
+            self._on_unkeyable(
+                f"its code version cannot be worked out ({exc})",
+                hint="it is cached again once that can be read (or pass version= to cache())",
+            )
+            return None
+        self.walk_failed = False
+        self._use_version(code)
+        keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{code.digest[:16]}".encode())
+        self.keyer, self._seen_code = keyer, seen
+        return keyer
+
+    def _code_version(self) -> CodeVersion:
+        state = frozenset(self._global_state | _PROCESS_STATE)
+        return code_version(self.func, self._ctx.code, self.version, state)
+
+    def _use_version(self, code: CodeVersion) -> None:
+        version = code.digest[:16]
+        self.code_dir = f"{self.folder}/{version}"
+        if self._ctx.local is not None:
+            # hits join keys to this path: names built here need no re-validation
+            self.code_path = self._ctx.local.local_path(self.code_dir)
+        self._watched = code.watched
+        self._note_other_versions(version, code.parts)
+        self._manifest = code.parts
+
+    def _note_other_versions(self, version: str, parts: dict[str, str]) -> None:
+        """Once per process and version: say what changed since the function's
+        other code versions (from their code manifests); they are kept, except
+        those not used for :data:`OLD_VERSIONS_KEPT_FOR`."""
+        token = (str(self._store.location), self.folder, version)
+        with _CLEANED_LOCK:
+            if token in _CLEANED:
+                return
+            _CLEANED.add(token)
+        try:
+            last_used: dict[str, float] = {}
+            for e in self._store.list(self.folder):
+                bits = e.name.split("/")
+                if len(bits) == 3 and bits[1] not in (version, STATS):
+                    last_used[bits[1]] = max(last_used.get(bits[1], 0.0), e.last_used)
+            self.code_changed = bool(last_used)
+            if not last_used:
+                return
+            changed = self._changed_code(set(last_used), parts)
+            self.code_changes = changed
+            if self._verbose:
+                logger_for(self._verbose).info(
+                    "[Memory] %s: code changed%s; the results of other versions are kept",
+                    self.func_id,
+                    f" ({', '.join(changed)})" if changed else "",
+                )
+            too_old = time.time() - OLD_VERSIONS_KEPT_FOR
+            for folder, when in last_used.items():
+                if when < too_old:
+                    self._store.delete(f"{self.folder}/{folder}")
+        except Exception as exc:  # housekeeping: never fail the call for it
+            logger.debug("could not look at the other versions of %s: %s", self.func_id, exc)
+
+    def write_manifest(self) -> None:
+        """With the first result this process stores: this code version's manifest,
+        if it has none yet (what the next version's miss will be compared with)."""
+        parts, self._manifest = self._manifest, None
+        if not parts:
+            return
+        name = f"{self.code_dir}/{CODE_MANIFEST}"
+        try:
+            if not self._store.exists(name):
+                with self._store.write(name) as f:
+                    f.write(json.dumps(parts, sort_keys=True).encode())
+        except (OSError, ValueError) as exc:  # an explanation only
+            logger.debug("could not write the code manifest of %s: %s", self.func_id, exc)
+
+    def _changed_code(self, others: set[str], parts: dict[str, str]) -> list[str]:
+        """What differs between ``parts`` and the newest manifest among the code
+        versions ``others`` (names, at most eight; empty if there is none)."""
+        newest: tuple[float, dict[str, str]] = (-1.0, {})
+        for folder in others:
+            name = f"{self.folder}/{folder}/{CODE_MANIFEST}"
+            try:
+                when = max(e.last_used for e in self._store.list(f"{self.folder}/{folder}"))
+                with self._store.open(name) as f:
+                    old = json.loads(f.read())
+            except (OSError, ValueError, EntryNotFound):
+                continue
+            if isinstance(old, dict) and when > newest[0]:
+                newest = (when, old)
+        old = newest[1]
+        if not old:
+            return []
+        changed = [k for k in sorted(parts.keys() | old.keys()) if parts.get(k) != old.get(k)]
+        return changed[:8] + (["..."] if len(changed) > 8 else [])
+
+    # -- state: what calls change is not input ----------------------------------------
+    def _captured(self, *, split: bool = True) -> list[tuple[str, Any]]:
+        """What the function captures, by name: closure variables, the bound
+        object, a partial's arguments; dicts key by key and plain objects
+        attribute by attribute (:func:`~mlcache.keys.code_version.state_parts`), so that what
+        calls change can be left out alone. What calls change is left out.
+        ``split=False`` (the key, at every call) splits only a value some part of
+        which is known to be state: hashing a value whole is cheaper."""
+        found: list[tuple[str, Any]] = []
+        learned = self._captured_state
+        for entry in call_state(self.func, self._state_ignore) or ():
+            name = entry[0]
+            value = entry[1:] if name == "partial" else entry[1]
+            whole = name == "partial" or (
+                not split and not any(n.startswith((f"{name}.", f"{name}[")) for n in learned)
+            )
+            parts = None if whole else state_parts(name, value)
+            if parts is None:
+                found.append((name, value))
+            else:
+                found.append((name, type(value)))
+                found.extend(parts)
+        return [(n, v) for n, v in found if n not in self._captured_state]
+
+    def captured_key(self) -> bytes:
+        """The digest of what the function captures, for the key: one hash of the
+        (name, value) pairs (this runs at every call); a value that cannot be
+        hashed is left out, with one warning (see :meth:`_captured_digests`)."""
+        entries = self._captured(split=False)
+        try:
+            return Hasher().digest_of(entries)
+        except TypeError:
+            hashable = self._digests(entries)
+            return Hasher().digest_of([(n, v) for n, v in entries if n in hashable])
+
+    def _captured_digests(self) -> dict[str, bytes]:
+        """Name -> digest of each part of what the function captures (on a miss)."""
+        return self._digests(self._captured())
+
+    def _digests(self, entries: list[tuple[str, Any]]) -> dict[str, bytes]:
+        """Name -> digest of each entry; a value that cannot be hashed is left out
+        (of the key too), with one warning (joblib ignores them all)."""
+        digests: dict[str, bytes] = {}
+        hasher = Hasher()
+        for name, value in entries:
+            try:
+                digests[name] = hasher.digest_of(value)
+            except Exception as exc:
+                if name not in self._unhashable_warned:
+                    self._unhashable_warned.add(name)
+                    warn(
+                        f"mlcache: {self.func_id} captures {name!r} "
+                        f"({type(value).__module__}.{type(value).__qualname__}), which cannot "
+                        f"be hashed ({exc}); it is left out of the key (pass it as an "
+                        f"argument to make it count, or name it in ignore=)",
+                        stacklevel=6,
+                    )
+        return digests
+
+    def _watched_digests(self) -> dict[str, str]:
+        """Digests of the mutable module-level values the code reads, part by part."""
+        return watched_digests(self._watched)
+
+    def snapshot(self) -> tuple[dict[str, bytes], dict[str, str]] | None:
+        """Digests of what a call could change, taken before a computed call (None
+        when there is nothing to watch, or it cannot be read: nothing is learned)."""
+        if not self.stateful and not self._watched:
+            return None
+        try:
+            captured = self._captured_digests() if self.stateful else {}
+            return captured, self._watched_digests()
+        except Exception as exc:
+            logger.debug("mlcache: %s: cannot watch what calls change: %s", self.func_id, exc)
+            return None
+
+    def learn(
+        self,
+        before: tuple[dict[str, bytes], dict[str, str]] | None,
+        keyed: Keyed,
+    ) -> Keyed:
+        """After a computed call: what it changed, added or removed of what the
+        function captures or the code reads is state, remembered with the
+        function's cache and left out of later keys (a dict's other keys, an
+        object's other attributes still count). Returns the entry to store the
+        result under (the same, unless something was learned)."""
+        if before is None:
+            return keyed
+        captured, watched = before
+        changed = _changed(captured, self._captured_digests() if self.stateful else {})
+        changed_globals = _changed(watched, self._watched_digests())
+        # only a part (a dict's key, an object's attribute) or an accumulator (a
+        # list, a set) becomes state: an object that changes as a whole (a seeded
+        # random generator) keeps counting, so that it never gives a wrong hit
+        changed_captured = changed & learnable(self._captured(), expanded=True)
+        changed_globals &= learnable(self._watched, expanded=False)
+        if not changed_captured and not changed_globals:
+            return keyed
+        self._captured_state |= changed_captured
+        self._global_state |= changed_globals
+        _PROCESS_STATE.update(changed_globals)
+        if self._verbose:
+            logger_for(self._verbose).info(
+                "[Memory] %s changes %s: state, not input; left out of its keys from now on",
+                self.func_id,
+                ", ".join(sorted(changed_captured | changed_globals)[:8]),
+            )
+        self._save_state()
+        keyer = self.keyer if not changed_globals else self.prepare()
+        if keyer is None or changed - changed_captured:
+            # something captured changed that stays input: what remains is not as
+            # it was before the call, so the result keeps the key it was asked under
+            return keyed
+        # what remains of what it captures is as it was before the call
+        extra = self.captured_key() if self.stateful else b""
+        return f"{self.code_dir}/{keyer.combine(keyed[1], extra)}", keyed[1]
+
+    def _load_state(self) -> bool:
+        """Add what earlier processes learned calls of code of this shape change
+        (a signed record: a planted one cannot take anything out of a key). True
+        if module-level values were learned (the version is worked out again)."""
+        if self._state_base is None:
+            return False
+        try:
+            reader = open_entry(self._store, self._state_base, signer=self._ctx.signer)
+            data = decode(reader, allow_pickle=False)
+            captured, globals_ = data["captured"], data["globals"]
+            if not all(isinstance(n, str) for n in [*captured, *globals_]):
+                raise ValueError("names that are not strings")
+        except EntryNotFound:
+            return False
+        except Exception as exc:  # unreadable, unsigned, another key: learned again
+            logger.debug("could not read what %s changes: %s", self.func_id, exc)
+            return False
+        self._captured_state |= set(captured)
+        new = frozenset(globals_) - self._global_state - _PROCESS_STATE
+        self._global_state |= frozenset(globals_)
+        return bool(new)
+
+    def _save_state(self) -> None:
+        if self._state_base is None:
+            return
+        name = self._state_base
+        value = {"captured": sorted(self._captured_state), "globals": sorted(self._global_state)}
+        try:
+            codec = select_codec(value, allow_pickle=False)
+            info = {"func": self.func_id, "time": time.time()}
+            plan = EntryPlan(codec.name, codec.encode(value), info, None, self._ctx.signer, name)
+            with self._store.write(name) as f:
+                plan.write(f)
+        except Exception as exc:  # learned again by the next process
+            logger.debug("could not record what %s changes: %s", self.func_id, exc)
