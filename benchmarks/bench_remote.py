@@ -200,7 +200,7 @@ def bench_scaling(
                 cached_map(
                     f,
                     [(i, salt) for i in range(items)],
-                    backend="dask",
+                    executor="dask",
                     client=client,
                     progress=False,
                     star=True,

@@ -93,9 +93,9 @@ def test_cached_map_computes_only_what_is_missing(client, s3_bucket, tmp_path):
 
     log = str(tmp_path / "calls.log")
     f = _s3_memory(s3_bucket, tmp_path, "map").cache(partial(_logged_square, log=log))
-    out = cached_map(f, [1, 2, 3], backend="dask", client=client, progress=False)
+    out = cached_map(f, [1, 2, 3], executor="dask", client=client, progress=False)
     assert Path(log).read_text().count("call") == 3
-    out2 = cached_map(f, [1, 2, 3, 4, 5], backend="dask", client=client, progress=False)
+    out2 = cached_map(f, [1, 2, 3, 4, 5], executor="dask", client=client, progress=False)
     assert Path(log).read_text().count("call") == 5  # only 4 and 5
     for i, arr in zip([1, 2, 3, 4, 5], out2):
         np.testing.assert_array_equal(arr, np.full(1000, i * i, dtype=np.float64))
@@ -103,8 +103,8 @@ def test_cached_map_computes_only_what_is_missing(client, s3_bucket, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("backend", ["threads", "processes"])
-def test_cached_map_on_local_executors(tmp_path, backend):
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_cached_map_on_local_executors(tmp_path, executor):
     from functools import partial
 
     from mlcache.memo.parallel import cached_map
@@ -112,11 +112,11 @@ def test_cached_map_on_local_executors(tmp_path, backend):
     log = str(tmp_path / "calls.log")
     f = Memory(tmp_path / "c", verbose=0).cache(partial(_logged_square, log=log))
     f(0)
-    out = cached_map(f, range(4), backend=backend, workers=2, progress=False)
+    out = cached_map(f, range(4), executor=executor, workers=2, progress=False)
     assert Path(log).read_text().count("call") == 4  # 0 was cached
     assert [float(a[0]) for a in out] == [0.0, 1.0, 4.0, 9.0]
-    with pytest.raises(ValueError, match="backend"):
-        cached_map(f, [1], backend="gpu")
+    with pytest.raises(ValueError, match="executor"):
+        cached_map(f, [1], executor="gpu")
     with pytest.raises(TypeError, match="memoized"):
         cached_map(len, [1])
 
@@ -133,7 +133,7 @@ def test_cached_map_results_chain_like_hits(tmp_path):
     log = str(tmp_path / "calls.log")
     mem = Memory(tmp_path / "c", verbose=0, mmap_mode="r")
     f = mem.cache(partial(_logged_square, log=log))
-    first = cached_map(f, [1, 2], backend="processes", workers=2, progress=False)
+    first = cached_map(f, [1, 2], executor="processes", workers=2, progress=False)
     assert all(REF_ATTR in a.__dict__ for a in first)
-    again = cached_map(f, [1, 2], backend="processes", workers=2, progress=False)
+    again = cached_map(f, [1, 2], executor="processes", workers=2, progress=False)
     assert [getattr(a, REF_ATTR) for a in first] == [getattr(a, REF_ATTR) for a in again]

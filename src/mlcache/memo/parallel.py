@@ -9,27 +9,30 @@ the same map computes nothing.
 from __future__ import annotations
 
 import concurrent.futures
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from .._util import progress as progress_bar
 from .func import MemorizedFunc
 
-__all__ = ["BACKENDS", "cached_map"]
+__all__ = ["EXECUTORS", "cached_map"]
 
 T = TypeVar("T")
-#: what ``cached_map(backend=...)`` accepts
-BACKENDS = ("threads", "processes", "dask")
+#: what ``cached_map(executor=...)`` accepts
+EXECUTORS = ("threads", "processes", "dask")
 
 
 def cached_map(
     func: MemorizedFunc[Any, T],
     items: Iterable[Any],
     *,
-    backend: str = "threads",
+    executor: str = "threads",
     client: Any = None,
     workers: int | None = None,
     progress: bool = True,
     star: bool = False,
+    backend: str | None = None,
 ) -> list[T]:
     """``[func(item) for item in items]``, with the items whose result is not cached
     yet computed in parallel first.
@@ -38,7 +41,7 @@ def cached_map(
     ----------
     func:
         A memoized function (``mem.cache(f)``), called with one item each.
-    backend:
+    executor:
         ``"threads"`` (the default: for functions that release the GIL, numpy
         and most I/O), ``"processes"`` (a local process pool) or ``"dask"`` (the
         ``client``'s cluster, or the current one).
@@ -48,18 +51,35 @@ def cached_map(
         A progress bar of the computations (tqdm, quiet off a terminal).
     star:
         Each item is a tuple of arguments: ``func(*item)``.
+    backend:
+        Deprecated name of ``executor`` (it clashed with ``Memory(backend=)``,
+        the store); accepted with a ``DeprecationWarning`` for one release.
 
     Results come back in the order of ``items``: cached ones as a hit returns
     them, computed ones as the workers returned them; with ``mmap_mode="r"``
     those are loaded from the cache too, so that they carry their entry's name
     as hits do (passed on to the next memoized step, they are not hashed again).
+
+    >>> from mlcache import Memory
+    >>> from mlcache.memo.parallel import cached_map
+    >>> square = Memory(None).cache(lambda x: x * x)
+    >>> cached_map(square, [1, 2, 3], progress=False)  # doctest: +SKIP
+    [1, 4, 9]
     """
+    if backend is not None:
+        warnings.warn(
+            "cached_map(backend=) is deprecated: it is now cached_map(executor=) "
+            "(backend= names the store in Memory(backend=))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        executor = backend
     if not isinstance(func, MemorizedFunc):
         raise TypeError(
             f"cached_map needs a memoized function (mem.cache(f)), got {type(func).__name__}"
         )
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}; got {executor!r}")
     args = [tuple(x) if star else (x,) for x in items]
     # what is cached already: one lookup per item, on threads (a remote store's
     # lookups are round trips)
@@ -69,8 +89,12 @@ def cached_map(
     computed: dict[int, Any] = {}
     if missing:
         todo = [args[i] for i in missing]
-        done = _run(_Star(func), todo, backend, client, workers)
-        for i, value in zip(missing, _progress(done, len(todo), progress, func)):
+        done = _run(_Star(func), todo, executor, client, workers)
+        shown = progress_bar(
+            done, f"computing {func.func_id}", total=len(todo), unit="item", enabled=progress
+        )
+        # strict: the bar's iterator is run to its end, which closes the bar
+        for i, value in zip(missing, shown, strict=True):
             computed[i] = value
     # with mmap_mode="r" a hit's result carries its entry's name (chaining): load
     # the computed ones too, so that every run returns the same kind of value
@@ -89,10 +113,10 @@ class _Star:
 
 
 def _run(
-    func: Callable[[Any], Any], todo: list[Any], backend: str, client: Any, workers: int | None
+    func: Callable[[Any], Any], todo: list[Any], executor: str, client: Any, workers: int | None
 ) -> Iterator[Any]:
     """The results of ``func`` over ``todo``, in order, as they can be had."""
-    if backend == "dask":
+    if executor == "dask":
         if client is None:
             from distributed import get_client
 
@@ -102,24 +126,9 @@ def _run(
             yield future.result()
         return
     pool: concurrent.futures.Executor
-    if backend == "threads":
+    if executor == "threads":
         pool = concurrent.futures.ThreadPoolExecutor(workers)
     else:
         pool = concurrent.futures.ProcessPoolExecutor(workers)
     with pool:
         yield from pool.map(func, todo)
-
-
-def _progress(results: Iterator[Any], total: int, show: bool, func: Any) -> Iterator[Any]:
-    if not show:
-        yield from results
-        return
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        yield from results
-        return
-    with tqdm(total=total, desc=f"computing {func.func_id}", unit="item", disable=None) as bar:
-        for value in results:
-            bar.update()
-            yield value
