@@ -1,4 +1,6 @@
-"""entry.py: the entry file format, its checks, and every way of reading it."""
+"""entry/: the entry file format byte by byte (format.py, writer.py), its checks
+and every way of reading a file (reader.py's EntryReader), the committed fixtures.
+Reading an entry of a store is tests/entry/test_reader.py's."""
 
 from __future__ import annotations
 
