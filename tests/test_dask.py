@@ -127,7 +127,7 @@ def test_cached_map_results_chain_like_hits(tmp_path):
     the next."""
     from functools import partial
 
-    from mlcache.keys.hashing import REF_ATTR
+    from mlcache.entry import REF_ATTR
     from mlcache.memo.parallel import cached_map
 
     log = str(tmp_path / "calls.log")

@@ -8,7 +8,8 @@ import pytest
 
 from mlcache import Memory
 from mlcache.data import pack
-from mlcache.keys.hashing import REF_ATTR, bytes_hashed, hash_value
+from mlcache.entry import REF_ATTR
+from mlcache.keys.hashing import bytes_hashed, hash_value
 
 STEPS: list[str] = []
 

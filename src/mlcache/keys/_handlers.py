@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..entry import REF_ATTR  # what a cached read-only map carries: entries set it
 from .hashing import (
-    REF_ATTR,
     Handler,
     Hasher,
     handle_exact,

@@ -48,9 +48,9 @@ Decisions (tested in ``tests/keys/test_hashing.py``):
   the type and the original error, and the caller makes the call uncached.
 * **Values that came out of the cache are not hashed again.** A read-only
   memory-mapped array that a memoized function returned carries the name of its
-  entry and its place in it (:data:`REF_ATTR`); it is keyed by that name, so
-  passing it on to the next step of a pipeline costs nothing, whatever its
-  size. Only read-only maps carry it (they cannot be changed through Python);
+  entry and its place in it (:data:`mlcache.entry.REF_ATTR`); it is keyed by
+  that name, so passing it on to the next step of a pipeline costs nothing,
+  whatever its size. Only read-only maps carry it (they cannot be changed through Python);
   writable results, views and slices are hashed by their contents.
 * :func:`bytes_hashed` counts the buffer bytes this process has hashed.
 
@@ -97,7 +97,6 @@ from .blocks import block_digests, chunk_block_digests
 
 __all__ = [
     "HASH_SCHEME",
-    "REF_ATTR",
     "Handler",
     "Hasher",
     "bytes_hashed",
@@ -119,8 +118,6 @@ _BIG = 1 << 16  # buffers at least this large bypass the staging buffer
 _TREE_MIN = 1 << 26
 _BLOCK = 1 << 24
 _pack_Q = struct.Struct("<Q").pack
-#: the attribute of a cached read-only map that names where it came from
-REF_ATTR = "_mlcache_ref"
 _hashed = [0]  # bytes of buffers hashed by this process
 
 
