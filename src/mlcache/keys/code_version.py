@@ -80,13 +80,6 @@ from .dependencies import CodeWalkError, DependencyWalk, call_target, is_code, l
 from .hashing import Hasher, code_walk, handle_exact, handle_family, in_code_walk, typename
 from .origin import is_user_code, library_version
 
-# memo/func.py and data/cached.py as committed still import these three from
-# here (their files carry their owners' uncommitted work): kept until they
-# import them from mlcache.keys.state
-from .state import learnable as learnable
-from .state import state_parts as state_parts
-from .state import watched_digests as watched_digests
-
 __all__ = ["CODE_MODES", "CodeVersion", "CodeWalkError", "code_version"]
 
 #: what ``Memory(code=...)`` accepts
