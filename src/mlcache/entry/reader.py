@@ -493,16 +493,17 @@ def verify_file(path: str, signer: Signer | None = None, name: str = "") -> None
 
 # -- entries of a store --------------------------------------------------------
 
-#: store class -> whether it hands out local files (resolved once per class: a
-#: runtime Protocol check costs 10-30 µs, and this runs on every remote hit)
+#: store class -> its method giving an entry's local file, or None (checked against
+#: LocalPaths once per class: a runtime Protocol check costs 10-30 µs, and this
+#: runs on every hit of a store whose paths the caller does not know)
 _LOCAL_KINDS: dict[type, Callable[[Any, str], str] | None] = {}
 
 
 def _local_opener(kind: type) -> Callable[[Any, str], str] | None:
-    if isinstance(kind, type) and issubclass(kind, LocalPaths):
+    if issubclass(kind, LocalPaths):
         return kind.local_path
-    # an FsspecStore keeps its local copies behind fetch() until it implements
-    # LocalPaths (store/cached.py, the store helper's part of issue 14)
+    # FsspecStore keeps its local copies behind fetch() until that becomes
+    # LocalPaths.local_path (see mlcache.store.fsspec); then this goes
     fetch = getattr(kind, "fetch", None)
     return fetch if callable(fetch) else None
 
