@@ -3,15 +3,16 @@
 
 Inside the package, imports point down::
 
-    call, code_version          the key of a call; functions' code versions
-      |                         (code_version registers the hashing of
-    dependencies, identity      functions and classes into hashing's table)
+    call, code_version            the key of a call; code versions (which register
+      |                           the hashing of functions and classes)
+    dependencies                  the walk behind a code version
       |
-    state, _handlers            what calls change; the handlers of value types
+    identity, state, _handlers    which function; what calls change; the hashing
+      |                           handlers of value types (numpy, pandas, torch...)
+    hashing                       the canonical stream and its dispatch table
       |
-    hashing                     the canonical stream, the dispatch table
-      |
-    bytecode, origin            normalised code; user code or a library's
+    bytecode, origin, blocks      normalised code; user code or a library's;
+                                  large buffers hashed block by block
 
 Importing any ``mlcache.keys`` module runs this file first, which imports the
 handler modules: so a function is never hashed without its code version,

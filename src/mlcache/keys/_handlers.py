@@ -33,7 +33,7 @@ from .hashing import (
 )
 from .origin import is_user_code, library_version
 
-__all__ = ["instance_state", "write_global"]
+__all__ = ["write_global"]
 
 _CHUNK = 1 << 24  # copy size when hashing a non-contiguous array
 _pack_q = struct.Struct("<q").pack
@@ -196,7 +196,7 @@ def _ndarray_subclass(h: Hasher, obj: np.ndarray[Any, Any]) -> None:
     # in __dict__ or slots) and its buffer, never pickled
     h.buf += b"X"
     h.text(typename(obj))
-    attrs, slots = instance_state(obj)
+    attrs, slots = _instance_state(obj)
     if isinstance(obj, np.ma.MaskedArray):
         # the mask, the fill value and the hard-mask flag change what the array
         # does; the other bookkeeping (_sharedmask, _optinfo, ...) does not
@@ -271,7 +271,7 @@ def _slot_names(t: type) -> tuple[str, ...]:
     return found
 
 
-def instance_state(obj: Any) -> tuple[dict[str, Any] | None, list[tuple[str, Any]]]:
+def _instance_state(obj: Any) -> tuple[dict[str, Any] | None, list[tuple[str, Any]]]:
     """An instance's ``__dict__`` (or None) and its slots' ``(name, value)``, read
     without running its ``__getattr__`` or ``__getattribute__``; an unset slot's
     value is a marker that hashes as such."""
@@ -390,7 +390,7 @@ def _torch(h: Hasher, obj: Any) -> None:
         for part in parts:
             _torch(h, part)
         return
-    attrs, slots = instance_state(obj)  # attributes set on it: a function can read them
+    attrs, slots = _instance_state(obj)  # attributes set on it: a function can read them
     h.update(attrs or None)
     if slots:
         h.update(slots)
