@@ -36,7 +36,7 @@ class RemoteConformance(StoreTests):
 
     def test_a_write_is_also_the_local_copy(self, store):
         put(store, "f/v/a", b"hello")
-        assert Path(store.fetch("f/v/a")).read_bytes() == b"hello"
+        assert Path(store.local_path("f/v/a")).read_bytes() == b"hello"
 
     def test_local_path_copies_once_and_reads_locally_after(self, store, tmp_path):
         put(store, "f/v/a", b"data" * 100)
@@ -44,18 +44,18 @@ class RemoteConformance(StoreTests):
         gets = []
         real = other.fs.get_file
         other.fs.get_file = lambda *a, **k: gets.append(a) or real(*a, **k)
-        assert Path(other.fetch("f/v/a")).read_bytes() == b"data" * 100
-        assert Path(other.fetch("f/v/a")).read_bytes() == b"data" * 100
+        assert Path(other.local_path("f/v/a")).read_bytes() == b"data" * 100
+        assert Path(other.local_path("f/v/a")).read_bytes() == b"data" * 100
         assert len(gets) == 1
         with pytest.raises(FileNotFoundError):
-            other.fetch("f/v/missing")
+            other.local_path("f/v/missing")
 
     def test_the_local_copy_keeps_its_limit(self, store, tmp_path):
         other = self.reopen(store, tmp_path / "small", local_cache_limit=10_000)
         for i in range(20):
             put(store, f"f/v/{i}", bytes(1000))
         for i in range(20):
-            other.fetch(f"f/v/{i}")
+            other.local_path(f"f/v/{i}")
         other.trim_local()
         total = sum(p.stat().st_size for p in (tmp_path / "small").rglob("*") if p.is_file())
         assert total <= 10_000

@@ -8,13 +8,12 @@ How it keeps the promises of a store on an object store:
   system it is sent to a temporary name and renamed. Each entry is one object
   and carries its own checksums (and signature), so a reader never trusts a
   partial one; there is nothing else to publish.
-* **Memory maps need local files.** :meth:`FsspecStore.fetch` (to become
-  :class:`~mlcache.store.LocalPaths`' ``local_path`` once the function cache
-  joins entry paths only for :class:`~mlcache.store.LocalFolders`) copies an
-  entry once (one GET) into a local read-through cache (``local_cache_dir``,
-  with its own size limit, least recently used first:
-  :class:`~mlcache.store.cached.LocalCopies`), and reads map that copy; a
-  second hit on the same machine reads locally. What this process writes is
+* **Memory maps need local files** (:class:`~mlcache.store.LocalPaths`; not
+  :class:`~mlcache.store.LocalFolders`: a folder has no copy).
+  :meth:`FsspecStore.local_path` copies an entry once (one GET) into a local
+  read-through cache (``local_cache_dir``, with its own size limit, least
+  recently used first: :class:`~mlcache.store.cached.LocalCopies`), and reads
+  map that copy; a second hit on the same machine reads locally. What this process writes is
   kept there too. Entry names are keys of results, so a local copy never goes
   stale; a damaged copy is fetched again.
 * **One computation per key across machines.** :meth:`FsspecStore.lock` is a
@@ -196,8 +195,8 @@ class FsspecStore:
         for name in names:
             check_name(name)
 
-    # -- the local read-through copy ------------------------------------------
-    def fetch(self, name: str) -> str:
+    # -- LocalPaths: the local read-through copy ------------------------------------------
+    def local_path(self, name: str) -> str:
         """A local file holding entry ``name`` (copied in on first use, in one GET),
         for reading and mapping. Raises ``FileNotFoundError`` if the entry does not
         exist."""
