@@ -1,4 +1,5 @@
-"""fingerprint.py: which function (identity, slug) and which version of its code."""
+"""identity.py (which function: identity, slug, call state) and the code versions
+that tell two functions apart."""
 
 from __future__ import annotations
 

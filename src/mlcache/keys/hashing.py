@@ -504,10 +504,11 @@ def _enter_library_bases() -> None:
     (a subclass of one cannot exist before its library is imported)."""
     for entry in list(_LIBRARY_BASES):
         library, base, handler = entry
-        module = sys.modules.get(library)
-        if module is not None:
-            _BY_TYPE[getattr(module, base)] = handler
-            _LIBRARY_BASES.remove(entry)
+        found = getattr(sys.modules.get(library), base, None)  # None: not imported (yet)
+        if isinstance(found, type):
+            _BY_TYPE[found] = handler
+            with contextlib.suppress(ValueError):  # another thread entered it first
+                _LIBRARY_BASES.remove(entry)
 
 
 def _type_has(t: type, name: str) -> bool:
