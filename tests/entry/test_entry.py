@@ -766,10 +766,3 @@ def test_encoded_with_no_segments(tmp_path):
         write_entry(f, "npy", Encoded({"tree": [1, "a"]}, []), {})
     assert read(path) == [1, "a"]
     assert read(path, "r") == [1, "a"]
-
-
-def test_the_reference_attribute_is_the_one_the_keys_read():
-    # the reader names a mapped array's origin; keys must key it by that very name
-    from mlcache.keys import hashing
-
-    assert entry.REF_ATTR == hashing.REF_ATTR == "_mlcache_ref"
