@@ -4,6 +4,11 @@ A call is keyed (see :mod:`mlcache.keys.call` and :mod:`mlcache.keys.identity`),
 looked up, and computed and stored on a miss. Every cache problem degrades to a
 miss or an unstored result with one :class:`~mlcache.CacheWarning`; the user's
 call never fails because of the cache.
+
+This module is the calling: the hit path and the exception-to-miss policy.
+Which code version a call is keyed under, and what calls change, is
+:mod:`mlcache.memo.versions`; one computation per key, :mod:`mlcache.memo.locking`;
+what the functions of one Memory share, :mod:`mlcache.memo.context`.
 """
 
 from __future__ import annotations

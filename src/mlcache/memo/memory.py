@@ -6,8 +6,10 @@ Layout in the store::
     <function slug>/<code version[:16]>/<call key>     one entry file per call
 
 Changing the function's code changes the folder, so results of old code are
-never returned; the first use in a process of a version removes the folders
-of the function's other versions (as joblib clears a changed function's cache).
+never returned; the folders of the function's other versions are kept side by
+side, and go by age, size limits and ``prune`` (see :mod:`mlcache.memo.versions`).
+``Memory`` builds one :class:`~mlcache.memo.context.MemoContext` and hands it to
+every function it memoizes.
 """
 
 from __future__ import annotations
@@ -263,7 +265,7 @@ class Memory:
         c = self._config
         # the store's resolved location: a relative path must not be re-read
         # against the receiving process's working directory
-        location = getattr(self.store, "location", c.location) if self.store else None
+        location = self.store.location if self.store is not None else None
         args = (
             location,
             c.backend,
