@@ -926,3 +926,47 @@ def test_functions_fail_to_hash_without_their_code_version(monkeypatch):
     hashing._EXACT[types.FunctionType] = hashing._needs_code_versions
     with pytest.raises(TypeError, match="code version.*import mlcache.keys"):
         hash_value(test_key_is_32_hex_digits_and_deterministic)
+
+
+# -- dispatch: which handler a type gets ---------------------------------------------
+class _TokenMeta(type):
+    def __mlcache_token__(cls):
+        return "by its metaclass"
+
+
+class _MetaTokened(metaclass=_TokenMeta):
+    pass
+
+
+class _TokenedArray(np.ndarray):
+    def __mlcache_token__(self):
+        return "ignored: arrays are hashed from their buffers"
+
+
+def _stream_start(obj: object, n: int = 2) -> bytes:
+    h = Hasher()
+    h.update(obj)
+    return bytes(h.buf[:n])
+
+
+def test_dispatch_order_of_families_tokens_and_callables():
+    import pandas as pd
+    import torch
+
+    class Frame(pd.DataFrame):  # a user's subclass: not pandas' own frame
+        pass
+
+    class Tensor(torch.Tensor):  # a user's subclass: still a tensor
+        pass
+
+    assert _stream_start(pd.DataFrame({"a": [1]})) == b"pD"
+    assert _stream_start(Frame({"a": [1]}))[:1] == b"R"  # as pickle sees it
+    assert _stream_start(torch.ones(2).as_subclass(Tensor))[:1] == b"t"
+    assert _stream_start(torch.float32)[:1] == b"g"  # torch's, not a tensor: pickled
+    # a value family wins over a token; a token over the kinds of callables
+    assert _stream_start(np.arange(3).view(_TokenedArray))[:1] == b"X"
+    assert _stream_start(_MetaTokened)[:1] == b"k"
+    assert _stream_start(collections.abc.Sized)[:1] == b"G"  # a class of a metaclass
+    assert _stream_start(np.float32(1))[:1] == b"n"
+    assert _stream_start(np.dtype("f4"))[:1] == b"d"
+    assert _stream_start(np.add)[:1] == b"U"
