@@ -23,7 +23,9 @@ from .memo.usage import FunctionStats
 from .store import EntryStat
 
 __all__ = [
+    "Cleared",
     "PackInfo",
+    "clear",
     "find_function",
     "find_pack",
     "function_entries",
@@ -31,6 +33,7 @@ __all__ = [
     "pack_entries",
     "packs",
     "prune",
+    "verify_packs",
 ]
 
 #: how deep under the location dataset packs are looked for
@@ -154,6 +157,57 @@ def pack_entries(location: str) -> list[EntryStat]:
     """The packs as :class:`EntryStat` rows (name relative to ``location``), for
     eviction plans."""
     return [EntryStat(p.name, p.size, p.last_used) for p in packs(location, detail=False)]
+
+
+@dataclasses.dataclass
+class Cleared:
+    """What :func:`clear` removed."""
+
+    functions: list[FunctionStats]
+    packs: list[PackInfo]
+
+    @property
+    def names(self) -> list[str]:
+        """The functions' identities, then the packs' names."""
+        return [st.func for st in self.functions] + [p.name for p in self.packs]
+
+
+def clear(mem: Memory, location: str, name: str | None = None) -> Cleared | None:
+    """Remove every function result and dataset pack of the cache (``name`` None),
+    or the one function or pack ``name`` names (see :func:`find_function` and
+    :func:`find_pack`); None when nothing has that name."""
+    if name is None:
+        funcs, found = functions(mem), packs(location, detail=False)
+        mem.clear(warn=False)
+        for p in found:
+            remove_pack(p.path)
+        return Cleared(funcs, found)
+    st = find_function(mem, name)
+    if st is not None:
+        mem.remove_function(st.folder)
+        return Cleared([st], [])
+    pack = find_pack(location, name)
+    if pack is not None:
+        remove_pack(pack.path)
+        return Cleared([], [pack])
+    return None
+
+
+def verify_packs(location: str, *, fix: bool = False) -> list[dict[str, Any]]:
+    """Check every byte of each dataset pack under ``location``; the damaged and
+    unreadable ones as ``{"name", "error", "removed"}`` (a damaged pack is removed
+    when ``fix``; an unreadable one is reported, never removed)."""
+    bad = []
+    for p in packs(location, detail=False):
+        try:
+            PackedDataset(p.path).verify()
+        except PackCorrupted as exc:
+            if fix:
+                remove_pack(p.path)
+            bad.append({"name": p.name, "error": str(exc), "removed": fix})
+        except OSError as exc:  # unreadable is not damaged
+            bad.append({"name": p.name, "error": f"cannot read: {exc}", "removed": False})
+    return bad
 
 
 def prune(

@@ -16,10 +16,9 @@ import tempfile
 import time
 from typing import Any
 
-from . import __version__
+from . import __version__, admin
 from ._tables import print_table
 from ._util import parse_bytes, parse_duration
-from .data.cached import remove_pack
 from .memo.memory import Memory
 from .store.local import cache_folder, default_location
 
@@ -57,9 +56,7 @@ def _dump(obj: Any) -> None:
 
 # -- commands ---------------------------------------------------------------------------
 def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import admin as inventory
-
-    funcs, found = inventory.functions(mem), inventory.packs(location)
+    funcs, found = admin.functions(mem), admin.packs(location)
     if args.json:
         _dump(
             {
@@ -99,11 +96,9 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
 
 
 def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import admin as inventory
-
-    st = inventory.find_function(mem, args.name)
+    st = admin.find_function(mem, args.name)
     if st is not None:
-        entries = inventory.function_entries(mem, st)
+        entries = admin.function_entries(mem, st)
         if args.json:
             _dump({"function": st.as_dict(), "entries": entries})
             return OK
@@ -124,7 +119,7 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
         ]
         print_table("Entries", ["key", "arguments", "size", "created", "last use", "compute"], rows)
         return OK
-    pack = inventory.find_pack(location, args.name)
+    pack = admin.find_pack(location, args.name)
     if pack is None:
         print(f"no function or pack named {args.name!r} in {location}", file=sys.stderr)
         return USAGE
@@ -152,34 +147,27 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
 
 
 def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import admin as inventory
-
-    if args.name is None:
-        funcs, found = inventory.functions(mem), inventory.packs(location, detail=False)
-        mem.clear(warn=False)
-        for p in found:
-            remove_pack(p.path)
-        cleared = [f.func for f in funcs] + [p.name for p in found]
-        text = f"cleared {len(funcs)} functions and {len(found)} dataset packs in {location}"
-    elif (st := inventory.find_function(mem, args.name)) is not None:
-        mem.remove_function(st.folder)
-        cleared, text = [st.func], f"cleared {st.func} ({st.entries} entries, {_size(st.size)})"
-    elif (pack := inventory.find_pack(location, args.name)) is not None:
-        remove_pack(pack.path)
-        cleared, text = [pack.name], f"removed {pack.name} ({_size(pack.size)})"
-    else:
+    cleared = admin.clear(mem, location, args.name)
+    if cleared is None:
         print(f"no function or pack named {args.name!r} in {location}", file=sys.stderr)
         return USAGE
+    if args.name is None:
+        funcs, found = len(cleared.functions), len(cleared.packs)
+        text = f"cleared {funcs} functions and {found} dataset packs in {location}"
+    elif cleared.functions:
+        st = cleared.functions[0]
+        text = f"cleared {st.func} ({st.entries} entries, {_size(st.size)})"
+    else:
+        pack = cleared.packs[0]
+        text = f"removed {pack.name} ({_size(pack.size)})"
     if args.json:
-        _dump({"location": location, "cleared": cleared})
+        _dump({"location": location, "cleared": cleared.names})
     else:
         print(text)
     return OK
 
 
 def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import admin as inventory
-
     try:
         max_size = parse_bytes(args.max_size)
         older = parse_duration(args.older_than)
@@ -189,7 +177,7 @@ def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
     if max_size is None and older is None:
         print("mlcache prune: give --max-size and/or --older-than", file=sys.stderr)
         return USAGE
-    plan = inventory.prune(mem, max_size=max_size, older_than=older, dry_run=args.dry_run)
+    plan = admin.prune(mem, max_size=max_size, older_than=older, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     if args.json:
         _dump(
@@ -208,21 +196,8 @@ def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
 
 
 def _verify(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    from . import admin as inventory
-    from .data.reader import PackedDataset
-    from .errors import PackCorrupted
-
     damaged = mem.verify(fix=args.fix)
-    bad_packs = []
-    for p in inventory.packs(location, detail=False):
-        try:
-            PackedDataset(p.path).verify()
-        except PackCorrupted as exc:
-            if args.fix:
-                remove_pack(p.path)
-            bad_packs.append({"name": p.name, "error": str(exc), "removed": args.fix})
-        except OSError as exc:  # unreadable is not damaged: reported, never removed
-            bad_packs.append({"name": p.name, "error": f"cannot read: {exc}", "removed": False})
+    bad_packs = admin.verify_packs(location, fix=args.fix)
     if args.json:
         report = {"location": location, "damaged": damaged, "damaged_packs": bad_packs}
         _dump(report | {"fixed": args.fix})
