@@ -1,0 +1,105 @@
+"""MemoContext: what a Memory resolves once for its functions, and the one lock
+loop (memo/locking.py) that plain and async functions share."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pickle
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mlcache import Memory
+from mlcache.memo.context import MemoContext
+
+
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def test_the_local_stores_powers_are_resolved_once(tmp_path):
+    mem = Memory(tmp_path, verbose=0, bytes_limit="1MB")
+    ctx = mem.context
+    assert isinstance(ctx, MemoContext)
+    assert ctx.store is mem.store
+    assert ctx.local is mem.store and ctx.locking is mem.store and ctx.counters is mem.store
+    assert ctx.guard is not None and ctx.bytes_limit == 1 << 20
+    assert not ctx.writes.read_only and ctx.signer is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.allow_pickle = False  # type: ignore[misc]
+
+
+def test_a_store_without_local_files_has_no_local_power(tmp_path):
+    ctx = Memory(f"mem-{tmp_path.name}", backend="memory", verbose=0).context
+    assert ctx is not None and ctx.local is None and ctx.guard is None
+
+
+def test_no_store_no_context():
+    assert Memory(None).context is None
+
+
+def test_a_function_and_its_results_read_the_context(tmp_path):
+    mem = Memory(tmp_path, verbose=0, allow_pickle=False, secret=False)
+    f = mem.cache(_double)
+    shelved = f.call_and_shelve(2)
+    assert shelved.context is mem.context and shelved.get() == 4
+    # a result pickles as its Memory, rebuilt where it is unpickled
+    again = pickle.loads(pickle.dumps(shelved))
+    assert again.get() == 4 and again.context.allow_pickle is False
+    assert again.context.signer is None
+
+
+def test_flush_usage_and_remove_function_are_the_faces_way_in(tmp_path):
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(_double)
+    f(1), f(1)
+    mem.flush_usage()
+    assert f.stats().hits == 1
+    mem.remove_function(f.stats().folder)
+    assert not f.check_call_in_cache(1)
+
+
+def _logged_double(x: int, log: str) -> int:
+    # counted in a file: a list the function appended to would be learned as state
+    with open(log, "a") as f:
+        f.write("call\n")
+    return 2 * x
+
+
+async def _async_logged_double(x: int, log: str) -> int:
+    return _logged_double(x, log)
+
+
+def _wait_and_store(mem, f, log, run) -> list[int]:
+    """Hold the key's lock here, ``run`` the memoized call in a thread (it waits),
+    and store the result meanwhile with f.call (which does not lock): the waiter
+    looks between two tries of the lock and finds it. What the thread got."""
+    name = f._name((3, log), {})
+    got: list[int] = []
+    with mem.store.lock(name, 5) as held:
+        assert held
+        t = threading.Thread(target=lambda: got.append(run()))
+        t.start()
+        time.sleep(0.05)
+        out = f.call(3, log)
+        assert (asyncio.run(out) if asyncio.iscoroutine(out) else out)[0] == 6
+        t.join(5)
+        assert not t.is_alive()
+    return got
+
+
+def test_a_waiting_call_returns_what_another_stored_meanwhile(tmp_path):
+    mem, log = Memory(tmp_path / "c", verbose=0), str(tmp_path / "log")
+    f = mem.cache(_logged_double, ignore=["log"])
+    assert _wait_and_store(mem, f, log, lambda: f(3, log)) == [6]
+    assert Path(log).read_text().count("call") == 1  # only f.call computed it
+
+
+def test_an_async_waiting_call_returns_what_another_stored_meanwhile(tmp_path):
+    mem, log = Memory(tmp_path / "c", verbose=0), str(tmp_path / "log")
+    f = mem.cache(_async_logged_double, ignore=["log"])
+    assert _wait_and_store(mem, f, log, lambda: asyncio.run(f(3, log))) == [6]
+    assert Path(log).read_text().count("call") == 1
