@@ -92,8 +92,9 @@ _ACCUMULATORS = (list, set, bytearray, collections.deque)
 def learnable(entries: Iterable[tuple[str, Any]], *, expanded: bool) -> set[str]:
     """The names among ``entries`` (name, value) that may become state: the parts
     of dicts and plain objects, and accumulators. ``expanded``: the entries are
-    already split into parts (as :meth:`mlcache.memo.versions.FunctionCode._captured` gives them), so a
-    part is any entry named below another (``self.calls``, ``conf[<key>]``)."""
+    already split into parts (as :meth:`mlcache.memo.versions.FunctionCode._captured`
+    gives them), so a part is any entry named below another (``self.calls``,
+    ``conf[<key>]``)."""
     names = set()
     for name, value in entries:
         if issubclass(type(value), _ACCUMULATORS):  # by type: a proxy may raise
