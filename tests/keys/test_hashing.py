@@ -848,6 +848,8 @@ def test_keys_are_pinned():
 def own_registrations(monkeypatch):
     """Registrations made by a test are undone after it."""
     monkeypatch.setattr(hashing, "_BY_TYPE", dict(hashing._BY_TYPE))
+    monkeypatch.setattr(hashing, "_LIBRARY_BASES", list(hashing._LIBRARY_BASES))
+    monkeypatch.setattr(hashing, "_OWN", set(hashing._OWN))
     monkeypatch.setattr(hashing, "_RESOLVED", {})
 
 
@@ -885,7 +887,9 @@ def test_register_hasher_refuses_what_it_cannot_take(own_registrations):
         register_hasher("Tokenizer", len)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="needs a callable"):
         register_hasher(Tokenizer, 3)  # type: ignore[arg-type]
-    for builtin in (int, dict, object, np.ndarray, type):
+    import torch
+
+    for builtin in (int, dict, object, np.ndarray, type, torch.Tensor):
         with pytest.raises(InvalidRegistration, match="hashed by mlcache itself"):
             register_hasher(builtin, repr)
     with pytest.raises(TypeError):

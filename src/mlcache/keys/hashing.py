@@ -434,8 +434,9 @@ def register_hasher(cls: type, function: Callable[[Any], Any]) -> None:
     with ``obj``'s type, as if ``cls`` defined ``__mlcache_token__``. Use it for
     a type whose default key (through ``__reduce_ex__``, as pickle sees it) is
     slow, unstable or refused, and that you cannot edit. The most specific
-    registration wins (the type's MRO); registering a type again replaces its
-    function.
+    registration wins (the type's MRO), also over how mlcache hashes the other
+    types of a library (a pandas ``Timestamp``); registering a type again
+    replaces its function.
 
     Raises :class:`~mlcache.errors.InvalidRegistration` (a ``TypeError``) when
     ``cls`` is not a class or is one mlcache hashes itself (``int``, ``dict``,
@@ -457,6 +458,8 @@ def register_hasher(cls: type, function: Callable[[Any], Any]) -> None:
         raise InvalidRegistration(
             f"register_hasher needs a class, got {cls!r} of type {typename(cls)}"
         )
+    if _LIBRARY_BASES:
+        _enter_library_bases()  # torch.Tensor is mlcache's too, once torch is imported
     if cls in _OWN:
         raise InvalidRegistration(
             f"register_hasher: {cls.__module__}.{cls.__qualname__} is hashed by mlcache "
@@ -507,6 +510,7 @@ def _enter_library_bases() -> None:
         found = getattr(sys.modules.get(library), base, None)  # None: not imported (yet)
         if isinstance(found, type):
             _BY_TYPE[found] = handler
+            _OWN.add(found)
             with contextlib.suppress(ValueError):  # another thread entered it first
                 _LIBRARY_BASES.remove(entry)
 
