@@ -1,20 +1,34 @@
 """Base utilities every layer may use: byte sizes and durations as users write
-them, waiting with backoff, and progress bars.
+them, safe folder names (:func:`slug`), waiting with backoff, progress bars, and
+the threads that hash and check large buffers on all cores.
 
 Nothing here imports another mlcache module except :mod:`mlcache.errors`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as _dt
+import os
 import re
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, TypeVar
+
+import xxhash
 
 from .errors import ConfigError
 
-__all__ = ["backoff", "parse_bytes", "parse_duration", "progress"]
+__all__ = [
+    "backoff",
+    "hash_pool",
+    "parallel_map",
+    "parse_bytes",
+    "parse_duration",
+    "progress",
+    "slug",
+]
 
 _T = TypeVar("_T")
 
@@ -109,3 +123,51 @@ def progress(
         iterable, desc=desc, total=total, unit=unit, mininterval=0.5, leave=leave, disable=None
     )
     return bar
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def slug(name: str, *, max_len: int = 80) -> str:
+    """A readable, safe folder name for ``name``: sanitised text plus a short hash.
+
+    The result never contains a path separator or starts with a dot, so it can
+    never leave the folder it is joined to.
+    """
+    clean = _UNSAFE.sub("_", name).strip(".-")[:max_len] or "x"
+    return f"{clean}-{xxhash.xxh3_64_hexdigest(name.encode('utf-8', 'surrogatepass'))[:8]}"
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def hash_pool() -> concurrent.futures.ThreadPoolExecutor | None:
+    """Threads for hashing blocks (xxhash releases the GIL); None on one core."""
+    global _pool
+    workers = min(os.cpu_count() or 1, 8)
+    if workers < 2:
+        return None
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                workers, thread_name_prefix="mlcache-hash"
+            )
+        return _pool
+
+
+def _forget_pool() -> None:  # a forked child inherits neither the threads nor a free lock
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def parallel_map(func: Callable[[memoryview], Any], blocks: list[memoryview]) -> list[Any]:
+    """``[func(b) for b in blocks]``, run on the hashing threads (all cores) when
+    there are several blocks; ``func`` should release the GIL, as xxhash's do.
+    The entry reader checks large payloads' block tables with it."""
+    pool = hash_pool() if len(blocks) > 1 else None
+    return list(pool.map(func, blocks)) if pool else [func(b) for b in blocks]

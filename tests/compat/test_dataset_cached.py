@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from scripts import ScriptFolder
 
 from mlcache.data import CachedDataset
+from scripts import ScriptFolder
 
 
 class Runner(ScriptFolder):

@@ -727,7 +727,7 @@ class TestBlockTreeHashing:
     def test_does_not_depend_on_the_thread_pool(self, monkeypatch):
         a = np.random.default_rng(1).random(5000)
         with_pool = hash_value(a)
-        monkeypatch.setattr(blocks, "_hash_pool", lambda: None)
+        monkeypatch.setattr(blocks, "hash_pool", lambda: None)
         assert hash_value(a) == with_pool
 
     def test_content_changes_in_any_block_change_the_key(self):

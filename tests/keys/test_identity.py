@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlcache._util import slug
 from mlcache.keys.code_version import code_version as _code_version
-from mlcache.keys.identity import closure_digest, func_identity, slug
+from mlcache.keys.identity import closure_digest, func_identity
 from mlcache.store import check_name
 
 

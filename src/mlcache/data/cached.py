@@ -66,10 +66,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .._atomic import open_folder, open_regular, write_bytes_atomic
+from .._util import slug
 from ..errors import PackCorrupted, warn
 from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
-from ..keys.identity import slug
 from ..keys.state import learnable, watched_digests
 from ..store.local import cache_folder, default_location, mark_cache_folder
 from .fetch import is_url, publish

@@ -28,18 +28,19 @@ from collections.abc import Callable
 from typing import Any
 
 from .._atomic import open_regular, write_bytes_atomic
-from ..keys.identity import slug
+from .._util import slug
 from ..store.cached import LocalCopies
 from ..store.local import default_location
 
-__all__ = ["RangeFetcher", "is_url", "local_copy", "publish", "sparse_copy"]
+__all__ = ["RangeFetcher", "filesystem", "is_url", "local_copy", "publish", "sparse_copy"]
 
 
 def is_url(path: Any) -> bool:
     return isinstance(path, str) and "://" in path
 
 
-def _fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+def filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    """The fsspec file system of ``url`` and the path in it (fsspec is an extra)."""
     try:
         import fsspec
     except ImportError:
@@ -61,7 +62,7 @@ def _ident(info: dict[str, Any]) -> dict[str, Any]:
 def publish(local: str, url: str, storage_options: dict[str, Any] | None = None) -> None:
     """Upload the pack file ``local`` to ``url`` (one PUT on an object store) and
     record that ``local`` is the copy of what is there now."""
-    fs, path = _fs(url, storage_options)
+    fs, path = filesystem(url, storage_options)
     fs.put_file(local, path)
     write_bytes_atomic(local + ".source.json", json.dumps(_ident(fs.info(path))).encode())
 
@@ -76,7 +77,7 @@ def _copy(
     """The local file ``<pack name><suffix>`` for the pack at ``url``, made anew
     by ``fill(fs, path, size, tmp)`` when missing or when the remote object
     changed (its size or version differ from the copy's record)."""
-    fs, path = _fs(url, storage_options)
+    fs, path = filesystem(url, storage_options)
     try:
         ident = _ident(fs.info(path))
     except FileNotFoundError:
@@ -110,7 +111,7 @@ class RangeFetcher:
     """Fills bytes of a sparse local copy from the remote pack, on demand."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None, local: str) -> None:
-        self._fs, self._path = _fs(url, storage_options)
+        self._fs, self._path = filesystem(url, storage_options)
         self._local = local
         self.requests = 0
 

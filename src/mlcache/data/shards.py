@@ -281,9 +281,9 @@ def _build_version(
         if local:
             write_bytes_atomic(path, manifest)  # last, by one rename
         else:
-            from .fetch import _fs
+            from .fetch import filesystem
 
-            fs, remote = _fs(path, storage_options)
+            fs, remote = filesystem(path, storage_options)
             fs.pipe_file(remote, manifest)  # last: the shards are all there
         opened = ShardedDataset(path, allow_pickle=allow_pickle, storage_options=storage_options)
         if local:

@@ -32,9 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .._util import progress
+from .._util import progress, slug
 from ..data import CachedDataset
-from ..keys.identity import slug
 from ..memo.memory import Memory
 from . import report as report
 from .synthetic import read_patient, write_patients

@@ -12,7 +12,7 @@ When the payload is checked
     A read into memory checks the payload as it reads it (it costs ~4% of
     reading the bytes). A memory-mapped read (``"r"``, ``"c"``) checks the
     mapped payload unless this process has already checked that file: each
-    block of a block table on all cores (:func:`mlcache.keys.hashing.parallel_map`),
+    block of a block table on all cores (:func:`mlcache._util.parallel_map`),
     an older entry without one in one pass. A file that passed is remembered by
     its identity (device, inode, size, mtime, ctime) once its last change is
     :data:`SETTLED_NS` old (:data:`COARSE_SETTLED_NS` for whole-second file
@@ -55,9 +55,9 @@ from typing import Any, BinaryIO, Literal
 import numpy as np
 import xxhash
 
+from .._util import parallel_map
 from ..codecs import codecs
 from ..errors import EntryCorrupted, EntryNotFound, EntrySignatureError, UnsupportedValue
-from ..keys.blocks import parallel_map
 from ..store import LocalPaths, Store
 from .format import (
     CHUNK,
@@ -500,12 +500,7 @@ _LOCAL_KINDS: dict[type, Callable[[Any, str], str] | None] = {}
 
 
 def _local_opener(kind: type) -> Callable[[Any, str], str] | None:
-    if issubclass(kind, LocalPaths):
-        return kind.local_path
-    # FsspecStore keeps its local copies behind fetch() until that becomes
-    # LocalPaths.local_path (see mlcache.store.fsspec); then this goes
-    fetch = getattr(kind, "fetch", None)
-    return fetch if callable(fetch) else None
+    return kind.local_path if issubclass(kind, LocalPaths) else None
 
 
 def local_file(store: Store, name: str) -> str | None:

@@ -23,14 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..entry import REF_ATTR  # what a cached read-only map carries: entries set it
-from .hashing import (
-    Handler,
-    Hasher,
-    handle_exact,
-    handle_family,
-    handle_library,
-    typename,
-)
+from .hashing import Handler, Hasher, handle_exact, handle_family, handle_library, typename
 from .origin import is_user_code, library_version
 
 __all__ = ["write_global"]

@@ -40,8 +40,6 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import xxhash
-
 from .hashing import hash_value
 
 __all__ = [
@@ -49,21 +47,10 @@ __all__ = [
     "closure_digest",
     "func_identity",
     "module_name",
-    "slug",
     "target_function",
 ]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def slug(name: str, *, max_len: int = 80) -> str:
-    """A readable, safe folder name for ``name``: sanitised text plus a short hash.
-
-    The result never contains a path separator or starts with a dot, so it can
-    never leave the folder it is joined to.
-    """
-    clean = _UNSAFE.sub("_", name).strip(".-")[:max_len] or "x"
-    return f"{clean}-{xxhash.xxh3_64_hexdigest(name.encode('utf-8', 'surrogatepass'))[:8]}"
 
 
 def _is_notebook_file(filename: str) -> bool:

@@ -27,13 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from .._log import logger_for, logging_configured
 from ..codecs import select_codec
 from ..entry import EntryPlan, decode, open_entry, read_entry_info
-from ..errors import (
-    EntryNotFound,
-    EntrySignatureError,
-    UnhashableArgument,
-    UnsupportedValue,
-    warn,
-)
+from ..errors import EntryNotFound, EntrySignatureError, UnhashableArgument, UnsupportedValue, warn
 from ..keys.call import CallKeyer
 from ..keys.identity import call_state, func_identity
 from .context import MemoContext

@@ -14,7 +14,7 @@ Inside a store::
                                                by type: the same in every process)
 
 ``<function folder>`` is a slug of the function's identity with a short hash
-(:func:`mlcache.keys.identity.slug`), ``<code version>`` 16 hex digits, ``<key>``
+(:func:`mlcache._util.slug`), ``<code version>`` 16 hex digits, ``<key>``
 32. Anything else under a cache folder (dataset packs, a user's files) is not
 the function cache's: :func:`cached_objects` leaves it out, so eviction,
 ``clear`` and ``verify`` never touch it.

@@ -22,13 +22,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .._log import logger_for
+from .._util import slug
 from ..codecs import select_codec
 from ..entry import EntryPlan, decode, open_entry
 from ..errors import EntryNotFound, warn
 from ..keys.call import CallKeyer
 from ..keys.code_version import CodeVersion, code_version
 from ..keys.hashing import Hasher
-from ..keys.identity import call_state, slug, target_function
+from ..keys.identity import call_state, target_function
 from ..keys.state import learnable, state_parts, watched_digests
 from .context import MemoContext
 from .layout import CODE_MANIFEST, STATE, STATS

@@ -94,7 +94,7 @@ class FsspecStore:
         protocols = set([protocol] if isinstance(protocol, str) else protocol)
         self._object_store = bool(protocols & _OBJECT_PROTOCOLS)
         if local_cache_dir is None:
-            from ..keys.identity import slug
+            from .._util import slug
             from .local import default_location
 
             local_cache_dir = os.path.join(default_location(), "remote", slug(self.location))
