@@ -72,7 +72,7 @@ def _workload(location: str, seed: int, doing) -> None:
         elif op == 3:
             mem.reduce_size(bytes_limit="15MB")
         elif op == 4:
-            mem._usage.flush()  # type: ignore[union-attr]
+            mem.flush_usage()
         else:
             j = rng.randrange(4)
             pack(_pack_samples(j, PACK_SAMPLES[j % 2]), os.path.join(packs, f"p{j}.pack"))
@@ -88,7 +88,7 @@ def _check(location: str, tally: Counter) -> None:
             continue
         try:
             reader = open_entry(
-                store, e.name, "r" if tally["reads"] % 2 else None, signer=mem._signer
+                store, e.name, "r" if tally["reads"] % 2 else None, signer=mem.context.signer
             )
             value = decode(reader, allow_pickle=True)
         except EntryNotFound:

@@ -119,7 +119,7 @@ def test_a_key_file_that_cannot_be_made_leaves_signing_off_with_a_warning(tmp_pa
     monkeypatch.setenv("MLCACHE_KEY_FILE", str(tmp_path / "a-file" / "key"))
     with pytest.warns(CacheWarning, match="not signed"):
         mem = Memory(tmp_path / "cache", verbose=0)
-    assert mem._signer is None
+    assert mem.context.signer is None
     assert mem.cache(lambda x: x + 1)(1) == 2
 
 
@@ -167,9 +167,10 @@ def test_signing_off_reads_signed_entries_and_signed_refuses_unsigned(tmp_path):
 def test_an_explicit_secret_travels_with_a_pickled_memory(tmp_path):
     mem = Memory(tmp_path, verbose=0, secret="travels")
     other = pickle.loads(pickle.dumps(mem))
-    assert other._signer is not None and other._signer.sign(b"x") == mem._signer.sign(b"x")
+    assert other.context.signer is not None
+    assert other.context.signer.sign(b"x") == mem.context.signer.sign(b"x")
     off = pickle.loads(pickle.dumps(Memory(tmp_path, secret=False)))
-    assert off._signer is None
+    assert off.context.signer is None
 
 
 class Model:
