@@ -8,7 +8,9 @@ too, with one warning. Where no lock can be made at all (a read-only cache
 folder) it computes unlocked: the cache never fails the call.
 
 The loop is written once, as a generator that yields how long to wait between
-tries; :meth:`KeyLocks.claim` sleeps those waits (plain functions) and
+tries (doubling from 2 ms to 0.1 s, and at least ten times what a try cost, so
+that waiters on an object store, where a try is a request, poll it gently);
+:meth:`KeyLocks.claim` sleeps those waits (plain functions) and
 :meth:`KeyLocks.aclaim` awaits them (``async def`` functions: other tasks run
 meanwhile). :func:`mlcache._util.backoff` is not used: it sleeps itself, which
 an event loop cannot afford.
@@ -33,6 +35,10 @@ logger = logging.getLogger("mlcache")
 MISS: Any = object()
 #: the first wait between two tries of a held lock, and the longest (seconds)
 FIRST_WAIT, LONGEST_WAIT = 0.002, 0.1
+#: a wait is at least this many times what the last try cost, up to SLOWEST_WAIT:
+#: a try on an object store (a listing, a GET) costs milliseconds, where a local
+#: try costs microseconds, so a waiter on a shared store does not flood it
+TRY_COST_FACTOR, SLOWEST_WAIT = 10.0, 1.0
 
 
 class Claim:
@@ -98,6 +104,7 @@ class KeyLocks:
         deadline = time.monotonic() + timeout
         wait = FIRST_WAIT
         while True:
+            began = time.monotonic()
             try:
                 lock = self._locking.lock(name, 0)
                 held = lock.__enter__()
@@ -124,7 +131,8 @@ class KeyLocks:
                         stacklevel=4,
                     )
                 return _UNLOCKED
-            yield wait
+            cost = time.monotonic() - began
+            yield min(max(wait, TRY_COST_FACTOR * cost), SLOWEST_WAIT)
             wait = min(wait * 2, LONGEST_WAIT)
             value = load()
             if value is not MISS:
