@@ -55,6 +55,30 @@ def test_temporaries_are_recognised():
     assert not is_temporary("0123abcd")
 
 
-def test_fsync_dir_is_best_effort(tmp_path):
+def test_fsync_dir_syncs_the_folder_and_is_best_effort(tmp_path, monkeypatch):
+    synced, opened = [], {}
+    real_open, real_fsync = os.open, os.fsync
+
+    def spy_open(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        opened[fd] = os.fspath(path)
+        return fd
+
+    def spy_fsync(fd):
+        synced.append(opened.get(fd))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
     fsync_dir(str(tmp_path))
-    fsync_dir(str(tmp_path / "missing"))  # no error
+    assert synced == [str(tmp_path)]  # the folder itself, whose entries a rename changed
+    fsync_dir(str(tmp_path / "missing"))  # no error, nothing synced
+    assert synced == [str(tmp_path)]
+
+    def refuse(fd):
+        raise OSError(22, "fsync of a folder not supported here")
+
+    monkeypatch.setattr(os, "fsync", refuse)
+    before = len(os.listdir("/proc/self/fd"))
+    fsync_dir(str(tmp_path))  # a file system that cannot sync folders: no error
+    assert len(os.listdir("/proc/self/fd")) == before  # and the folder's fd was closed
