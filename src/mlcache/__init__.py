@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging as _logging
 
 from .codecs import register_codec
+from .codecs.compression import register_compressor
 from .errors import (
     CacheError,
     CacheWarning,
@@ -21,6 +22,7 @@ from .errors import (
     InvalidRegistration,
     RegistryError,
     StoreError,
+    UnhashableArgument,
     UnknownBackend,
     UnsupportedValue,
 )
@@ -34,7 +36,8 @@ from .memo.memory import (
     cache,
     expires_after,
 )
-from .store import register_store_backend
+from .memo.parallel import cached_map
+from .store import register_store_backend, register_url_scheme
 from .store.local import default_location
 
 __version__ = "0.1.0"
@@ -60,14 +63,18 @@ __all__ = [
     "NotMemorizedResult",
     "RegistryError",
     "StoreError",
+    "UnhashableArgument",
     "UnknownBackend",
     "UnsupportedValue",
     "__version__",
     "cache",
+    "cached_map",
     "default_location",
     "expires_after",
     "hash_value",
     "register_codec",
+    "register_compressor",
     "register_hasher",
     "register_store_backend",
+    "register_url_scheme",
 ]
