@@ -103,3 +103,26 @@ def test_an_async_waiting_call_returns_what_another_stored_meanwhile(tmp_path):
     f = mem.cache(_async_logged_double, ignore=["log"])
     assert _wait_and_store(mem, f, log, lambda: asyncio.run(f(3, log))) == [6]
     assert Path(log).read_text().count("call") == 1
+
+
+class TaggedMemory(Memory):
+    """A subclass whose own state (set after the base's __init__) is in its pickle."""
+
+    def __init__(self, location, tag, **kw):
+        super().__init__(location, **kw)
+        self.tag = tag
+
+    def __reduce__(self):
+        return (TaggedMemory, (self.location, self.tag), {"verbose": 0})
+
+    def __setstate__(self, state):
+        pass
+
+
+def test_a_memory_subclass_with_its_own_pickle_makes_and_pickles_contexts(tmp_path):
+    mem = TaggedMemory(tmp_path, "exp1", verbose=0)  # __reduce__ reads .tag: set after init
+    shelved = mem.cache(_double).call_and_shelve(21)
+    back = pickle.loads(pickle.dumps(shelved))
+    assert back.get() == 42
+    assert isinstance(back.context.owner, TaggedMemory) and back.context.owner.tag == "exp1"
+    assert pickle.loads(pickle.dumps(mem.context)).store.location == mem.store.location

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import types
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +49,6 @@ __all__ = [
     "target_function",
 ]
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def _is_notebook_file(filename: str) -> bool:

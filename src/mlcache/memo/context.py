@@ -10,7 +10,7 @@ costs microseconds, so it is never made on the hit path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..codecs.compression import Compression
@@ -82,8 +82,9 @@ class MemoContext:
     matching :mod:`mlcache.store` Protocol (``local``: :class:`~mlcache.store.LocalFolders`,
     its entries are the files under a local folder), or None when it lacks that
     power.
-    ``origin`` is how the owning ``Memory`` pickles (its ``__reduce__``): a
-    context travels to another process as a ``Memory`` rebuilt there.
+    ``owner`` is the ``Memory`` that made the context: a context pickles as its
+    owner (however that pickles: a subclass's own ``__reduce__`` included) and is
+    that Memory's context again where it is unpickled.
     """
 
     store: Store
@@ -104,15 +105,9 @@ class MemoContext:
     local: LocalFolders | None
     locking: Locking | None
     counters: SharedCounters | None
-    origin: tuple[Any, ...] = ()
+    owner: Any = field(default=None, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_context_of, self.origin)
-
-
-def _context_of(rebuild: Any, args: tuple[Any, ...]) -> MemoContext:
-    """The context of the Memory ``rebuild(*args)`` makes (unpickling a context)."""
-    context: MemoContext | None = rebuild(*args).context
-    if context is None:  # the Memory pickled had a store: so has its rebuild
-        raise ValueError("a Memory without a store has no context")
-    return context
+        if self.owner is None:
+            raise TypeError("a MemoContext pickles as the Memory that made it; this one has none")
+        return (getattr, (self.owner, "context"))

@@ -203,7 +203,7 @@ class Memory:
             local=local,
             locking=locking,
             counters=counters,
-            origin=self.__reduce__(),
+            owner=self,
         )
 
     def flush_usage(self) -> None:
