@@ -896,6 +896,31 @@ def test_register_hasher_refuses_what_it_cannot_take(own_registrations):
         hash_value(Tokenizer({"a"}))  # nothing was registered
 
 
+class Config:
+    def __init__(self, lr):
+        self.lr = lr
+
+
+class Tokened:
+    def __mlcache_token__(self):
+        return self
+
+
+def test_a_hasher_or_token_returning_the_object_itself_is_refused(own_registrations, tmp_path):
+    # the object is in the stream already: it would hash as a back-reference,
+    # and every Config would share one key (a wrong hit)
+    register_hasher(Config, lambda c: c)
+    with pytest.raises(TypeError, match="returned the .*Config itself"):
+        hash_value(Config(0.1))
+    with pytest.raises(TypeError, match=r"__mlcache_token__\(\) returned"):
+        hash_value(Tokened(0.1))
+    mem = mlcache.Memory(tmp_path, verbose=0)
+    train = mem.cache(lambda cfg: cfg.lr * 10)
+    with pytest.warns(mlcache.CacheWarning, match="itself"):
+        assert train(Config(0.1)) == 1.0
+    assert train(Config(0.9)) == 9.0  # computed (uncached), never the first one's result
+
+
 _ONLY_HASHING = textwrap.dedent(
     """
     from mlcache.keys.hashing import hash_value

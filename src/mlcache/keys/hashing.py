@@ -472,9 +472,7 @@ def register_hasher(cls: type, function: Callable[[Any], Any]) -> None:
         )
 
     def registered(h: Hasher, obj: Any) -> None:
-        h.buf += b"k"
-        h.text(typename(obj))
-        h.update(function(obj))
+        _identified_by(h, obj, function(obj), "the hasher registered for it")
 
     _BY_TYPE[cls] = registered
     _RESOLVED.clear()
@@ -522,9 +520,21 @@ def _type_has(t: type, name: str) -> bool:
 
 def _token(h: Hasher, obj: Any) -> None:
     # objects that know what identifies them (a memoized function: its function)
+    _identified_by(h, obj, obj.__mlcache_token__(), "its __mlcache_token__()")
+
+
+def _identified_by(h: Hasher, obj: Any, token: Any, source: str) -> None:
+    """Hash ``obj`` as what identifies it, ``token``. The object itself is refused:
+    it is in the stream already, so it would hash as a back-reference, and every
+    object of the type would share one key."""
+    if token is obj:
+        raise TypeError(
+            f"{source} returned the {typename(obj)} itself; return what identifies it "
+            "(its settings, its arrays, a tuple of them)"
+        )
     h.buf += b"k"
     h.text(typename(obj))
-    h.update(obj.__mlcache_token__())
+    h.update(token)
 
 
 def _is_wrapper(obj: Any, t: type) -> bool:
