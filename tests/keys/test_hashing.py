@@ -913,7 +913,7 @@ def test_a_hasher_or_token_returning_the_object_itself_is_refused(own_registrati
     with pytest.raises(TypeError, match="returned the .*Config itself"):
         hash_value(Config(0.1))
     with pytest.raises(TypeError, match=r"__mlcache_token__\(\) returned"):
-        hash_value(Tokened(0.1))
+        hash_value(Tokened())
     mem = mlcache.Memory(tmp_path, verbose=0)
     train = mem.cache(lambda cfg: cfg.lr * 10)
     with pytest.warns(mlcache.CacheWarning, match="itself"):
