@@ -22,6 +22,9 @@
      │         │                                  (mlcache.data.PackCorrupted)
      │         └── PackChanged                    a pack file changed under an open reader
      │                                            (mlcache.data.PackChanged)
+     ├── UnknownFormat(CacheError, LookupError)  an entry written with a codec or compression
+     │                                            this process has not registered (a miss here,
+     │                                            the entry is left in place)
      ├── UnhashableArgument(CacheError, TypeError)  an argument of a call cannot be hashed
      │                                            (the call runs uncached, with a warning)
      ├── UnsupportedValue(CacheError, TypeError)  a value no allowed codec can store
@@ -60,6 +63,7 @@ __all__ = [
     "StoreError",
     "UnhashableArgument",
     "UnknownBackend",
+    "UnknownFormat",
     "UnsupportedValue",
 ]
 
@@ -134,6 +138,13 @@ class PackChanged(PackCorrupted):
     """The file an open pack reader reads was changed under it since it was opened
     (rewritten in place, truncated, or, for a dataset reopened by path, replaced
     by another pack). A ``PackCorrupted``, so a ``CachedDataset`` rebuilds."""
+
+
+class UnknownFormat(CacheError, LookupError):
+    """An entry was written with a codec or a compression method that this process
+    has not registered (:func:`mlcache.register_codec`,
+    :func:`mlcache.register_compressor`). The entry is not damaged, only unreadable
+    here: a memoized call treats it as a miss and leaves it in place."""
 
 
 class UnhashableArgument(CacheError, TypeError):

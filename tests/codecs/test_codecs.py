@@ -350,3 +350,20 @@ def test_register_codec_rejects_bad_names(scratch_registry):
 def test_unknown_codec_name_is_a_registry_error():
     with pytest.raises(RegistryError, match="unknown codec 'nope'.*npy"):
         codecs["nope"]
+
+
+def test_an_entry_of_a_codec_this_process_lacks_is_unknown_not_corrupted(
+    scratch_registry, tmp_path, monkeypatch
+):
+    from mlcache.entry import EntryReader, decode
+    from mlcache.errors import EntryCorrupted, UnknownFormat
+
+    register_codec(FractionCodec())
+    path = tmp_path / "entry"
+    write(codecs["fraction"], fractions.Fraction(1, 3), path)
+    monkeypatch.setattr(
+        codecs, "_entries", {k: v for k, v in codecs._entries.items() if k != "fraction"}
+    )
+    with pytest.raises(UnknownFormat, match="register_codec") as got:
+        decode(EntryReader(str(path)), allow_pickle=False)
+    assert not isinstance(got.value, EntryCorrupted)  # not damaged: others can read it

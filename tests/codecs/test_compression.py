@@ -13,7 +13,7 @@ import pytest
 from mlcache.codecs import codecs
 from mlcache.codecs.compression import Compression, compressors, register_compressor
 from mlcache.entry import EntryReader, decode, write_entry
-from mlcache.errors import ConfigError, EntryCorrupted, InvalidRegistration
+from mlcache.errors import ConfigError, EntryCorrupted, InvalidRegistration, UnknownFormat
 
 
 class RawDeflate:
@@ -58,15 +58,16 @@ def test_an_unknown_method_is_a_config_error_naming_the_known_ones(scratch):
         Compression("nope", 3)
 
 
-def test_an_entry_of_a_method_this_process_lacks_is_corrupted(scratch, monkeypatch):
+def test_an_entry_of_a_method_this_process_lacks_is_unknown_not_corrupted(scratch, monkeypatch):
     register_compressor("rawdeflate", RawDeflate())
     f = io.BytesIO()
     write_entry(f, "npy", codecs["npy"].encode(b"data" * 100), {}, Compression("rawdeflate", 1))
     without = {k: v for k, v in compressors._entries.items() if k != "rawdeflate"}
     monkeypatch.setattr(compressors, "_entries", without)
     f.seek(0)
-    with pytest.raises(EntryCorrupted, match="bad layout"):
+    with pytest.raises(UnknownFormat, match="register_compressor") as got:
         EntryReader(f)
+    assert not isinstance(got.value, EntryCorrupted)  # not damaged: others can read it
 
 
 @pytest.mark.parametrize(
@@ -98,3 +99,59 @@ def test_lz4_without_the_package_says_what_to_install():
     else:
         c = Compression("lz4", 3)
         assert c.decompress(c.compress(b"x" * 100)) == b"x" * 100
+
+
+SCRIPT = """
+import sys, warnings, zlib, mlcache
+
+class RawDeflate:
+    def compress(self, data, level):
+        return zlib.compress(data, level, wbits=-15)
+
+    def decompress(self, data):
+        return zlib.decompress(data, wbits=-15)
+
+writer = sys.argv[2] == "write"
+if writer:
+    mlcache.register_compressor("rawdeflate", RawDeflate())
+mem = mlcache.Memory(sys.argv[1], verbose=0, compress=("rawdeflate", 3) if writer else None)
+
+@mem.cache
+def f(x):
+    print("computed")
+    return list(range(x))
+
+with warnings.catch_warnings(record=True) as got:
+    warnings.simplefilter("always")
+    print("damaged:", mem.verify())
+    assert f(1000) == list(range(1000))
+print("warned:", " | ".join(str(w.message) for w in got))
+"""
+
+
+def test_an_entry_with_a_compression_not_registered_here_is_a_miss_not_damage(tmp_path):
+    """A process that has not registered a compressor cannot read what another
+    wrote with it: a miss with a warning naming register_compressor, never
+    "damaged" (which removes it, in a cache others share)."""
+    import subprocess
+    import sys
+
+    cache, script = str(tmp_path / "c"), tmp_path / "job.py"
+    script.write_text(SCRIPT)
+
+    def run(mode):
+        return subprocess.run(
+            [sys.executable, str(script), cache, mode],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        ).stdout
+
+    assert "computed" in run("write")
+    assert "computed" not in run("write")  # a hit for who registered it
+    out = run("read")
+    assert "damaged: []" in out
+    assert "computed" in out
+    warned = out.split("warned:")[1]
+    assert "register_compressor" in warned and "damaged" not in warned

@@ -61,8 +61,8 @@ from typing import Any, BinaryIO, NamedTuple
 
 import xxhash
 
-from ..codecs.compression import Compression
-from ..errors import ConfigError, EntryCorrupted
+from ..codecs.compression import Compression, compressors
+from ..errors import ConfigError, EntryCorrupted, UnknownFormat
 from .signing import KEY_ID_SIZE, MAC_SIZE
 
 __all__ = [
@@ -210,6 +210,11 @@ def _parse_layout_uncached(data: bytes) -> Layout:
         raise ValueError("not an object")
     try:
         codec, codec_layout, seg, raw, z = lay["codec"], lay["c"], lay["seg"], lay["raw"], lay["z"]
+        if z is not None and isinstance(z[0], str) and z[0] not in compressors:
+            raise UnknownFormat(
+                f"written with the compression {z[0]!r}, which this process has not "
+                "registered (mlcache.register_compressor)"
+            )
         comp = None if z is None else Compression(z[0], z[1])
     except (KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"missing or malformed field ({exc})") from None

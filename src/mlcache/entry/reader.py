@@ -57,7 +57,13 @@ import xxhash
 
 from .._util import parallel_map
 from ..codecs import codecs
-from ..errors import EntryCorrupted, EntryNotFound, EntrySignatureError, UnsupportedValue
+from ..errors import (
+    EntryCorrupted,
+    EntryNotFound,
+    EntrySignatureError,
+    UnknownFormat,
+    UnsupportedValue,
+)
 from ..store import LocalPaths, Store
 from .format import (
     CHUNK,
@@ -557,6 +563,11 @@ def read_entry_info(store: Store, name: str, *, path: str | None = None) -> dict
 
 def decode(reader: EntryReader, *, allow_pickle: bool) -> Any:
     """The value in an opened entry. Never unpickles when ``allow_pickle`` is false."""
+    if reader.codec not in codecs:
+        raise UnknownFormat(
+            f"{reader.path}: written with the codec {reader.codec!r}, which this process "
+            "has not registered (mlcache.register_codec)"
+        )
     codec = codecs[reader.codec]
     if not codec.safe and not allow_pickle:
         raise UnsupportedValue(

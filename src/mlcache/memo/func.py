@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from .._log import logger_for, logging_configured
 from ..codecs import select_codec
 from ..entry import EntryPlan, decode, open_entry, read_entry_info
-from ..errors import EntryNotFound, EntrySignatureError, UnhashableArgument, UnsupportedValue, warn
+from ..errors import (
+    EntryNotFound,
+    EntrySignatureError,
+    UnhashableArgument,
+    UnknownFormat,
+    UnsupportedValue,
+    warn,
+)
 from ..keys.call import CallKeyer
 from ..keys.identity import call_state, func_identity
 from .context import MemoContext
@@ -199,6 +206,11 @@ class MemorizedFunc(Generic[P, R]):
             return _MISS
         except UnsupportedValue:
             return _MISS  # written with pickle, which is refused now: never unpickle it
+        except UnknownFormat as exc:  # not damaged: another process can read it
+            if "unknown-format" not in self._foreign_warned:
+                self._foreign_warned.add("unknown-format")
+                warn(f"mlcache: an entry of {self.func_id} is {exc}; recomputing", stacklevel=5)
+            return _MISS
         except OSError as exc:  # permissions, I/O errors: leave the entry in place
             warn(
                 f"mlcache: cannot read the cache entry of {self.func_id} ({exc}); recomputing",

@@ -28,7 +28,14 @@ from .._log import logger_for
 from .._util import parse_bytes, parse_duration
 from ..entry import open_entry
 from ..entry.signing import Signer, resolve_signer
-from ..errors import ConfigError, ConfigTypeError, EntryCorrupted, EntryNotFound, warn
+from ..errors import (
+    ConfigError,
+    ConfigTypeError,
+    EntryCorrupted,
+    EntryNotFound,
+    UnknownFormat,
+    warn,
+)
 from ..store import Store, stores
 from ..store.local import default_location
 from .config import MemoryConfig, check_mmap_mode
@@ -457,6 +464,8 @@ class Memory:
                     store.delete(e.name)
             except EntryNotFound:
                 continue  # removed meanwhile
+            except UnknownFormat:
+                continue  # a codec or compression not registered here: not damaged
         return damaged
 
 
