@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mlcache import Memory
+from mlcache import CacheWarning, Memory
 from mlcache.memo.context import MemoContext
 
 
@@ -126,3 +126,71 @@ def test_a_memory_subclass_with_its_own_pickle_makes_and_pickles_contexts(tmp_pa
     assert back.get() == 42
     assert isinstance(back.context.owner, TaggedMemory) and back.context.owner.tag == "exp1"
     assert pickle.loads(pickle.dumps(mem.context)).store.location == mem.store.location
+
+
+def _store_backend(monkeypatch, cls):
+    """Register ``cls`` as a backend for this test only; return its name."""
+    from mlcache import register_store_backend
+    from mlcache.store import stores
+
+    monkeypatch.setattr(stores, "_entries", dict(stores._entries))
+    register_store_backend(cls.__name__.lower(), cls)
+    return cls.__name__.lower()
+
+
+def _plain_store():
+    from mlcache.store.memory import MemoryStore
+
+    class PlainStore:  # the Store protocol, by delegation, and no powers of its own
+        def __init__(self, location):
+            self.location = location
+            self._inner = MemoryStore(location)
+            self.lock = threading.RLock()  # the store's own mutex, not the Locking power
+
+        def open(self, name):
+            return self._inner.open(name)
+
+        def write(self, name):
+            return self._inner.write(name)
+
+        def exists(self, name):
+            return self._inner.exists(name)
+
+        def delete(self, name):
+            return self._inner.delete(name)
+
+        def list(self, prefix=""):
+            return self._inner.list(prefix)
+
+        def touch(self, names):
+            return self._inner.touch(names)
+
+    return PlainStore
+
+
+def test_a_stores_own_lock_attribute_is_not_the_locking_power(tmp_path, monkeypatch):
+    name = _store_backend(monkeypatch, _plain_store())
+    mem = Memory(f"plain-{tmp_path.name}", backend=name, verbose=0)
+    assert mem.context.locking is None
+    f = mem.cache(_double)
+    assert f(2) == 4 and f(2) == 4
+    assert f.check_call_in_cache(2)
+
+
+def test_errors_of_a_stores_lock_and_touch_never_fail_the_call(tmp_path, monkeypatch):
+    from mlcache.store.memory import MemoryStore
+
+    class Broken(MemoryStore):
+        def lock(self, name, timeout):
+            raise RuntimeError("lock service down")
+
+        def touch(self, names):
+            raise RuntimeError("touch service down")
+
+    name = _store_backend(monkeypatch, Broken)
+    mem = Memory(f"broken-{tmp_path.name}", backend=name, verbose=0)
+    f = mem.cache(_double)
+    with pytest.warns(CacheWarning, match="lock raised RuntimeError: lock service down"):
+        assert f(3) == 6
+    assert f(3) == 6  # a hit, even though recording its use fails
+    mem.flush_usage()  # the touch raises: advisory, nothing escapes

@@ -31,10 +31,15 @@ def store_powers(
     store's entries (:class:`~mlcache.store.LocalPaths` only) do not count as
     local folders: :mod:`mlcache.entry` reads through them by itself."""
     read_only = isinstance(store, ReadOnly) and store.read_only is True
+    # a runtime Protocol check only asks that the name exists: a store holding a
+    # ``self.lock = threading.RLock()`` is not Locking; its class must define it
+    kind = type(store)
+    locking = store if isinstance(store, Locking) else None
+    counters = store if isinstance(store, SharedCounters) else None
     return (
         store if isinstance(store, LocalFolders) else None,
-        store if isinstance(store, Locking) else None,
-        store if isinstance(store, SharedCounters) else None,
+        locking if callable(getattr(kind, "lock", None)) else None,
+        counters if callable(getattr(kind, "shared_counter", None)) else None,
         read_only,
     )
 

@@ -111,6 +111,13 @@ class KeyLocks:
             except OSError as exc:  # no lock can be made here (a read-only folder)
                 logger.debug("mlcache: %s: cannot lock (%s); going on unlocked", self._func_id, exc)
                 return _UNLOCKED
+            except Exception as exc:  # a store's bug never fails the call
+                warn(
+                    f"mlcache: {self._func_id}: the store's lock raised "
+                    f"{type(exc).__name__}: {exc}; computing unlocked",
+                    stacklevel=4,
+                )
+                return _UNLOCKED
             if held:
                 try:  # another process or thread may have stored it while we waited
                     value = load()

@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import dataclasses
 import json
+import logging
 import multiprocessing.util
 import os
 import secrets
@@ -45,6 +46,8 @@ from ..store import LocalFolders, Locking, Store
 from .layout import STATS, cached_objects, entry_folder, is_stats
 
 __all__ = ["FLUSH_SECONDS", "FunctionStats", "StatsLog", "UsageLog", "collect", "renew_at_fork"]
+
+logger = logging.getLogger("mlcache")
 
 #: seconds of activity between two flushes of the usage notes
 FLUSH_SECONDS = 2.0
@@ -248,8 +251,8 @@ class UsageLog:
                 local = self._local
                 paths = [local.local_path(n) for n in hits] if local is not None else []
                 keep_verified(paths, lambda: self._store.touch(list(hits)))
-            except (OSError, ValueError):
-                pass  # last-use times are advisory
+            except Exception:  # last-use times are advisory: a store's error never fails a hit
+                logger.debug("mlcache: recording last use failed", exc_info=True)
             for name, (count, info) in list(hits.items()):  # a late note may still land
                 func, duration = _func_and_duration(info)
                 self.stats.add(entry_folder(name), func, hits=count, saved=count * duration)
