@@ -6,7 +6,10 @@ README for the full tour.
 
 from __future__ import annotations
 
+import importlib.abc as _abc
 import logging as _logging
+import sys as _sys
+import typing as _t
 
 from .codecs import register_codec
 from .codecs.compression import register_compressor
@@ -24,6 +27,7 @@ from .errors import (
     StoreError,
     UnhashableArgument,
     UnknownBackend,
+    UnknownFormat,
     UnsupportedValue,
 )
 from .keys.hashing import hash_value, register_hasher
@@ -41,6 +45,35 @@ from .store import register_store_backend, register_url_scheme
 from .store.local import default_location
 
 __version__ = "0.1.0"
+
+
+class _MovedModules(_abc.MetaPathFinder, _abc.Loader):
+    """Objects pickled by mlcache 0.1 (a shelved ``MemorizedResult`` inside a cached
+    value, a ``Memory`` or a memoized function sent to a worker) name the modules of
+    its flat layout. Those names are served, for unpickling only, as views of the
+    modules that hold the classes now; nothing else should import them."""
+
+    MOVED: _t.ClassVar[dict[str, str]] = {
+        "mlcache.memory": "mlcache.memo.memory",
+        "mlcache.memorized": "mlcache.memo.func",
+        "mlcache.results": "mlcache.memo.results",
+    }
+
+    def find_spec(self, name: str, path: _t.Any = None, target: _t.Any = None) -> _t.Any:
+        if name not in self.MOVED:
+            return None
+        import importlib.machinery
+
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def exec_module(self, module: _t.Any) -> None:
+        import importlib
+
+        now = importlib.import_module(self.MOVED[module.__name__])
+        module.__getattr__ = lambda attr: getattr(now, attr)
+
+
+_sys.meta_path.append(_MovedModules())
 
 # a library's logger stays quiet until the application configures logging; the
 # problems mlcache works around also arrive as CacheWarnings (see errors.warn)
@@ -65,6 +98,7 @@ __all__ = [
     "StoreError",
     "UnhashableArgument",
     "UnknownBackend",
+    "UnknownFormat",
     "UnsupportedValue",
     "__version__",
     "cache",

@@ -194,3 +194,25 @@ def test_errors_of_a_stores_lock_and_touch_never_fail_the_call(tmp_path, monkeyp
         assert f(3) == 6
     assert f(3) == 6  # a hit, even though recording its use fails
     mem.flush_usage()  # the touch raises: advisory, nothing escapes
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_objects_pickled_by_mlcache_0_1_still_load(tmp_path):
+    """A Memory, a shelved result and a memoized function pickled by the flat
+    layout of mlcache 0.1 (made by fixtures/make_v01_pickles.py): their module
+    names moved, and they load and work (a shelved result inside a cached value
+    would otherwise be 'damaged' and recomputed)."""
+    import tarfile
+
+    cache = tmp_path / "cache"
+    with tarfile.open(FIXTURES / "v01_cache.tar.gz") as archive:
+        archive.extractall(cache, filter="data")
+    data = (FIXTURES / "v01_objects.pkl").read_bytes()
+    assert b"cmlcache.memory\n" in data and b"cmlcache.results\n" in data
+    objects = pickle.loads(data.replace(b"/mlcache-v01-fixture/cache", str(cache).encode()))
+    mem, shelved, func = objects["memory"], objects["result"], objects["func"]
+    assert isinstance(mem, Memory) and mem.location == str(cache)
+    assert shelved.get() == 42 and shelved.memory is shelved.context.owner
+    assert func.check_call_in_cache(-42) and func(-42) == 42

@@ -45,6 +45,16 @@ class MemorizedResult:
         return self.name.rsplit("/", 1)[-1]
 
     @property
+    def memory(self) -> Any:
+        """The :class:`~mlcache.Memory` that stored the result."""
+        return self.context.owner
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "memory" in state and "context" not in state:  # pickled by mlcache 0.1
+            state["context"] = state.pop("memory").context
+        self.__dict__.update(state)
+
+    @property
     def metadata(self) -> dict[str, Any]:
         """The stored metadata: ``time``, ``duration``, ``input_args``, ``size``..."""
         return read_entry_info(self.context.store, self.name)
