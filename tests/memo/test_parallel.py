@@ -31,3 +31,9 @@ def test_backend_is_still_accepted_with_a_deprecation_warning_naming_executor(tm
         assert cached_map(f, [1, 2], backend="threads", progress=False) == [1, 4]
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="executor"):
         cached_map(f, [1], backend="gpu")
+
+
+def test_executor_and_its_old_name_together_are_refused(tmp_path):
+    f = Memory(tmp_path, verbose=0).cache(_square)
+    with pytest.raises(TypeError, match="not both"):
+        cached_map(f, [1], executor="threads", backend="processes")

@@ -27,7 +27,7 @@ def cached_map(
     func: MemorizedFunc[Any, T],
     items: Iterable[Any],
     *,
-    executor: str = "threads",
+    executor: str | None = None,
     client: Any = None,
     workers: int | None = None,
     progress: bool = True,
@@ -60,13 +60,15 @@ def cached_map(
     those are loaded from the cache too, so that they carry their entry's name
     as hits do (passed on to the next memoized step, they are not hashed again).
 
-    >>> from mlcache import Memory
-    >>> from mlcache.memo.parallel import cached_map
-    >>> square = Memory(None).cache(lambda x: x * x)
-    >>> cached_map(square, [1, 2, 3], progress=False)  # doctest: +SKIP
+    >>> import tempfile
+    >>> from mlcache import Memory, cached_map
+    >>> square = Memory(tempfile.mkdtemp(), verbose=0).cache(lambda x: x * x)
+    >>> cached_map(square, [1, 2, 3], progress=False)
     [1, 4, 9]
     """
     if backend is not None:
+        if executor is not None:
+            raise TypeError("cached_map takes executor= or its old name backend=, not both")
         warnings.warn(
             "cached_map(backend=) is deprecated: it is now cached_map(executor=) "
             "(backend= names the store in Memory(backend=))",
@@ -74,6 +76,8 @@ def cached_map(
             stacklevel=2,
         )
         executor = backend
+    if executor is None:
+        executor = "threads"
     if not isinstance(func, MemorizedFunc):
         raise TypeError(
             f"cached_map needs a memoized function (mem.cache(f)), got {type(func).__name__}"
