@@ -161,3 +161,21 @@ def test_sharded_datasets_are_keyed_by_their_contents(tmp_path):
         progress=False,
     )
     assert hash_value(a) != hash_value(b)  # same sizes, other values
+
+
+def test_a_manifest_name_without_shard_size_and_a_plain_pack_opened_as_shards(tmp_path):
+    from mlcache.data import ShardedDataset, pack
+
+    read = []
+
+    def samples():
+        for i in range(3):
+            read.append(i)
+            yield {"y": i}
+
+    with pytest.raises(ValueError, match="shard_size="):
+        pack(samples(), tmp_path / "d.shards", progress=False)
+    assert read == [] and not list(tmp_path.iterdir())  # said before reading the source
+    pack(samples(), tmp_path / "d.pack", progress=False)
+    with pytest.raises(ValueError, match="is a plain pack.*open_pack"):
+        ShardedDataset(tmp_path / "d.pack")

@@ -141,4 +141,9 @@ def pack(
     }
     if shard_size is not None:
         return pack_sharded(samples, path, shard_size=shard_size, **options)
+    if os.fspath(path).endswith(SHARDS_SUFFIX):  # said before the source is read
+        raise ValueError(
+            f"{os.fspath(path)!r} names a sharded pack's manifest ({SHARDS_SUFFIX}): give "
+            "shard_size= to write shards, or another name for one pack file"
+        )
     return write_pack(samples, path, **options)

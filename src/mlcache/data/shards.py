@@ -59,6 +59,7 @@ from .._atomic import write_bytes_atomic
 from .._util import parse_bytes
 from ..errors import PackChanged, PackCorrupted
 from .fetch import is_url, local_copy
+from .format import MAGIC
 from .reader import SHARDS_SUFFIX, Pack, PackedDataset, sample_index
 from .writer import write_pack
 
@@ -401,7 +402,16 @@ class ShardedDataset(Pack):
             )
             try:
                 with open(where, "rb") as f:
-                    manifest = json.loads(f.read())
+                    data = f.read()
+            except FileNotFoundError:
+                raise FileNotFoundError(f"no sharded pack at {self.path}") from None
+            if data.startswith(MAGIC):
+                raise ValueError(
+                    f"{self.path} is a plain pack, not a sharded pack's manifest: open it "
+                    "with PackedDataset or mlcache.data.open_pack"
+                )
+            try:
+                manifest = json.loads(data)
                 shards = manifest["shards"]
                 body = {k: manifest[k] for k in ("format", "version", "n", "shards")}
                 canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -412,8 +422,6 @@ class ShardedDataset(Pack):
                 counts = [int(s["n"]) for s in shards]
                 names = [str(s["name"]) for s in shards]
                 sums = [int(s["index_sum"]) for s in shards]
-            except FileNotFoundError:
-                raise FileNotFoundError(f"no sharded pack at {self.path}") from None
             except (ValueError, KeyError, TypeError) as exc:
                 raise PackCorrupted(f"{self.path}: bad shard manifest ({exc})") from None
             if self._take(names, counts, sums, manifest["sum"]):
