@@ -1,6 +1,6 @@
 """Forged lengths, offsets, shapes and counts inside files whose checksums are right.
 
-The other fuzz tests (``test_entry.py``, ``test_data_pack.py``) feed random or
+The other fuzz tests (``entry/test_entry.py``, ``data/test_pack.py``) feed random or
 damaged bytes, which the checksums mostly stop at the door. Here every checksum
 is recomputed after the forgery (as docs/format.md defines them), so a forged
 number reaches the parser and the decoder. Each example starts from a valid

@@ -1,4 +1,4 @@
-"""callkey.py: one key per call, bound the way Python binds arguments."""
+"""keys/call.py: one key per call, bound the way Python binds arguments."""
 
 from __future__ import annotations
 

@@ -167,8 +167,12 @@ class CachedStore:
 
     Everything is read from and written to ``store``; ``local_path(name)`` copies
     entry ``name`` into ``local_dir`` on first use and returns the copy. A write
-    keeps what was written as the local copy too. The wrapped store's other
-    powers (locking, counters) stay on ``store``.
+    keeps what was written as the local copy too. The wrapper has that one power:
+    the wrapped store's others (:class:`~mlcache.store.Locking`,
+    :class:`~mlcache.store.SharedCounters`, :class:`~mlcache.store.ReadOnly`)
+    stay on ``store`` and are not the wrapper's, so a ``Memory`` over a
+    ``CachedStore`` computes a key in every process that misses it, as joblib's
+    do; give the backend class itself those powers when it needs them.
 
     Parameters
     ----------
