@@ -9,6 +9,7 @@ import os
 import sys
 
 import pytest
+
 from scripts import ScriptFolder
 
 HEADER = """
