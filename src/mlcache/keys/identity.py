@@ -50,7 +50,6 @@ __all__ = [
 ]
 
 
-
 def _is_notebook_file(filename: str) -> bool:
     base = os.path.basename(filename)
     return (
