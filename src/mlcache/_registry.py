@@ -63,6 +63,10 @@ class Registry(Generic[T], Mapping[str, T]):
         # relies on it); a lazy entry is a (target, install hint) tuple until used
         self._entries: dict[str, T | _Lazy] = {}
 
+    def can_hold(self, name: object) -> bool:
+        """Whether ``name`` is a name this registry accepts (registered or not)."""
+        return isinstance(name, str) and self._names[0].fullmatch(name) is not None
+
     def register(self, name: str, impl: T | str, *, hint: str = "", replace: bool = False) -> None:
         """Register ``impl`` under ``name``; ``impl`` may be ``"package.module:attr"``.
 

@@ -204,13 +204,26 @@ def _parse_layout(data: bytes) -> Layout:
     return _parse_layout_uncached(data)
 
 
+def _unregistered_compression(z: Any) -> bool:
+    """``z`` is a well-formed ``[name, level]`` whose name could be registered but
+    is not here (another process's compressor); anything else malformed is
+    damage, said by :class:`Compression` itself."""
+    return (
+        type(z) is list
+        and len(z) == 2
+        and compressors.can_hold(z[0])
+        and type(z[1]) is int
+        and z[0] not in compressors
+    )
+
+
 def _parse_layout_uncached(data: bytes) -> Layout:
     lay = json.loads(data)
     if type(lay) is not dict:
         raise ValueError("not an object")
     try:
         codec, codec_layout, seg, raw, z = lay["codec"], lay["c"], lay["seg"], lay["raw"], lay["z"]
-        if z is not None and isinstance(z[0], str) and z[0] not in compressors:
+        if _unregistered_compression(z):
             raise UnknownFormat(
                 f"written with the compression {z[0]!r}, which this process has not "
                 "registered (mlcache.register_compressor)"
