@@ -42,6 +42,7 @@ from .layout import is_entry
 from .locking import MISS as _MISS
 from .locking import KeyLocks
 from .results import MemorizedResult, NotMemorizedResult
+from .tier import tier
 from .usage import FunctionStats, collect
 from .versions import FunctionCode, Keyed
 
@@ -248,7 +249,11 @@ class MemorizedFunc(Generic[P, R]):
             self._store.delete(name)
 
     def _path(self, name: str) -> str | None:
-        return os.path.join(self._code.code_path, name.rpartition("/")[2]) if self._local else None
+        if not self._local:
+            return None
+        base = self._code.code_path  # os.path.join costs ~0.5 µs of a ~10 µs hit
+        tail = name[name.rfind("/") + 1 :]
+        return base + tail if base.endswith(os.sep) else f"{base}{os.sep}{tail}"
 
     def _valid(self, name: str, path: str | None) -> bool:
         """The cache_validation_callback's verdict on the entry's metadata (read from
@@ -276,6 +281,10 @@ class MemorizedFunc(Generic[P, R]):
         allow, signer = ctx.allow_pickle, ctx.signer
 
         def read() -> tuple[Any, bytes]:
+            if path is not None and mmap_mode is None:  # small entries: one stat per hit
+                got = tier.read(path, name, signer, allow)
+                if got is not None:
+                    return got
             reader = open_entry(self._store, name, mmap_mode, path=path, signer=signer)
             return decode(reader, allow_pickle=allow), reader.info_bytes
 

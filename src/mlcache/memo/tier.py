@@ -1,0 +1,220 @@
+"""The in-process tier of small entries: a repeated small hit without re-reading,
+re-checking and re-verifying its file.
+
+An entry of a local store whose file is under :data:`MAX_ENTRY` bytes, read into
+memory (no ``mmap_mode``) and stored with a codec that decodes from its segments
+alone (:data:`CODECS`), is kept here after this process has read it and checked
+its checksum and its signature once. A later hit of the same file costs one
+``os.stat`` of it and a decode of the kept bytes:
+
+- The file's identity (device, inode, size, mtime_ns, ctime_ns) must be the one
+  it had when it was read. An entry removed (``clear()``), replaced (a new
+  entry is always published by a rename: another inode) or rewritten in place
+  (another mtime or ctime) is read and verified again at once; a missing file
+  is a miss.
+- Every hit decodes from private copies of the kept bytes: a caller mutating a
+  returned dict or array never changes what the next hit returns.
+- A file is kept only once its last change is :data:`~mlcache.entry.SETTLED_NS`
+  old (:data:`~mlcache.entry.COARSE_SETTLED_NS` for whole-second file times):
+  file times advance by clock ticks, and a rewrite within the tick of the read
+  would not show in them.
+- Bounded: at most :data:`BUDGET` bytes of files in all, least recently used
+  first out.
+
+What one ``stat`` cannot see: a rewrite of the same file, to the same size,
+whose mtime *and* ctime are both restored. A user can restore the mtime
+(``os.utime``) but not the ctime, which the kernel sets to the time of any
+change; setting it takes root (changing the system clock, or writing the raw
+disk). Someone with root can also change this process's memory, so the tier
+trusts nothing more than the process already does. The same holds for the
+mapped-read marks of :mod:`mlcache.entry.reader`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from ..codecs import codecs
+from ..entry.reader import COARSE_SETTLED_NS, SETTLED_NS, EntryReader
+from ..entry.signing import Signer
+from ..errors import EntryCorrupted, EntryNotFound
+
+__all__ = ["BUDGET", "CODECS", "MAX_ENTRY", "HitTier", "tier"]
+
+#: entries whose file is at least this large are read the ordinary way
+MAX_ENTRY = 64 * 1024
+#: the bytes of entry files the tier keeps at most (least recently used out)
+BUDGET = 16 * 1024 * 1024
+#: codecs whose decoded values hold nothing of the (shared) layout that a caller
+#: could mutate: their values are built from the segments, or are immutable
+CODECS = frozenset({"npy", "pickle"})
+
+_Ident = tuple[int, int, int, int, int]
+
+
+def _identity(st: os.stat_result) -> _Ident:
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _settled(st: os.stat_result) -> bool:
+    coarse = not (st.st_mtime_ns % 1_000_000_000 or st.st_ctime_ns % 1_000_000_000)
+    margin = COARSE_SETTLED_NS if coarse else SETTLED_NS
+    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= margin
+
+
+class _Copies:
+    """The segments of a kept, verified entry, each handed out as a fresh copy."""
+
+    __slots__ = ("_reader",)
+
+    def __init__(self, reader: EntryReader) -> None:
+        self._reader = reader
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    def buffer(self, index: int) -> memoryview:
+        return memoryview(bytearray(self._reader.buffer(index)))
+
+    def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> np.ndarray:
+        return self._reader.array(index, dtype, shape, order).copy(order="K")
+
+
+class _Kept:
+    """One verified entry: its segments, and for ``npy`` values a pickle this process
+    made of the value it decoded from them (``pickle.loads`` of it builds the same
+    tree of plain values and arrays in a quarter of the time; it is this process's
+    own memory, never bytes of the file)."""
+
+    __slots__ = ("blob", "codec", "ident", "info_bytes", "layout", "name", "segments", "signer")
+
+    def __init__(
+        self, ident: _Ident, name: str, signer: Signer | None, reader: EntryReader
+    ) -> None:
+        self.ident, self.name, self.signer = ident, name, signer
+        self.codec = codecs[reader.codec]
+        self.layout = reader.codec_layout
+        self.segments = _Copies(reader)
+        self.info_bytes = reader.info_bytes
+        self.blob: bytes | None = None
+
+    def decode(self) -> Any:
+        if self.blob is not None:
+            return pickle.loads(self.blob)
+        value = self.codec.decode(self.layout, self.segments)
+        if self.codec.name == "npy":  # plain values, tuples, lists, dicts, arrays
+            # a value that does not pickle is decoded from the segments every time
+            with contextlib.suppress(Exception):
+                self.blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return value
+
+
+class HitTier:
+    """Small verified entries of this process, revalidated by one ``stat`` per hit."""
+
+    def __init__(self, max_entry: int = MAX_ENTRY, budget: int = BUDGET) -> None:
+        self.max_entry, self.budget = max_entry, budget
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def clear(self) -> None:
+        """Forget every kept entry (the next hit of each reads its file again)."""
+        with self._lock:
+            self._kept.clear()
+            self._bytes = 0
+
+    def read(
+        self, path: str, name: str, signer: Signer | None, allow_pickle: bool
+    ) -> tuple[Any, bytes] | None:
+        """(value, info bytes) of entry ``name`` at ``path``, or None when the tier
+        does not serve it (too large, another codec, pickle refused): the caller
+        reads it the ordinary way.
+
+        Raises what :func:`~mlcache.entry.open_entry` raises: ``EntryNotFound``
+        for a missing file, ``EntryCorrupted`` / ``EntrySignatureError`` for
+        damage, ``OSError`` when it cannot be read."""
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):  # cleared: a miss at once
+            self._drop(path)
+            raise EntryNotFound(name) from None
+        ident = _identity(st)
+        kept = self._kept.get(path)
+        if (
+            kept is not None
+            and kept.ident == ident
+            and kept.name == name
+            and kept.signer is signer
+            and (kept.codec.safe or allow_pickle)  # kept by a Memory that allows pickle
+        ):
+            try:  # one C call, atomic under the GIL: no lock on the hit
+                self._kept.move_to_end(path)
+            except KeyError:  # dropped by another thread meanwhile
+                pass
+            return self._decode(kept, path), kept.info_bytes
+        if kept is not None:
+            self._drop(path)
+        if st.st_size >= self.max_entry or not _settled(st):
+            return None
+        try:
+            reader = EntryReader(path, None, signer, name)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise EntryNotFound(name) from None
+        codec = codecs.get(reader.codec) if reader.codec in CODECS else None
+        if codec is None or not (codec.safe or allow_pickle):
+            return None
+        try:
+            after = _identity(os.stat(path))
+        except OSError:
+            after = None
+        fresh = _Kept(ident, name, signer, reader)
+        if after == ident:  # unchanged while it was read: what was read is this file
+            self._keep(path, fresh)
+        return self._decode(fresh, path), fresh.info_bytes
+
+    def _decode(self, kept: _Kept, path: str) -> Any:
+        try:
+            return kept.decode()
+        except EntryCorrupted:
+            self._drop(path)
+            raise
+        except Exception as exc:  # as mlcache.entry.decode: damage, never a value
+            self._drop(path)
+            raise EntryCorrupted(
+                f"{path}: cannot decode the {kept.codec.name!r} payload "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def _keep(self, path: str, kept: _Kept) -> None:
+        size = kept.ident[2]
+        with self._lock:
+            old = self._kept.pop(path, None)
+            if old is not None:
+                self._bytes -= old.ident[2]
+            self._kept[path] = kept
+            self._bytes += size
+            while self._bytes > self.budget and self._kept:
+                _, out = self._kept.popitem(last=False)
+                self._bytes -= out.ident[2]
+
+    def _drop(self, path: str) -> None:
+        with self._lock:
+            old = self._kept.pop(path, None)
+            if old is not None:
+                self._bytes -= old.ident[2]
+
+
+#: the tier every memoized function of this process shares
+tier = HitTier()

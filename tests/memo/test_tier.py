@@ -1,0 +1,215 @@
+"""The in-process tier of small verified entries (mlcache.memo.tier): a repeated
+small hit is one stat and a decode, and never a stale, shared or forged value."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from mlcache import Memory
+from mlcache.entry.reader import SETTLED_NS
+from mlcache.memo.tier import HitTier, tier
+
+CALLS: list[int] = []
+
+
+def small(a: int, b: int) -> dict:
+    CALLS.append(a)
+    return {"a": a, "b": b, "sum": a + b, "items": [a, b], "arr": np.arange(a + b)}
+
+
+def _settle() -> None:
+    """Past the time a freshly written file must wait to be kept."""
+    time.sleep(SETTLED_NS / 1e9 + 0.02)
+
+
+@pytest.fixture
+def f(tmp_path):
+    tier.clear()
+    CALLS.clear()
+    return Memory(tmp_path / "cache", verbose=0, secret="k" * 32).cache(small)
+
+
+def _path(f, *args) -> str:
+    name = f._name(args, {})
+    return f._path(name)
+
+
+def _hit_kept(f) -> str:
+    f(1, 2)
+    _settle()
+    f(1, 2)  # read, verified and kept
+    path = _path(f, 1, 2)
+    assert path in tier._kept
+    return path
+
+
+def test_a_repeated_small_hit_is_kept_and_served(f):
+    _hit_kept(f)
+    for _ in range(3):
+        assert f(1, 2)["sum"] == 3
+    assert CALLS == [1]
+
+
+def test_returned_values_are_independent_objects(f):
+    _hit_kept(f)
+    first = f(1, 2)
+    first["sum"] = -1
+    first["items"].append(99)
+    first["arr"][:] = 7
+    second = f(1, 2)
+    assert second["sum"] == 3 and second["items"] == [1, 2]
+    assert second["arr"].tolist() == [0, 1, 2] and second["arr"].flags.writeable
+    assert second is not first and second["arr"] is not first["arr"]
+
+
+def test_the_value_returned_when_filling_is_independent_too(f):
+    f(1, 2)
+    _settle()
+    got = f(1, 2)  # this hit fills the tier
+    got["arr"][:] = 9
+    got["items"].clear()
+    again = f(1, 2)
+    assert again["arr"].tolist() == [0, 1, 2] and again["items"] == [1, 2]
+
+
+def test_clear_is_a_miss_at_once(f):
+    _hit_kept(f)
+    f.clear(warn=False)
+    assert f(1, 2)["sum"] == 3
+    assert CALLS == [1, 1]
+
+
+def test_another_entry_replaced_onto_it_is_seen_at_the_next_hit(f):
+    path = _hit_kept(f)
+    f(5, 6)
+    other = _path(f, 5, 6)
+    os.replace(other, path)  # another (validly signed) entry under this name
+    with pytest.warns(Warning, match="tampering|signature"):
+        got = f(1, 2)
+    # signed entries are bound to their name: refused, recomputed, right value
+    assert got["sum"] == 3
+    assert CALLS == [1, 5, 1]
+
+
+def test_another_process_rewriting_the_entry_is_seen(f, tmp_path):
+    path = _hit_kept(f)
+    before = os.stat(path)
+    # another process recomputes and republishes the entry (a new file by rename)
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_tier import small
+        from mlcache import Memory
+        f = Memory({str(tmp_path / "cache")!r}, verbose=0, secret="k" * 32).cache(small)
+        f.call(1, 2)
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+    assert os.stat(path).st_ino != before.st_ino
+    assert f(1, 2)["sum"] == 3
+    # the new file was read and verified again: what is kept is its identity
+    st = os.stat(path)
+    kept = tier._kept.get(path)
+    assert kept is None or kept.ident == (
+        st.st_ino,
+        st.st_dev,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+    )
+    assert kept is None or kept.ident != (
+        before.st_ino,
+        before.st_dev,
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ctime_ns,
+    )
+
+
+def test_a_tampered_file_with_its_mtime_restored_is_caught(f):
+    path = _hit_kept(f)
+    st = os.stat(path)
+    with open(path, "r+b") as fh:  # same size, one byte of the info changed
+        data = bytearray(fh.read())
+        i = data.index(b'"func"')
+        data[i + 1] ^= 0x20
+        fh.seek(0)
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(path)
+    assert after.st_size == st.st_size and after.st_mtime_ns == st.st_mtime_ns
+    assert after.st_ctime_ns != st.st_ctime_ns  # what a user cannot restore
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = f(1, 2)
+    assert got["sum"] == 3 and CALLS == [1, 1]
+    assert any("damaged" in str(w.message) or "tampering" in str(w.message) for w in caught)
+
+
+def test_mmap_mode_and_large_entries_go_the_old_way(tmp_path):
+    tier.clear()
+    big = Memory(tmp_path / "c", verbose=0).cache(np.ones)
+    big(100_000)
+    mapped = Memory(tmp_path / "c", verbose=0, mmap_mode="r").cache(np.zeros)
+    mapped(10)
+    _settle()
+    assert big(100_000).sum() == 100_000 and isinstance(mapped(10), np.memmap)
+    assert len(tier) == 0
+
+
+def test_unsigned_and_signed_readers_do_not_share_a_kept_entry(tmp_path):
+    tier.clear()
+    plain = Memory(tmp_path / "c", verbose=0, secret=False).cache(small)
+    plain(1, 2)
+    _settle()
+    plain(1, 2)
+    assert len(tier) == 1
+    signed = Memory(tmp_path / "c", verbose=0, secret="k" * 32).cache(small)
+    with pytest.warns(Warning, match="not signed"):
+        signed(1, 2)  # the unsigned entry is refused, not served from the tier
+
+
+def test_the_budget_and_lru_bound_it(tmp_path):
+    t = HitTier(max_entry=1 << 16, budget=3000)
+    m = Memory(tmp_path / "c", verbose=0)
+    f = m.cache(small)
+    for a in range(8):
+        f(a, 0)
+    _settle()
+    sizes = []
+    for a in range(8):
+        name = f._name((a, 0), {})
+        path = f._path(name)
+        sizes.append(os.stat(path).st_size)
+        assert t.read(path, name, m.context.signer, True) is not None
+    assert t._bytes <= 3000 and 0 < len(t) < 8
+    assert list(t._kept)[-1] == path  # the most recent is kept
+
+
+class Box:
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+
+def boxed(v: int) -> Box:
+    return Box(v)
+
+
+def test_a_pickled_entry_kept_for_one_memory_is_refused_to_one_without_pickle(tmp_path):
+    tier.clear()
+    loose = Memory(tmp_path / "c", verbose=0).cache(boxed)
+    loose(3)
+    _settle()
+    assert loose(3).v == 3 and len(tier) == 1
+    strict = Memory(tmp_path / "c", verbose=0, allow_pickle=False).cache(boxed)
+    with pytest.raises(Exception, match="pickle"):
+        strict(3)
