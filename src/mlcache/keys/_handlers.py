@@ -32,6 +32,8 @@ _CHUNK = 1 << 24  # copy size when hashing a non-contiguous array
 _pack_q = struct.Struct("<q").pack
 _pack_d = struct.Struct("<d").pack
 _pack_Q = struct.Struct("<Q").pack
+_VECTOR_MIN = 256  # an object column at least this long: from arrow buffers if it can
+_STR_OR_NONE = frozenset({str, type(None)})
 
 
 # -- scalars ---------------------------------------------------------------------
@@ -348,16 +350,135 @@ def _pandas_index(h: Hasher, obj: Any, pd: Any) -> None:
 
 
 def _pandas_values(h: Hasher, obj: Any) -> None:
+    """The values of a series or an index, from their buffers for every kind pandas
+    has: the dtype's repr (categories, zone, unit, storage), then a tag and the
+    kind's buffers; an unknown extension array element by element."""
     import pandas as pd
+    from pandas.core.dtypes.dtypes import BaseMaskedDtype  # Int64, Float64, boolean
 
-    # repr(dtype) names categories, timezones and the storage of string dtypes
     dtype = obj.dtype
     h.text(repr(dtype))
+    if isinstance(dtype, np.dtype):
+        values = np.asarray(obj.to_numpy())
+        if dtype.kind == "O":
+            _pandas_objects(h, values)
+        else:
+            h.update(values)
+        return
+    arr = obj.array
     if isinstance(dtype, pd.CategoricalDtype):
         h.update(dtype.categories)
-        h.update(np.asarray(obj.array.codes))  # codes, not an object array of values
+        h.update(np.asarray(arr.codes))  # codes, not an object array of values
+    elif isinstance(dtype, pd.DatetimeTZDtype):
+        h.buf += b"z"  # the zone's type too: two zones of one name can differ
+        h.text(typename(dtype.tz))
+        h.text(str(dtype.tz))
+        h.update(np.asarray(arr.asi8))  # int64 UTC instants, NaT as its own int
+    elif isinstance(dtype, pd.PeriodDtype):
+        h.buf += b"p"
+        h.update(dtype.freq)
+        h.update(np.asarray(arr.asi8))
+    elif isinstance(dtype, pd.IntervalDtype):
+        h.buf += b"v"
+        h.text(str(arr.closed))
+        _pandas_values(h, arr.left)
+        _pandas_values(h, arr.right)
+    elif isinstance(dtype, BaseMaskedDtype):
+        # data and mask: a value under the mask does not count (it is zeroed)
+        nd = dtype.numpy_dtype
+        h.buf += b"k"
+        h.update(np.asarray(arr.isna()))
+        h.update(np.asarray(arr.fillna(np.zeros(1, nd)[0]).to_numpy(dtype=nd)))
+    elif isinstance(dtype, pd.SparseDtype):  # its length, stored positions and values
+        h.buf += b"s" + _pack_Q(len(arr))
+        h.update(np.asarray(arr.sp_index.to_int_index().indices))
+        h.update(np.asarray(arr.sp_values))
+    elif isinstance(dtype, (pd.StringDtype, pd.ArrowDtype)):
+        _arrow(h, arr)
+    else:  # element by element: NA, NaT and nan as themselves
+        h.buf += b"e"
+        h.update(np.asarray(arr.to_numpy(dtype=object)))
+
+
+def _pandas_objects(h: Hasher, values: np.ndarray[Any, Any]) -> None:
+    """An object column: a long one of only ``str`` (and None) from arrow buffers,
+    anything else element by element (as an object ndarray)."""
+    if len(values) >= _VECTOR_MIN and set(map(type, values)) <= _STR_OR_NONE:
+        import pyarrow as pa
+
+        try:
+            strings = pa.array(values, type=pa.large_string(), from_pandas=False)
+        except (pa.ArrowException, UnicodeError, TypeError, ValueError):
+            pass  # lone surrogates: element by element
+        else:
+            h.buf += b"o"
+            _arrow(h, strings)
+            return
+    h.update(values)
+
+
+def _arrow(h: Hasher, data: Any) -> None:
+    """Write an arrow array (or pandas' array of one) of strings, binary or a
+    fixed-width type from its buffers, whatever its chunks and slicing: its null
+    mask, then its values with zeros ("" for strings) under the mask; any other
+    type (lists, structs, ...) as its IPC stream."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not isinstance(data, (pa.Array, pa.ChunkedArray)):
+        data = data.__arrow_array__()
+    if isinstance(data, pa.Array):
+        data = pa.chunked_array([data], type=data.type)
+    t, n, types = data.type, len(data), pa.types
+    if types.is_string(t) or types.is_large_string(t) or types.is_string_view(t):
+        wide, empty = pa.large_string(), pa.scalar("", pa.large_string())
+    elif types.is_binary(t) or types.is_large_binary(t) or types.is_binary_view(t):
+        wide, empty = pa.large_binary(), pa.scalar(b"", pa.large_binary())
+    elif any(f(t) for f in (types.is_integer, types.is_floating, types.is_temporal)) or any(
+        f(t) for f in (types.is_decimal, types.is_fixed_size_binary, types.is_boolean)
+    ):
+        h.buf += b"w" + _pack_Q(n) + _pack_Q(data.null_count)
+        if n:
+            flat = data.combine_chunks()
+            bits, o = np.frombuffer(flat.buffers()[1], np.uint8), flat.offset
+            values: np.ndarray[Any, Any]
+            if types.is_boolean(t):  # bits: as bools
+                values = np.unpackbits(bits, bitorder="little")[o : o + n].view(np.bool_)
+            else:
+                w = t.bit_width // 8  # as unsigned ints of its width, or bytes
+                values = bits[o * w : (o + n) * w]
+                values = values.view(f"<u{w}") if w in (2, 4, 8) else values.reshape(n, w)
+            if data.null_count:  # the validity bitmap (a fixed width type has one)
+                valid = np.frombuffer(flat.buffers()[0], np.uint8)
+                valid = np.unpackbits(valid, bitorder="little")[o : o + n].view(np.bool_)
+                h.update(~valid)
+                if values.dtype == np.bool_:
+                    values = values & valid
+                else:  # zeros under the nulls
+                    values = values * (valid if values.ndim == 1 else valid[:, None])
+            h.update(values)
         return
-    h.update(np.asarray(obj.to_numpy()))
+    else:  # lists, structs, ...: the IPC stream of one batch of it (its type too)
+        sink = pa.BufferOutputStream()
+        batch = pa.record_batch([data.combine_chunks()], names=["v"])
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        h.buf += b"i"
+        h.raw(sink.getvalue())
+        return
+    data = data.cast(wide)
+    h.buf += b"a" + _pack_Q(n) + _pack_Q(data.null_count)
+    if data.null_count:  # the mask, then the values with "" under it
+        h.update(np.asarray(data.is_null().to_numpy()))
+        data = pc.fill_null(data, empty)
+    if n == 0:
+        return
+    flat = data.combine_chunks()
+    bufs = flat.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)[flat.offset : flat.offset + n + 1]
+    start, stop = int(offsets[0]), int(offsets[-1])
+    h.update(offsets - offsets[0] if start else offsets)
+    h.raw(memoryview(bufs[2])[start:stop] if bufs[2] is not None else b"")
 
 
 # -- torch -----------------------------------------------------------------------

@@ -108,8 +108,9 @@ __all__ = [
 #: Version of the canonical stream; part of every key, bump it on any change here.
 #: 5: subclass attributes, pandas freq/flags/RangeIndex/MultiIndex levels, masked
 #: arrays from buffers, dtype metadata, code versions of functions and classes,
-#: library versions, torch meta and nested tensors
-HASH_SCHEME = 5
+#: library versions, torch meta and nested tensors; 6: pandas from buffers for every
+#: column kind (zones, periods, intervals, masked data and mask, arrow strings)
+HASH_SCHEME = 6
 
 _BIG = 1 << 16  # buffers at least this large bypass the staging buffer
 # Buffers of at least _TREE_MIN bytes are hashed as the xxh3-128 digests of their
