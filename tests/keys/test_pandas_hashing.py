@@ -287,3 +287,11 @@ def test_sparse_by_positions_and_values():
         pd.Series(pd.arrays.SparseArray(np.r_[dense, 0.0])),  # one more fill value
         pd.Series(dense),
     )
+
+
+def test_python_strings_without_an_arrow_form_element_by_element():
+    s = words(LONG)
+    lone = pd.Series(["\ud800", *s[1:]], dtype="string[python]")  # no UTF-8
+    same(lone, pd.Series(["\ud800", *s[1:]], dtype="string[python]"))
+    distinct(lone, pd.Series(["\ud801", *s[1:]], dtype="string[python]"))
+    distinct(lone, pd.Series(s, dtype="string[python]"))

@@ -393,8 +393,8 @@ def _pandas_values(h: Hasher, obj: Any) -> None:
         h.buf += b"s" + _pack_Q(len(arr))
         h.update(np.asarray(arr.sp_index.to_int_index().indices))
         h.update(np.asarray(arr.sp_values))
-    elif isinstance(dtype, (pd.StringDtype, pd.ArrowDtype)):
-        _arrow(h, arr)
+    elif isinstance(dtype, (pd.StringDtype, pd.ArrowDtype)) and _arrow(h, arr):
+        pass
     else:  # element by element: NA, NaT and nan as themselves
         h.buf += b"e"
         h.update(np.asarray(arr.to_numpy(dtype=object)))
@@ -417,16 +417,20 @@ def _pandas_objects(h: Hasher, values: np.ndarray[Any, Any]) -> None:
     h.update(values)
 
 
-def _arrow(h: Hasher, data: Any) -> None:
+def _arrow(h: Hasher, data: Any) -> bool:
     """Write an arrow array (or pandas' array of one) of strings, binary or a
     fixed-width type from its buffers, whatever its chunks and slicing: its null
     mask, then its values with zeros ("" for strings) under the mask; any other
-    type (lists, structs, ...) as its IPC stream."""
+    type (lists, structs, ...) as its IPC stream. False, writing nothing, if it
+    has no arrow form."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if not isinstance(data, (pa.Array, pa.ChunkedArray)):
-        data = data.__arrow_array__()
+        try:
+            data = data.__arrow_array__()
+        except (ValueError, TypeError):  # lone surrogates in a python-backed string
+            return False
     if isinstance(data, pa.Array):
         data = pa.chunked_array([data], type=data.type)
     t, n, types = data.type, len(data), pa.types
@@ -457,7 +461,7 @@ def _arrow(h: Hasher, data: Any) -> None:
                 else:  # zeros under the nulls
                     values = values * (valid if values.ndim == 1 else valid[:, None])
             h.update(values)
-        return
+        return True
     else:  # lists, structs, ...: the IPC stream of one batch of it (its type too)
         sink = pa.BufferOutputStream()
         batch = pa.record_batch([data.combine_chunks()], names=["v"])
@@ -465,20 +469,21 @@ def _arrow(h: Hasher, data: Any) -> None:
             writer.write_batch(batch)
         h.buf += b"i"
         h.raw(sink.getvalue())
-        return
+        return True
     data = data.cast(wide)
     h.buf += b"a" + _pack_Q(n) + _pack_Q(data.null_count)
     if data.null_count:  # the mask, then the values with "" under it
         h.update(np.asarray(data.is_null().to_numpy()))
         data = pc.fill_null(data, empty)
     if n == 0:
-        return
+        return True
     flat = data.combine_chunks()
     bufs = flat.buffers()
     offsets = np.frombuffer(bufs[1], dtype=np.int64)[flat.offset : flat.offset + n + 1]
     start, stop = int(offsets[0]), int(offsets[-1])
     h.update(offsets - offsets[0] if start else offsets)
     h.raw(memoryview(bufs[2])[start:stop] if bufs[2] is not None else b"")
+    return True
 
 
 # -- torch -----------------------------------------------------------------------
