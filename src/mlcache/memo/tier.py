@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..codecs import codecs
-from ..entry.reader import COARSE_SETTLED_NS, SETTLED_NS, EntryReader
+from ..entry.reader import COARSE_SETTLED_NS, SETTLED_NS, EntryReader, decode
 from ..entry.signing import Signer
 from ..errors import EntryCorrupted, EntryNotFound
 
@@ -94,7 +94,17 @@ class _Kept:
     tree of plain values and arrays in a quarter of the time; it is this process's
     own memory, never bytes of the file)."""
 
-    __slots__ = ("blob", "codec", "ident", "info_bytes", "layout", "name", "segments", "signer")
+    __slots__ = (
+        "blob",
+        "codec",
+        "ident",
+        "info_bytes",
+        "layout",
+        "name",
+        "segments",
+        "served",
+        "signer",
+    )
 
     def __init__(
         self, ident: _Ident, name: str, signer: Signer | None, reader: EntryReader
@@ -105,12 +115,15 @@ class _Kept:
         self.segments = _Copies(reader)
         self.info_bytes = reader.info_bytes
         self.blob: bytes | None = None
+        self.served = False
 
     def decode(self) -> Any:
         if self.blob is not None:
             return pickle.loads(self.blob)
         value = self.codec.decode(self.layout, self.segments)
-        if self.codec.name == "npy":  # plain values, tuples, lists, dicts, arrays
+        if not self.served:  # a first hit pays nothing more than reading would
+            self.served = True
+        elif self.codec.name == "npy":  # plain values, tuples, lists, dicts, arrays
             # a value that does not pickle is decoded from the segments every time
             with contextlib.suppress(Exception):
                 self.blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
@@ -139,8 +152,9 @@ class HitTier:
         self, path: str, name: str, signer: Signer | None, allow_pickle: bool
     ) -> tuple[Any, bytes] | None:
         """(value, info bytes) of entry ``name`` at ``path``, or None when the tier
-        does not serve it (too large, another codec, pickle refused): the caller
-        reads it the ordinary way.
+        does not read it (too large, or changed too recently to be kept): the
+        caller reads it the ordinary way. An entry of another codec is read and
+        decoded as :func:`~mlcache.entry.decode` does, and not kept.
 
         Raises what :func:`~mlcache.entry.open_entry` raises: ``EntryNotFound``
         for a missing file, ``EntryCorrupted`` / ``EntrySignatureError`` for
@@ -173,15 +187,13 @@ class HitTier:
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise EntryNotFound(name) from None
         codec = codecs.get(reader.codec) if reader.codec in CODECS else None
-        if codec is None or not (codec.safe or allow_pickle):
-            return None
-        try:
-            after = _identity(os.stat(path))
-        except OSError:
-            after = None
+        if codec is None or not (codec.safe or allow_pickle):  # read, so not read twice
+            return decode(reader, allow_pickle=allow_pickle), reader.info_bytes
+        # No second stat: the file's last change was settled (older than the
+        # margin) at the stat above, so any change since, even one made while it
+        # was being read, gives it a later mtime or ctime: the next hit reads again.
         fresh = _Kept(ident, name, signer, reader)
-        if after == ident:  # unchanged while it was read: what was read is this file
-            self._keep(path, fresh)
+        self._keep(path, fresh)
         return self._decode(fresh, path), fresh.info_bytes
 
     def _decode(self, kept: _Kept, path: str) -> Any:
