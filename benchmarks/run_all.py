@@ -17,6 +17,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = [
     "bench_hash.py",
+    "bench_pandas.py",
     "bench_hit.py",
     "bench_miss.py",
     "bench_data.py",

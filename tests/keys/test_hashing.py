@@ -801,7 +801,8 @@ PINNED_VALUES = {
     "numpy scalar": np.int32(7),
     "dtype": np.dtype("<f8"),
 }
-#: their keys under HASH_SCHEME 5: keys name entries on disk, so a change here
+#: their keys under HASH_SCHEME 6 (pandas values moved at 6, these did not): keys name
+#: entries on disk, so a change here
 #: is a change of every user's cache (bump HASH_SCHEME, then update these)
 PINNED_KEYS = {
     "int": "5c0fabed007821c11267cbb5dcaed171",
