@@ -17,6 +17,8 @@ from mlcache import Memory
 from mlcache.entry.reader import SETTLED_NS
 from mlcache.memo.tier import HitTier, tier
 
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="the tier is on on POSIX only")
+
 CALLS: list[int] = []
 
 
@@ -213,3 +215,10 @@ def test_a_pickled_entry_kept_for_one_memory_is_refused_to_one_without_pickle(tm
     strict = Memory(tmp_path / "c", verbose=0, allow_pickle=False).cache(boxed)
     with pytest.raises(Exception, match="pickle"):
         strict(3)
+
+
+def test_a_disabled_tier_reads_the_ordinary_way(f, monkeypatch):
+    monkeypatch.setattr(tier, "enabled", False)
+    f(1, 2)
+    _settle()
+    assert f(1, 2)["sum"] == 3 and len(tier) == 0

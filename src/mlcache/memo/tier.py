@@ -27,7 +27,17 @@ whose mtime *and* ctime are both restored. A user can restore the mtime
 change; setting it takes root (changing the system clock, or writing the raw
 disk). Someone with root can also change this process's memory, so the tier
 trusts nothing more than the process already does. The same holds for the
-mapped-read marks of :mod:`mlcache.entry.reader`.
+mapped-read marks of :mod:`mlcache.entry.reader`. Where the ctime is not the
+time of the last change (Windows: it is the creation time) the tier is off.
+
+On a network file system a ``stat`` may be answered from the client's attribute
+cache (NFS: ``acregmin`` 3 s to ``acregmax`` 60 s, unless mounted with
+``actimeo=0`` or ``noac``), while an ``open`` asks the server: there an entry
+removed or recomputed by another machine is seen when that cache expires, not
+at once. What is served meanwhile is the value this process verified for the
+same key (the key names function, code version and arguments), never bytes it
+has not checked; an expiry callback (``cache_validation_callback``) still reads
+the entry's header at every hit.
 """
 
 from __future__ import annotations
@@ -135,6 +145,8 @@ class HitTier:
 
     def __init__(self, max_entry: int = MAX_ENTRY, budget: int = BUDGET) -> None:
         self.max_entry, self.budget = max_entry, budget
+        #: off where the ctime is not the time of the last change (see above)
+        self.enabled = os.name == "posix"
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -159,6 +171,8 @@ class HitTier:
         Raises what :func:`~mlcache.entry.open_entry` raises: ``EntryNotFound``
         for a missing file, ``EntryCorrupted`` / ``EntrySignatureError`` for
         damage, ``OSError`` when it cannot be read."""
+        if not self.enabled:
+            return None
         try:
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):  # cleared: a miss at once
