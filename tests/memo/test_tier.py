@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -222,3 +223,32 @@ def test_a_disabled_tier_reads_the_ordinary_way(f, monkeypatch):
     f(1, 2)
     _settle()
     assert f(1, 2)["sum"] == 3 and len(tier) == 0
+
+
+def test_threads_hitting_while_the_tier_is_cleared_get_right_values(f):
+    _hit_kept(f)
+    errors: list[object] = []
+    stop = threading.Event()
+
+    def hit() -> None:
+        for _ in range(300):
+            got = f(1, 2)
+            if got["sum"] != 3 or got["items"] != [1, 2]:
+                errors.append(got)
+            got["items"].append(0)  # each thread mutates its own copy
+
+    def churn() -> None:
+        while not stop.is_set():
+            tier.clear()
+            time.sleep(0.0005)
+
+    threads = [threading.Thread(target=hit) for _ in range(4)]
+    cleaner = threading.Thread(target=churn)
+    cleaner.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    cleaner.join()
+    assert errors == [] and CALLS == [1]
