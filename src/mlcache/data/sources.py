@@ -9,12 +9,16 @@ Nothing here opens or builds a pack: :mod:`mlcache.data.cached` does, with these
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import logging
 import os
+import re
+import threading
 import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
+from stat import S_ISREG
 from typing import Any
 
 import xxhash
@@ -24,10 +28,18 @@ from ..errors import warn
 from ..keys.hashing import hash_value
 
 __all__ = [
+    "CHECKS",
+    "GRACE_SECONDS",
     "STATE_FILE",
+    "UNUSED_PACKS_KEPT_FOR",
+    "DeclaredSource",
+    "SourceRecord",
+    "check_mode",
     "files_digest",
     "items_digest",
     "read_state",
+    "remove_older_versions",
+    "remove_pack",
     "source_fingerprint",
     "warn_if_new_every_run",
     "write_state",
@@ -43,6 +55,176 @@ STATE_FILE = ".state"
 _EVERY_RUN_BUILDS = 3
 _EVERY_RUN_WINDOW = 3600.0
 _WARNED_EVERY_RUN: set[tuple[type, frozenset[str]]] = set()
+#: an older version of a pack is removed once it has not been rebuilt for this long
+GRACE_SECONDS = 600.0
+#: a pack of other attributes goes once it has not been opened for this long: as
+#: long as the function cache keeps results of an old code version
+#: (``mlcache.memo.versions.OLD_VERSIONS_KEPT_FOR``, a test checks they agree); the
+#: data package does not import the function cache, its sibling layer
+UNUSED_PACKS_KEPT_FOR = 30 * 86400
+
+
+#: the values of ``CachedDataset(check_source=...)``
+CHECKS = ("open", "background", "never")
+
+
+def check_mode(check_source: object) -> None:
+    """A clear error for a ``check_source`` that is not one of :data:`CHECKS`."""
+    if not isinstance(check_source, str) or check_source not in CHECKS:
+        choices = ", ".join(map(repr, CHECKS))
+        raise ValueError(f"check_source must be one of {choices}, got {check_source!r}")
+
+
+class DeclaredSource:
+    """The files a dataset declares it is built from: those of ``folder`` whose
+    name matches ``pattern`` (one listing, one ``stat`` each; sorted by name),
+    or ``paths`` (in their order). Its :meth:`digest` is :func:`files_digest` of
+    :meth:`files`, so declaring the source of a ``sorted(Path(root).glob(...))``
+    changes no key."""
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str] | None,
+        pattern: str | None,
+        paths: Iterable[str | os.PathLike[str]] | None,
+    ) -> None:
+        if (folder is None) == (paths is None):
+            raise TypeError(
+                "declare the source by source_dir (and source_glob) or by source_paths, "
+                f"one of the two: got source_dir={folder!r}, source_paths={paths!r}"
+            )
+        if pattern is not None and (not isinstance(pattern, str) or "/" in pattern):
+            raise ValueError(
+                f"source_glob must be a pattern of file names in source_dir (no '/'), "
+                f"got {pattern!r}"
+            )
+        if paths is not None and isinstance(paths, (str, bytes, os.PathLike)):
+            raise TypeError(f"source_paths must be a list of paths, got {paths!r}")
+        self.folder = None if folder is None else os.path.abspath(os.fspath(folder))
+        self.pattern = pattern or "*"
+        self.paths = None if paths is None else tuple(os.path.abspath(p) for p in paths)
+
+    @classmethod
+    def of(
+        cls, given: tuple[Any, Any, Any], defaults: tuple[Any, Any, Any]
+    ) -> DeclaredSource | None:
+        """The source declared by the constructor's ``(source_dir, source_glob,
+        source_paths)``, else by the class's (or instance's) attributes; or None."""
+        folder, pattern, paths = given
+        if folder is None and paths is None:
+            folder, paths = defaults[0], defaults[2]
+        pattern = pattern if pattern is not None else defaults[1]
+        if folder is None and paths is None and pattern is None:
+            return None
+        return cls(folder, pattern, paths)
+
+    def __repr__(self) -> str:
+        what = self.paths if self.folder is None else (self.folder, self.pattern)
+        return f"DeclaredSource({what!r})"
+
+    def token(self) -> str:
+        """The declaration itself (not the files): what a recorded fingerprint is for."""
+        return hash_value(("declared", self.folder, self.pattern, self.paths))
+
+    def _listed(self) -> tuple[list[str], array]:
+        """The files and, for a folder, their sizes and modification times.
+
+        The folder is listed by ``os.listdir`` and each name that matches is
+        stat'ed once (a folder or other non-file is then left out): with one stat
+        per file anyway, ``os.scandir``'s entries cost ~10% more than the names."""
+        if self.paths is not None:
+            return list(self.paths), array("q")
+        assert self.folder is not None
+        names = os.listdir(self.folder)
+        suffix = self.pattern[1:]
+        if self.pattern.startswith("*") and not any(c in suffix for c in "*?["):
+            names = [n for n in names if n.endswith(suffix)]  # "*.csv": no regex
+        else:
+            match = re.compile(fnmatch.translate(self.pattern)).match
+            names = [n for n in names if match(n)]
+        names.sort()
+        base, stat, regular = os.path.join(self.folder, ""), os.stat, S_ISREG
+        paths, stats, left_out = [base + n for n in names], array("q"), set()
+        add = stats.extend
+        for path in paths:  # the one cost that grows with the dataset: one stat a file
+            try:
+                st = stat(path)
+            except FileNotFoundError:  # removed meanwhile: its absence counts
+                left_out.add(path)
+                continue
+            if not regular(st.st_mode):
+                left_out.add(path)
+                continue
+            add((st.st_size, st.st_mtime_ns))
+        return ([p for p in paths if p not in left_out] if left_out else paths), stats
+
+    def files(self) -> list[str]:
+        """The declared files, as absolute paths."""
+        return self._listed()[0]
+
+    def digest(self) -> str:
+        """Paths, sizes and modification times of the files, as :func:`files_digest`."""
+        paths, stats = self._listed()
+        if self.paths is not None:
+            return files_digest(paths)
+        digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
+        digest.update(stats.tobytes())
+        return digest.hexdigest()
+
+
+class SourceRecord:
+    """The source fingerprint a dataset's last open found, in its folder of packs
+    (``.<attributes>-<declaration>.source``): ``check_source="background"`` and
+    ``"never"`` name the pack by it instead of fingerprinting the source first."""
+
+    def __init__(
+        self, root: str, folder: str, args_id: str, declared: DeclaredSource | None
+    ) -> None:
+        token = declared.token() if declared is not None else hash_value("undeclared")
+        name = f".{args_id[:32]}-{token[:16]}.source"
+        self.root, self.path = root, os.path.join(folder, name)
+
+    def read(self) -> str | None:
+        try:
+            with open(self.path, "rb") as f:
+                found = json.loads(f.read()).get("source")
+        except (OSError, ValueError, AttributeError):  # none, or unreadable: fingerprinted
+            return None
+        return found if isinstance(found, str) else None
+
+    def write(self, fingerprint: Any) -> None:
+        if not isinstance(fingerprint, str) or self.read() == fingerprint:
+            return  # a fingerprint that is not a str is not recorded: checked at open
+        try:
+            data = json.dumps({"source": fingerprint}).encode()
+            write_bytes_atomic(self.path, data, durable=False, root=self.root)
+        except OSError as exc:  # the next open fingerprints the source again
+            logger.debug("mlcache: could not record the source fingerprint: %s", exc)
+
+    def check_in_background(self, dataset: Any, opened: str) -> None:
+        """Fingerprint ``dataset``'s source in a daemon thread; if it is not ``opened``:
+        set its ``is_stale``, record the new fingerprint (the next open rebuilds) and
+        log a warning."""
+        what = f"{type(dataset).__qualname__} ({dataset.pack_path})"
+
+        def check() -> None:
+            try:
+                now = dataset.source_fingerprint()
+            except Exception as exc:  # a source gone: the next open says so
+                logger.warning("mlcache: could not check the source of %s: %s", what, exc)
+                return
+            if now != opened:
+                dataset.is_stale = True
+                self.write(now)
+                logger.warning(
+                    "mlcache: the source of %s changed since its pack was built: this open "
+                    "serves the old pack (is_stale is True), the next open rebuilds it",
+                    what,
+                )
+
+        #: the check (tests join it); not sent with the dataset to a worker
+        self.thread = threading.Thread(target=check, name="mlcache-source-check", daemon=True)
+        self.thread.start()
 
 
 def source_fingerprint(
@@ -198,3 +380,43 @@ def warn_if_new_every_run(cls: type, folder: str, args_id: str, mine: dict[str, 
             f"out of the key: cache_ignore = ({names},)",
             stacklevel=8,  # the subclass's super().__init__(), through the build
         )
+
+
+# -- which packs are kept ------------------------------------------------------------
+def remove_pack(path: str) -> None:
+    """Delete a pack (a reader that has it mapped keeps its map). Its lock file
+    stays: a builder may hold it, and a new lock file would let a second build in."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_older_versions(pack_path: str, args_id: str) -> None:
+    """Delete the packs ``pack_path`` replaces (same attributes ``args_id``, older
+    code or source) once they are :data:`GRACE_SECONDS` old, and the packs (and
+    records) of other attributes not opened for :data:`UNUSED_PACKS_KEPT_FOR`
+    (as the function cache does with code versions); a process still reading
+    one keeps its map (the file goes when it closes)."""
+    folder, mine = os.path.split(pack_path)
+    now = time.time()
+    for name in os.listdir(folder):
+        ours = name.startswith(args_id + "-")
+        sidecar = name.startswith(".") and name.endswith((".args", ".source"))
+        if not (name.endswith(".pack") or sidecar) or name == mine:
+            continue
+        if sidecar and name.startswith(f".{args_id}"):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            age = now - os.stat(path, follow_symlinks=False).st_mtime
+            if age < (GRACE_SECONDS if ours else UNUSED_PACKS_KEPT_FOR):
+                continue  # maybe another job's current version: leave it a while
+            if sidecar:
+                os.unlink(path)
+                continue
+            remove_pack(path)
+        except OSError as exc:  # housekeeping: never fail the build for it
+            logger.debug("mlcache: could not remove %s: %s", name, exc)
+        else:
+            logger.info("mlcache: removed the %s pack %s", "older" if ours else "unused", name)
