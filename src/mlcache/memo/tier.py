@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs import codecs
+from ..codecs import Codec, codecs
 from ..entry.reader import COARSE_SETTLED_NS, SETTLED_NS, EntryReader, decode
 from ..entry.signing import Signer
 from ..errors import EntryCorrupted, EntryNotFound
@@ -117,10 +117,10 @@ class _Kept:
     )
 
     def __init__(
-        self, ident: _Ident, name: str, signer: Signer | None, reader: EntryReader
+        self, ident: _Ident, name: str, signer: Signer | None, reader: EntryReader, codec: Codec
     ) -> None:
         self.ident, self.name, self.signer = ident, name, signer
-        self.codec = codecs[reader.codec]
+        self.codec = codec
         self.layout = reader.codec_layout
         self.segments = _Copies(reader)
         self.info_bytes = reader.info_bytes
@@ -206,7 +206,7 @@ class HitTier:
         # No second stat: the file's last change was settled (older than the
         # margin) at the stat above, so any change since, even one made while it
         # was being read, gives it a later mtime or ctime: the next hit reads again.
-        fresh = _Kept(ident, name, signer, reader)
+        fresh = _Kept(ident, name, signer, reader, codec)
         self._keep(path, fresh)
         return self._decode(fresh, path), fresh.info_bytes
 
