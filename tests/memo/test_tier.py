@@ -48,7 +48,8 @@ def _path(f, *args) -> str:
 def _hit_kept(f) -> str:
     f(1, 2)
     _settle()
-    f(1, 2)  # read, verified and kept
+    f(1, 2)  # read once: noted
+    f(1, 2)  # read again, unchanged: verified and kept
     path = _path(f, 1, 2)
     assert path in tier._kept
     return path
@@ -76,7 +77,9 @@ def test_returned_values_are_independent_objects(f):
 def test_the_value_returned_when_filling_is_independent_too(f):
     f(1, 2)
     _settle()
+    f(1, 2)
     got = f(1, 2)  # this hit fills the tier
+    assert _path(f, 1, 2) in tier._kept
     got["arr"][:] = 9
     got["items"].clear()
     again = f(1, 2)
@@ -175,6 +178,7 @@ def test_unsigned_and_signed_readers_do_not_share_a_kept_entry(tmp_path):
     plain(1, 2)
     _settle()
     plain(1, 2)
+    plain(1, 2)
     assert len(tier) == 1
     signed = Memory(tmp_path / "c", verbose=0, secret="k" * 32).cache(small)
     with pytest.warns(Warning, match="not signed"):
@@ -193,7 +197,8 @@ def test_the_budget_and_lru_bound_it(tmp_path):
         name = f._name((a, 0), {})
         path = f._path(name)
         sizes.append(os.stat(path).st_size)
-        assert t.read(path, name, m.context.signer, True) is not None
+        assert t.read(path, name, m.context.signer, True) is None  # noted
+        assert t.read(path, name, m.context.signer, True) is not None  # kept
     assert t._bytes <= 3000 and 0 < len(t) < 8
     assert list(t._kept)[-1] == path  # the most recent is kept
 
@@ -212,6 +217,7 @@ def test_a_pickled_entry_kept_for_one_memory_is_refused_to_one_without_pickle(tm
     loose = Memory(tmp_path / "c", verbose=0).cache(boxed)
     loose(3)
     _settle()
+    loose(3)
     assert loose(3).v == 3 and len(tier) == 1
     strict = Memory(tmp_path / "c", verbose=0, allow_pickle=False).cache(boxed)
     with pytest.raises(Exception, match="pickle"):
@@ -252,3 +258,15 @@ def test_threads_hitting_while_the_tier_is_cleared_get_right_values(f):
     stop.set()
     cleaner.join()
     assert errors == [] and CALLS == [1]
+
+
+def test_a_key_hit_once_is_only_noted(f):
+    f(1, 2)
+    _settle()
+    assert f(1, 2)["sum"] == 3
+    assert len(tier) == 0 and _path(f, 1, 2) in tier._seen
+    st = os.stat(_path(f, 1, 2))
+    os.utime(_path(f, 1, 2), ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))  # changed since
+    _settle()
+    f(1, 2)
+    assert len(tier) == 0  # noted again, with its new identity, not kept

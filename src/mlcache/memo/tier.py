@@ -3,9 +3,11 @@ re-checking and re-verifying its file.
 
 An entry of a local store whose file is under :data:`MAX_ENTRY` bytes, read into
 memory (no ``mmap_mode``) and stored with a codec that decodes from its segments
-alone (:data:`CODECS`), is kept here after this process has read it and checked
-its checksum and its signature once. A later hit of the same file costs one
-``os.stat`` of it and a decode of the kept bytes:
+alone (:data:`CODECS`), is kept here when this process reads it a second time
+(unchanged), checking its checksum and its signature then; the first read only
+notes the file's identity, so a key hit once pays a ``stat`` more, not the
+keeping. A later hit of the same file costs one ``os.stat`` of it and a decode
+of the kept bytes:
 
 - The file's identity (device, inode, size, mtime_ns, ctime_ns) must be the one
   it had when it was read. An entry removed (``clear()``), replaced (a new
@@ -57,12 +59,14 @@ from ..entry.reader import COARSE_SETTLED_NS, SETTLED_NS, EntryReader, decode
 from ..entry.signing import Signer
 from ..errors import EntryCorrupted, EntryNotFound
 
-__all__ = ["BUDGET", "CODECS", "MAX_ENTRY", "HitTier", "tier"]
+__all__ = ["BUDGET", "CODECS", "MAX_ENTRY", "SEEN_MAX", "HitTier", "tier"]
 
 #: entries whose file is at least this large are read the ordinary way
 MAX_ENTRY = 64 * 1024
 #: the bytes of entry files the tier keeps at most (least recently used out)
 BUDGET = 16 * 1024 * 1024
+#: files remembered as read once (the second read of one, unchanged, keeps it)
+SEEN_MAX = 1 << 14
 #: codecs whose decoded values hold nothing of the (shared) layout that a caller
 #: could mutate: their values are built from the segments, or are immutable
 CODECS = frozenset({"npy", "pickle"})
@@ -150,6 +154,8 @@ class HitTier:
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        #: files read once, unchanged since: the next read of one keeps it
+        self._seen: dict[str, _Ident] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -158,6 +164,7 @@ class HitTier:
         """Forget every kept entry (the next hit of each reads its file again)."""
         with self._lock:
             self._kept.clear()
+            self._seen.clear()
             self._bytes = 0
 
     def read(
@@ -196,6 +203,12 @@ class HitTier:
             self._drop(path)
         if st.st_size >= self.max_entry or not _settled(st):
             return None
+        if self._seen.get(path) != ident:  # a first sighting: a key hit once pays
+            if len(self._seen) >= SEEN_MAX:  # a stat and this note, not the keeping
+                self._seen.clear()
+            self._seen[path] = ident
+            return None
+        self._seen.pop(path, None)
         try:
             reader = EntryReader(path, None, signer, name)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
