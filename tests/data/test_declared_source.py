@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -242,3 +244,41 @@ def test_the_pattern_matches_as_pathlib_glob(root, pattern):
     (root / ".hidden.txt").write_text("hidden")
     expected = [str(p) for p in sorted(root.glob(pattern)) if p.is_file()]
     assert DeclaredSource(root, pattern, None).files() == expected
+
+
+def test_two_declared_folders_are_two_datasets(root, tmp_path):
+    """The declaration is in the key: a build of one folder's dataset does not take
+    the other's pack for an older version of itself."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "a.txt").write_text("a")
+
+    def opened(folder, **kw):
+        cache = tmp_path / "cache"
+        return Listed(source_dir=folder, source_glob="*.txt", cache_dir=cache, progress=False, **kw)
+
+    first = opened(root)
+    assert len(opened(other)) == 1
+    long_ago = time.time() - 3600
+    os.utime(first.pack_path, (long_ago, long_ago))
+    opened(other, force_recache=True)  # a build removes the older versions of its key
+    assert os.path.exists(first.pack_path)
+    assert len(opened(root)) == 5 and len(BUILDS) == 3
+
+
+def test_an_undeclared_dataset_is_keyed_by_its_attributes_only(root, tmp_path):
+    class Plain(CachedDataset):
+        def __init__(self, root, **kw):
+            self.root = str(root)
+            super().__init__(**kw)
+
+        def source_files(self):
+            return sorted(p for p in Path(self.root).glob("*.txt") if p.is_file())
+
+        def load_source(self):
+            for p in self.source_files():
+                yield {"text": p.read_text()}
+
+    Plain(root, cache_dir=tmp_path / "cache", progress=False)
+    (args,) = (tmp_path / "cache").rglob(".*.args")
+    assert set(json.loads(args.read_text())["attrs"]) == {"root"}

@@ -175,11 +175,11 @@ class CachedDataset(Sequence[Any]):
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
         check_mode(check_source)
-        self._declared = DeclaredSource.of(
+        declared = DeclaredSource.of(
             (source_dir, source_glob, source_paths),
             (self.source_dir, self.source_glob, self.source_paths),
         )
-        if self._declared and type(self).source_files is not CachedDataset.source_files:
+        if declared and type(self).source_files is not CachedDataset.source_files:
             raise TypeError(
                 f"{type(self).__qualname__}: declare the source or define source_files(), "
                 "not both (with a declared source, source_files() returns its files)"
@@ -187,7 +187,7 @@ class CachedDataset(Sequence[Any]):
         names = self._key_attributes()
         try:
             identity = {name: getattr(self, name) for name in names}
-            args_key = hash_value(identity)
+            args_key = hash_value(identity if declared is None else (identity, declared.token()))
         except (AttributeError, TypeError) as exc:
             raise TypeError(
                 f"{type(self).__qualname__}: cannot key the dataset by its attributes ({exc}); "
@@ -210,7 +210,7 @@ class CachedDataset(Sequence[Any]):
             # as Memory does (the same rule: one function decides both)
             root = cache_folder(root)
         cls = type(self)
-        self._key_names = names
+        self._key_names, self._declared = names, declared  # the declaration: in the key
         self._args_id, self._args_id_full = args_key[:16], args_key
         self._root = os.path.abspath(root)
         self._folder = os.path.join(self._root, slug(f"{cls.__module__}.{cls.__qualname__}"))
