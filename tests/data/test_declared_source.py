@@ -234,8 +234,31 @@ def test_bad_declarations_say_what_is_wrong(root, tmp_path):
             return []
 
     with pytest.raises(TypeError, match="not both"):
-        Both(root, **kw)
+        Both(root, source_dir=root, **kw)
     assert BUILDS == []
+
+
+def test_a_class_with_its_own_source_files_keeps_its_attributes(root, tmp_path):
+    """Attributes named source_dir or source_glob of a class that defines
+    source_files() (written before declared sources) are its own, not a declaration."""
+
+    class Older(CachedDataset):
+        source_glob = "*.csv"
+
+        def __init__(self, root, **kw):
+            self.source_dir = str(root)
+            super().__init__(**kw)
+
+        def source_files(self):
+            return [root / "1.txt"]
+
+        def load_source(self):
+            for p in self.source_files():
+                yield {"text": p.read_text()}
+
+    ds = Older(root, cache_dir=tmp_path / "cache", progress=False)
+    assert _texts(ds) == ["note 1"]
+    assert ds.source_fingerprint() == files_digest([root / "1.txt"])
 
 
 @pytest.mark.parametrize("pattern", ["*", "*.txt", "[13].txt", "?.txt", "*.t?t"])

@@ -124,11 +124,12 @@ class CachedDataset(Sequence[Any]):
         a local copy (fetched once), and one machine builds it while the others
         wait (a lease, as for function results), then upload it.
     source_dir, source_glob, source_paths:
-        The declared source (or class attributes of these names, as in the module
-        docstring): the files of ``source_dir`` whose names match ``source_glob``
-        (default ``"*"``), sorted, or the list ``source_paths``. ``source_files()``
-        returns them, and they are listed by one ``os.listdir`` and fingerprinted by
-        one ``stat`` each, where ``sorted(Path(root).glob("*.csv"))`` costs twice that.
+        The declared source (or attributes of these names, as in the module docstring,
+        unless the class defines ``source_files()`` or ``source_items()``): the files
+        of ``source_dir`` whose names match ``source_glob`` (default ``"*"``), sorted,
+        or the list ``source_paths``. ``source_files()`` returns them; they are listed
+        by one ``os.listdir`` and fingerprinted by one ``stat`` each, where
+        ``sorted(Path(root).glob("*.csv"))`` costs three times that.
     check_source:
         When the source is checked for changes. ``"open"`` (default): at each open,
         before the pack is opened (a changed source is never served). ``"background"``:
@@ -175,15 +176,13 @@ class CachedDataset(Sequence[Any]):
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
         check_mode(check_source)
+        cls, base = type(self), CachedDataset
         declared = DeclaredSource.of(
             (source_dir, source_glob, source_paths),
             (self.source_dir, self.source_glob, self.source_paths),
+            cls.__qualname__,
+            (cls.source_files is not base.source_files, cls.source_items is not base.source_items),
         )
-        if declared and type(self).source_files is not CachedDataset.source_files:
-            raise TypeError(
-                f"{type(self).__qualname__}: declare the source or define source_files(), "
-                "not both (with a declared source, source_files() returns its files)"
-            )
         names = self._key_attributes()
         try:
             identity = {name: getattr(self, name) for name in names}

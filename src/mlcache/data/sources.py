@@ -106,16 +106,30 @@ class DeclaredSource:
 
     @classmethod
     def of(
-        cls, given: tuple[Any, Any, Any], defaults: tuple[Any, Any, Any]
+        cls,
+        given: tuple[Any, Any, Any],
+        attributes: tuple[Any, Any, Any],
+        name: str,
+        own: tuple[bool, bool],
     ) -> DeclaredSource | None:
         """The source declared by the constructor's ``(source_dir, source_glob,
-        source_paths)``, else by the class's (or instance's) attributes; or None."""
+        source_paths)``, else by the dataset's attributes of these names; or None.
+        ``own``: whether the class defines ``source_files()`` and ``source_items()``:
+        then attributes of these names are its own business, not a declaration
+        (a class of before declared sources keeps its key), and a declaration
+        by the constructor along with ``source_files()`` is an error."""
         folder, pattern, paths = given
-        if folder is None and paths is None:
-            folder, paths = defaults[0], defaults[2]
-        pattern = pattern if pattern is not None else defaults[1]
+        if not any(own):
+            if folder is None and paths is None:
+                folder, paths = attributes[0], attributes[2]
+            pattern = pattern if pattern is not None else attributes[1]
         if folder is None and paths is None and pattern is None:
             return None
+        if own[0]:
+            raise TypeError(
+                f"{name}: declare the source or define source_files(), not both "
+                "(with a declared source, source_files() returns its files)"
+            )
         return cls(folder, pattern, paths)
 
     def __repr__(self) -> str:
