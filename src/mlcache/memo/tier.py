@@ -254,6 +254,12 @@ class HitTier:
             if old is not None:
                 self._bytes -= old.ident[2]
 
+    def _after_fork(self) -> None:
+        # a forked child inherits the lock in whatever state another thread held it
+        self._lock = threading.Lock()
+
 
 #: the tier every memoized function of this process shares
 tier = HitTier()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=tier._after_fork)
