@@ -466,6 +466,27 @@ def test_a_new_or_empty_folder_is_the_cache_itself(tmp_path):
     assert calls.read_text().split() == ["21", "21"]  # once per cache
 
 
+def test_a_marker_another_process_writes_while_one_looks_keeps_one_cache(tmp_path, monkeypatch):
+    """Eight processes opening one new location at once: one marks it between
+    another's look for the marker and its listing. The second must still take the
+    folder for the cache (the marker is ours), not move to ``<location>/mlcache``:
+    else two caches, and a new call computed twice (a CI failure once)."""
+    from mlcache.store import local
+    from mlcache.store.local import cache_folder, mark_cache_folder
+
+    loc = tmp_path / "c"
+    first = local._has_marker
+
+    def marked_meanwhile(root):
+        monkeypatch.setattr(local, "_has_marker", first)
+        mark_cache_folder(str(loc))  # the other process, just after this one looked
+        return False
+
+    monkeypatch.setattr(local, "_has_marker", marked_meanwhile)
+    assert cache_folder(loc) == str(loc)
+    assert sorted(os.listdir(loc)) == [".gitignore", "CACHEDIR.TAG"]
+
+
 def test_a_cache_made_before_the_marker_is_still_used_in_place(tmp_path):
     """A cache folder an older mlcache made (function folders, packs, its own
     .gitignore, no marker) is recognised as a cache: its results are hits."""

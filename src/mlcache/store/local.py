@@ -472,6 +472,8 @@ def _written_by_mlcache(root: str, e: os.DirEntry[str]) -> bool:
             return name in (MARKER, ".gitignore") or (
                 name.startswith(".") and name.endswith((".counter", _LOCK_SUFFIX))
             )
+        if name == MARKER:  # put there since _is_cache looked for it: read it again
+            return _has_marker(root)
         if name == ".gitignore":
             with open(e.path, "rb") as f:
                 return f.read(64).startswith(b"# created by mlcache")
