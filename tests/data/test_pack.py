@@ -351,6 +351,39 @@ def test_strings_with_lone_surrogates_round_trip(tmp_path):
     assert [ds[i]["b"] for i in range(4)] == [v.encode("utf-8", "surrogatepass") for v in values]
 
 
+def test_short_ascii_text_is_read_from_one_decoded_copy_and_checked_first(tmp_path):
+    """An all-ASCII text field (ids, labels) is verified and decoded whole at the
+    first read, and each read slices it: the same values as a field decoded sample
+    by sample (a non-ASCII one, and a large one), and one damaged byte anywhere in it
+    is found at the first read of any sample, never served."""
+    from mlcache.data import regions
+
+    ids = [f"p{i:05d}" for i in range(3000)]
+    words = ["é" * (i % 4) + str(i) for i in range(3000)]
+    p = tmp_path / "t.pack"
+    pack(({"id": a, "w": b} for a, b in zip(ids, words)), p, progress=False)
+    ds = PackedDataset(p)
+    assert [ds[i]["id"] for i in range(3000)] == ids and [ds[i]["w"] for i in range(3000)] == words
+    assert ds.get_batch([2, 0])["id"] == [ids[2], ids[0]]
+    old = regions.TEXT_WHOLE_MAX
+    regions.TEXT_WHOLE_MAX = 0  # the per-sample path reads the same values
+    try:
+        assert [PackedDataset(p)[i]["id"] for i in (0, 1234, 2999)] == [
+            ids[0],
+            ids[1234],
+            ids[2999],
+        ]
+    finally:
+        regions.TEXT_WHOLE_MAX = old
+    data = bytearray(p.read_bytes())
+    at = data.find(b"p02999")  # the last id: a block the first read never touches
+    data[at + 1] ^= 0x01  # '0' -> '1': still ASCII
+    damaged = tmp_path / "d.pack"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(PackCorrupted, match="checksum"):
+        PackedDataset(damaged)[0]
+
+
 def test_an_index_naming_an_object_dtype_is_refused(tmp_path):
     """Object dtypes would turn the file's bytes into pointers: a hostile index that
     asks for one (with valid checksums) is refused at open."""

@@ -550,8 +550,8 @@ class CachedDataset(Sequence[Any]):
         return len(self.packed)
 
     def __getitem__(self, i: int) -> Any:  # type: ignore[override]
-        try:
-            sample = self.packed[i]
+        try:  # the pack without the property's call: this is the training loop
+            sample = (self._pack if self._pack is not None else self.packed)[i]
         except PackCorrupted as exc:
             sample = self._rebuilt(exc)[i]
         return self.transform(sample) if self.transform is not None else sample

@@ -39,6 +39,7 @@ from ..errors import PackChanged, PackCorrupted, UnsupportedValue
 __all__ = [
     "CHECK_EVERY",
     "PRIVATE_MAP_MIN",
+    "TEXT_WHOLE_MAX",
     "Field",
     "Region",
     "compile_reader",
@@ -54,6 +55,12 @@ PRIVATE_MAP_MIN = 256 << 10
 #: a reader looks at its file (one fstat) every this many reads, besides at each
 #: epoch (``len``, ``iter``), batch and worker start
 CHECK_EVERY = 256
+#: a text field of at most this many bytes, all ASCII (ids, labels, short
+#: captions), is verified and decoded whole at the first read, once per process,
+#: and a read slices that ``str``: ~0.1 us less a field and a sample than
+#: decoding the sample's bytes (benchmarks/bench_data.py); a larger or non-ASCII
+#: one is decoded sample by sample, so that no process holds a copy of it
+TEXT_WHOLE_MAX = 4 << 20
 
 
 def _private_map(fd: int, base: int, path: str, a: int, z: int, view: np.ndarray) -> np.ndarray:
@@ -182,6 +189,7 @@ class Field:
         "row",
         "shapes",
         "spec",
+        "text",
     )
 
     def __init__(self, spec: dict[str, Any], regions: dict[str, Region], path: str) -> None:
@@ -203,6 +211,8 @@ class Field:
         self.inner: tuple[int, ...] | None = None  # a ragged field's fixed trailing shape
         self.offsets: Any = None
         self.shapes: Any = None
+        #: a small all-ASCII text field, decoded whole (a sample is a slice), or None
+        self.text: str | None = None
 
     def prepare(self, n: int, path: str) -> None:
         """Verify this field's tables (offsets, shapes, columns of Python scalars: 8
@@ -229,6 +239,11 @@ class Field:
         if table[0] != 0 or table[-1] != data.len or (table[1:] < table[:-1]).any():
             raise PackCorrupted(f"{bad} has bad offsets")
         self.offsets = self.regions["offsets"].mv.cast("q") if _LITTLE else table.tolist()
+        if kind == "str" and data.len <= TEXT_WHOLE_MAX:
+            data.check(0, data.len)
+            raw = bytes(data.mv)
+            if raw.isascii():  # one byte a character: the offsets index the str too
+                self.text = raw.decode("ascii")
         if kind == "ragged":
             shapes = self.regions["shapes"].table(n, self.ndim)
             if self.ndim < 1 or (shapes < 0).any():
@@ -322,6 +337,9 @@ class Field:
                     2: f"(h{k}[2 * j], h{k}[2 * j + 1])",
                 }.get(d, f"tuple(h{k}[{d} * j : {d} * j + {d}])")
                 value = f"nd({shape}, t{k}, r{k}, a)"
+            elif self.text is not None:
+                ns[f"x{k}"] = self.text
+                value = f"x{k}[a:z]"
             elif kind in ("str", "bytes"):  # bytes sliced from the map: the fastest copy
                 ns["mm"], ns[f"b{k}"] = data.mv.obj, data.off
                 value = f"mm[b{k} + a : b{k} + z]"
@@ -337,7 +355,8 @@ class Field:
                 f"if not c{k}[b] or (z - 1) >> s{k} != b:",
                 f"    k{k}(a, z)",
             ]
-        if kind == "str":  # strict UTF-8 is the fast decoder; surrogates need the other
+        if kind == "str" and self.text is None:  # strict UTF-8 is the fast decoder;
+            # surrogates need the other
             lines += [
                 "try:",
                 f"    v{k} = {value}.decode()",
