@@ -155,3 +155,38 @@ def test_an_entry_with_a_compression_not_registered_here_is_a_miss_not_damage(tm
     assert "computed" in out
     warned = out.split("warned:")[1]
     assert "register_compressor" in warned and "damaged" not in warned
+
+
+LZ4_MISSING = """
+import sys
+sys.modules["lz4"] = None  # as if lz4 were not installed: importing it raises ImportError
+import mlcache
+from mlcache.errors import ConfigError
+
+try:
+    mlcache.Memory(sys.argv[1], verbose=0, compress=("lz4", 3))
+except ConfigError as exc:
+    print("refused:", isinstance(exc, ValueError), exc)
+else:
+    print("accepted")
+mem = mlcache.Memory(sys.argv[1], verbose=0, compress=("zlib", 3))  # others still work
+print("zlib:", mem.cache(lambda x: x * 2)(21))
+"""
+
+
+def test_lz4_without_the_package_is_refused_when_the_memory_is_made(tmp_path):
+    """``compress=("lz4", 3)`` without lz4 would warn at every call and store
+    nothing: the constructor refuses it, naming the pip install (a real missing
+    module: the child process cannot import lz4, whether it is installed or not)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", LZ4_MISSING, str(tmp_path / "c")],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    ).stdout
+    assert "refused: True" in out and "pip install lz4" in out, out
+    assert "zlib: 42" in out

@@ -2,7 +2,9 @@
 
 ``compress`` accepts what joblib accepts: ``False``/``0`` (off), ``True`` (zlib
 level 3), an int 1-9 (zlib at that level), or ``(name, level)`` with name in
-``zlib``, ``gzip``, ``bz2``, ``lzma``/``xz`` and, when installed, ``lz4``.
+``zlib``, ``gzip``, ``bz2``, ``lzma``/``xz`` and, when installed, ``lz4``
+(:func:`parse_compress`, what ``Memory`` calls, refuses a method whose package is
+missing: :class:`~mlcache.errors.ConfigError` naming the ``pip install``).
 Compressed entries cannot be memory-mapped: they are decompressed into memory.
 
 Methods live in :data:`compressors`, the one :class:`mlcache._registry.Registry`
@@ -23,7 +25,14 @@ from typing import Any, Protocol, runtime_checkable
 from .._registry import Registry
 from ..errors import ConfigError, InvalidRegistration
 
-__all__ = ["Compression", "Compressor", "compressors", "parse_compress", "register_compressor"]
+__all__ = [
+    "Compression",
+    "Compressor",
+    "NeedsPackage",
+    "compressors",
+    "parse_compress",
+    "register_compressor",
+]
 
 
 @runtime_checkable
@@ -36,6 +45,17 @@ class Compressor(Protocol):
 
     def decompress(self, data: Any) -> bytes:
         """The bytes that :meth:`compress` was given."""
+        ...
+
+
+@runtime_checkable
+class NeedsPackage(Protocol):
+    """The power of a compressor whose package is an optional extra: say whether it
+    can run here, before a setting naming it is accepted."""
+
+    def require(self) -> None:
+        """Raise :class:`~mlcache.errors.ConfigError` naming the ``pip install`` to
+        run if the package is missing."""
         ...
 
 
@@ -72,9 +92,12 @@ class _Lzma:
 
 
 class _Lz4:
-    """lz4 frames; the package is an optional extra, imported on first use (a
-    ``compress=("lz4", ...)`` setting is valid without it, a write then says
-    what to install)."""
+    """lz4 frames; the package is an optional extra, imported on first use
+    (:func:`parse_compress` refuses ``compress=("lz4", ...)`` without it; an entry
+    written with lz4 and read without it says what to install)."""
+
+    def require(self) -> None:
+        self._module()
 
     def _module(self) -> Any:
         try:
@@ -165,7 +188,21 @@ class Compression:
 
 
 def parse_compress(compress: object) -> Compression | None:
-    """Turn a joblib-style ``compress`` argument into a :class:`Compression` or None."""
+    """Turn a joblib-style ``compress`` argument into a :class:`Compression` or None.
+
+    Raises :class:`~mlcache.errors.ConfigError` for a setting that is not one, an
+    unknown method, a level out of 0..9, or a method whose package is missing
+    (``("lz4", 3)`` without lz4: the message names ``pip install lz4``), so a
+    ``Memory`` is never made that would warn at every call and store nothing.
+    """
+    found = _parse(compress)
+    method = compressors[found.name] if found is not None else None
+    if isinstance(method, NeedsPackage):
+        method.require()
+    return found
+
+
+def _parse(compress: object) -> Compression | None:
     if compress is None or compress is False or compress == 0:
         return None
     if compress is True:
