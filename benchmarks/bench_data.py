@@ -17,7 +17,8 @@ On synthetic MIMIC-like patients (``mlcache.demo.synthetic``: one CSV file per p
 
 Targets: open at 1M samples <= 20 ms and open 1M / open 20k <= 2 (O(1));
 read_patient / mlcache >= 50, pickle list / mlcache >= 1, HF datasets / mlcache >= 1
-(each format).
+(each format); (e) the pass over the open pack at most 2x the pass over the list
+already in memory (issue 15).
 
 Sections 3 and 4 (peak RSS while packing 4x a memory budget; the memory of a
 DataLoader over the pack) are in ``bench_data_memory.py``, which takes its sizes and
@@ -313,6 +314,13 @@ def bench_pass(
     targets = [
         Target("(a) read_patient / mlcache", names["a"], names["c"], ">=", 50),
         Target("(b) pickle list / mlcache", names["b"], names["c"], ">=", 1),
+        Target(  # issue 15: a random pass at most twice a pass over a list in RAM
+            "(e) pass, pack open / list in memory",
+            "mlcache: pass only (pack already open)",
+            "pass over the list already in memory",
+            "<=",
+            2,
+        ),
     ]
     if hf is not None:
         contenders += [

@@ -22,6 +22,7 @@ SCRIPTS = [
     "bench_miss.py",
     "bench_data.py",
     "bench_data_memory.py",
+    "bench_cached_open.py",
     "bench_chain.py",
     "bench_remote.py",
 ]

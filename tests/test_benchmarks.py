@@ -31,6 +31,8 @@ def test_quick_benchmarks_run_and_report_every_target(tmp_path):
         "(c) diskcache",
         "(a) joblib / mlcache, pipeline",
         "(d) 1 worker / 2 workers",
+        "declared 'open' / floor",
+        "declared 'background' + pass / pickled list + pass",
     ):
         assert target in out
 
@@ -46,6 +48,7 @@ def test_quick_data_benchmark_runs_and_reports_every_target(tmp_path):
         "open at 20,000 samples, ms",
         "(a) read_patient / mlcache",
         "(b) pickle list / mlcache",
+        "(e) pass, pack open / list in memory",
     ):
         assert target in out
 
