@@ -8,6 +8,18 @@ never reach the pack, another read or the next epoch. A plain
 ``DataLoader(ds, batch_size=None)`` over those datasets is as safe: the arrays it
 turns into tensors are the same private ones.
 
+In a ``collate_fn``, use :func:`collate` (or :func:`as_tensor` for one array),
+not ``torch.as_tensor``: over a pack opened with ``writable=False`` (read-only
+views of the shared map, the fastest read) ``torch.as_tensor`` and PyTorch's
+``default_collate`` print "The given NumPy array is not writable" once per
+worker, and an in-place operation on such a tensor would crash the process.
+:func:`collate` stacks each field's arrays straight into the batch tensor (in
+shared memory inside a DataLoader worker, as ``default_collate`` does), so a
+read-only sample is neither copied on its own nor warned about::
+
+    loader = DataLoader(PackedDataset(path, writable=False), batch_size=64,
+                        num_workers=4, collate_fn=mlcache.torch.collate)
+
 ``TensorDataset``, its name before, is a deprecated alias (it clashes with
 ``torch.utils.data.TensorDataset``, which is another thing): using it warns once.
 """
@@ -27,7 +39,83 @@ except ImportError as exc:  # pragma: no cover - exercised without torch only
         "mlcache.torch needs PyTorch: pip install torch==2.13.0 (the CPU wheel)"
     ) from exc
 
-__all__ = ["TorchDataset", "as_tensors"]
+__all__ = ["TorchDataset", "as_tensor", "as_tensors", "collate"]
+
+
+def as_tensor(value: np.ndarray) -> torch.Tensor:
+    """``value`` as a tensor: sharing its memory when it is writable (a pack's
+    default reads), a copy when it is read-only (``writable=False``: a tensor over
+    read-only memory would crash the process on an in-place operation). Never
+    PyTorch's "not writable" warning.
+
+    >>> import numpy as np
+    >>> a = np.arange(3.0)
+    >>> t = as_tensor(a); t += 1; a.tolist()
+    [1.0, 2.0, 3.0]
+    >>> a.flags.writeable = False
+    >>> as_tensor(a).tolist()
+    [1.0, 2.0, 3.0]
+    """
+    return torch.from_numpy(value if value.flags.writeable else value.copy())
+
+
+def _stackable(values: list[Any]) -> bool:
+    first = values[0]
+    if not isinstance(first, np.ndarray) or first.dtype.kind not in "biufc":
+        return False
+    return all(
+        isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype
+        for v in values
+    )
+
+
+def _stack(values: list[np.ndarray]) -> torch.Tensor:
+    """The arrays as one tensor ``[len(values), *shape]``, written once, straight
+    from the arrays (read-only ones too): in a DataLoader worker into shared
+    memory, so the batch reaches the main process without another copy."""
+    first = values[0]
+    shape = (len(values), *first.shape)
+    if torch.utils.data.get_worker_info() is not None:
+        dtype = torch.from_numpy(np.empty(0, dtype=first.dtype)).dtype
+        storage = torch.UntypedStorage._new_shared(first.itemsize * int(np.prod(shape)))
+        out = torch.empty(0, dtype=dtype).set_(storage).view(shape)
+        np.stack(values, out=out.numpy())
+        return out
+    return torch.from_numpy(np.stack(values))
+
+
+def _column(values: list[Any]) -> Any:
+    if _stackable(values):
+        return _stack(values)
+    first = values[0]
+    if isinstance(first, (bool, int, float, np.bool_, np.number)) and all(
+        type(v) is type(first) for v in values
+    ):
+        return torch.as_tensor(np.asarray(values))
+    # text, bytes, None, arrays of several shapes: a list (arrays as tensors)
+    return [
+        as_tensor(v) if isinstance(v, np.ndarray) and v.dtype.kind in "biufc" else v for v in values
+    ]
+
+
+def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A ``collate_fn`` for datasets of dicts of fields (packs, ``CachedDataset``):
+    each field's arrays of one shape stacked into one tensor ``[batch, ...]``, its
+    numbers into a 1-d tensor, anything else (text, ``None``, arrays of several
+    shapes, those as tensors) into a list. No per-sample copy, no warning, whether
+    the samples are writable or read-only views (``writable=False``).
+
+    >>> import numpy as np
+    >>> batch = collate([{"x": np.zeros(2), "y": 1, "s": "a"}, {"x": np.ones(2), "y": 2, "s": "b"}])
+    >>> batch["x"].shape, batch["y"].tolist(), batch["s"]
+    (torch.Size([2, 2]), [1, 2], ['a', 'b'])
+    """
+    if not samples:
+        return {}
+    first = samples[0]
+    if not isinstance(first, dict):
+        raise TypeError(f"collate takes samples that are dicts of fields, got {type(first)}")
+    return {key: _column([s[key] for s in samples]) for key in first}
 
 
 def as_tensors(sample: dict[str, Any]) -> dict[str, Any]:
