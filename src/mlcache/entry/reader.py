@@ -9,9 +9,10 @@ value.
 When the payload is checked
     Before its first use in a process, whatever the size or the mode. The
     header checksum (which covers the block table) is checked at every read.
-    A read into memory checks the payload as it reads it (it costs ~4% of
-    reading the bytes). A memory-mapped read (``"r"``, ``"c"``) checks the
-    mapped payload unless this process has already checked that file: each
+    A read into memory checks the payload as it reads it, each chunk while it
+    is in the CPU cache, the blocks of a block table on all cores
+    (:mod:`mlcache.entry.payload`). A memory-mapped read (``"r"``, ``"c"``)
+    checks the mapped payload unless this process has already checked that file: each
     block of a block table on all cores (:func:`mlcache._util.parallel_map`),
     an older entry without one in one pass. A file that passed is remembered by
     its identity (device, inode, size, mtime, ctime) once its last change is
@@ -66,16 +67,15 @@ from ..errors import (
 )
 from ..store import LocalPaths, Store
 from .format import (
-    CHUNK,
     CODE_SIGNED,
     HEADER,
     SIGNED,
-    BlockSums,
     Header,
     complete_head,
     pack_sums,
     signed_message,
 )
+from .payload import read_payload
 from .signing import KEY_ID_SIZE, MAC_SIZE, Signer
 
 __all__ = [
@@ -215,25 +215,11 @@ class EntryReader:
             self._check_signature()
 
     def _read_payload(self, fd: int, f: BinaryIO | None) -> np.ndarray:
-        """Read the payload into fresh memory, checksumming each chunk while it is
-        still in the CPU cache."""
+        """The payload in fresh memory, checked as it is read (on all cores for an
+        entry with a block table: :mod:`mlcache.entry.payload`)."""
         h = self._h
-        buf = np.empty(h.payload_len, dtype=np.uint8)  # no zero-fill pass
-        mv = memoryview(buf)  # type: ignore[arg-type]
-        sums = BlockSums(h.block)
-        got = 0
-        while got < h.payload_len:
-            chunk = mv[got : got + CHUNK]
-            if f is None:
-                n = os.preadv(fd, [chunk], h.payload_off + got)
-            else:
-                f.seek(h.payload_off + got)
-                n = f.readinto(chunk)  # type: ignore[attr-defined]
-            if not n:
-                raise EntryCorrupted(f"{self.path}: truncated payload")
-            sums.update(chunk[:n])
-            got += n
-        self._compare(sums.digests())
+        buf, digests = read_payload(fd, f, h.payload_off, h.payload_len, h.block, self.path)
+        self._compare(digests)
         return buf
 
     def _compare(self, digests: list[int]) -> None:
