@@ -16,12 +16,13 @@ from typing import Any
 
 from .._tables import print_table
 
-__all__ = ["cells", "chart", "markdown", "show"]
+__all__ = ["cells", "chart", "markdown", "seconds", "show"]
 
 HEADERS = ["step", "time", "vs the first row"]
 
 
-def _seconds(s: float) -> str:
+def seconds(s: float) -> str:
+    """A duration as the demo prints it: ``1.23 s``, ``4.5 ms``, ``67 µs``."""
     if s >= 1:
         return f"{s:.2f} s"
     if s >= 1e-3:
@@ -40,7 +41,7 @@ def cells(row: Any) -> list[str]:
         ratio = f"{up:,.1f}x faster"
     else:
         ratio = f"{1 / up:,.1f}x slower"
-    return [row.name, _seconds(row.seconds), ratio]
+    return [row.name, seconds(row.seconds), ratio]
 
 
 def _groups(rows: Sequence[Any]) -> dict[str, list[Any]]:
@@ -96,7 +97,7 @@ def chart(rows: Sequence[Any], path: str, out: Callable[[str], None]) -> str | N
             ax.text(
                 bar.get_width(),
                 bar.get_y() + bar.get_height() / 2,
-                " " + _seconds(s),
+                " " + seconds(s),
                 va="center",
                 fontsize=7,
             )
@@ -110,8 +111,15 @@ def chart(rows: Sequence[Any], path: str, out: Callable[[str], None]) -> str | N
     return path
 
 
-def markdown(rows: Sequence[Any], changes: Sequence[str], chart_path: str | None, path: str) -> str:
-    """Write the report: the tables, the changes, and the chart."""
+def markdown(
+    rows: Sequence[Any],
+    changes: Sequence[str],
+    chart_path: str | None,
+    path: str,
+    sections: Sequence[str] = (),
+) -> str:
+    """Write the report: the tables, the changes, the chart, then ``sections``
+    (Markdown lines of further parts, as they come)."""
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# mlcache demo",
@@ -127,6 +135,7 @@ def markdown(rows: Sequence[Any], changes: Sequence[str], chart_path: str | None
     lines += ["## What a change does", ""] + [f"- {c}" for c in changes] + [""]
     if chart_path:
         lines += [f"![timings]({os.path.basename(chart_path)})", ""]
+    lines += list(sections)
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
     return path
