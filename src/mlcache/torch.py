@@ -13,9 +13,9 @@ not ``torch.as_tensor``: over a pack opened with ``writable=False`` (read-only
 views of the shared map, the fastest read) ``torch.as_tensor`` and PyTorch's
 ``default_collate`` print "The given NumPy array is not writable" once per
 worker, and an in-place operation on such a tensor would crash the process.
-:func:`collate` stacks each field's arrays straight into the batch tensor (in
-shared memory inside a DataLoader worker, as ``default_collate`` does), so a
-read-only sample is neither copied on its own nor warned about::
+:func:`collate` stacks each field's arrays straight into the batch tensor (the
+one write of the batch any collate does), so a read-only sample is neither
+copied on its own nor warned about::
 
     loader = DataLoader(PackedDataset(path, writable=False), batch_size=64,
                         num_workers=4, collate_fn=mlcache.torch.collate)
@@ -71,16 +71,7 @@ def _stackable(values: list[Any]) -> bool:
 
 def _stack(values: list[np.ndarray]) -> torch.Tensor:
     """The arrays as one tensor ``[len(values), *shape]``, written once, straight
-    from the arrays (read-only ones too): in a DataLoader worker into shared
-    memory, so the batch reaches the main process without another copy."""
-    first = values[0]
-    shape = (len(values), *first.shape)
-    if torch.utils.data.get_worker_info() is not None:
-        dtype = torch.from_numpy(np.empty(0, dtype=first.dtype)).dtype
-        storage = torch.UntypedStorage._new_shared(first.itemsize * int(np.prod(shape)))
-        out = torch.empty(0, dtype=dtype).set_(storage).view(shape)
-        np.stack(values, out=out.numpy())
-        return out
+    from the arrays (read-only ones too: no tensor is ever made over them)."""
     return torch.from_numpy(np.stack(values))
 
 
