@@ -1,10 +1,12 @@
 """One way to print a table: rich when it is installed and the text goes to the
-terminal's stdout, aligned plain text otherwise (a caller's own output function,
-or no rich). Used by the ``mlcache`` command and the demo."""
+terminal's stdout, aligned plain columns otherwise (a pipe, a file, a caller's
+own output function, or no rich), which never wrap nor cut a cell. Used by the
+``mlcache`` command and the demo."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 
 __all__ = ["print_table"]
@@ -26,12 +28,13 @@ def print_table(
         from rich.table import Table
     except ImportError:
         Console = Table = None  # type: ignore[assignment,misc]
-    if Table is None or out is not print:
+    if Table is None or out is not print or not sys.stdout.isatty():
+        # plain columns, as wide as their cells: a pipe or a file gets whole lines
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
         out(title)
-        out("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+        out("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
         for r in rows:
-            out("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+            out("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         return
     table = Table(title=title, title_justify="left")
     for i, h in enumerate(headers):

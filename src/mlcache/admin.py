@@ -3,41 +3,63 @@
 The ``mlcache`` command's ``ls``, ``info``, ``clear``, ``prune`` and ``verify``
 are built on these; they are plain functions returning data, so scripts can
 use them too.
+
+Which packs mlcache can rebuild: a pack a :class:`~mlcache.data.CachedDataset`
+built (its ``load_source()`` makes it again at the next open) is cache; a pack
+written by :func:`mlcache.data.pack` is the user's data, which only the user's
+code can make again. ``prune`` and ``verify(fix=True)`` remove only the first
+kind unless asked (``all_packs=True``); ``clear`` removes what it is told to.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
-from typing import Any
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
+from ._util import progress as _progress
 from .data.cached import remove_pack
 from .data.reader import PackedDataset
-from .entry import read_entry_info
-from .errors import PackCorrupted
+from .entry import open_entry, read_entry_info
+from .errors import EntryCorrupted, EntryNotFound, EntrySignatureError, PackCorrupted, UnknownFormat
 from .memo.eviction import plan_eviction
-from .memo.layout import cached_objects, entries, is_entry
+from .memo.layout import cached_objects, entries, is_entry, is_stats
 from .memo.memory import Memory
 from .memo.usage import FunctionStats
 from .store import EntryStat
 
 __all__ = [
+    "PROGRESS_FROM",
     "Cleared",
+    "Damage",
     "PackInfo",
+    "Pruned",
     "clear",
+    "dataset_class",
     "find_function",
     "find_pack",
+    "find_packs",
     "function_entries",
     "functions",
     "pack_entries",
     "packs",
     "prune",
+    "verify",
     "verify_packs",
 ]
 
 #: how deep under the location dataset packs are looked for
 _PACK_DEPTH = 4
+#: verify and prune show progress (on a terminal) from this many items
+PROGRESS_FROM = 100
+
+_T = TypeVar("_T")
+
+
+def _steps(items: list[_T], desc: str, show: bool) -> Iterable[_T]:
+    return _progress(items, desc, unit=" items", enabled=show and len(items) >= PROGRESS_FROM)
 
 
 @dataclasses.dataclass
@@ -47,15 +69,24 @@ class PackInfo:
     path: str
     name: str  #: path relative to the cache folder
     size: int
-    built: float  #: modification time (epoch seconds)
-    last_used: float  #: the later of its access and modification times
+    #: epoch seconds of its last use: opening a dataset refreshes its pack's
+    #: modification time (as the function cache's last-use times)
+    last_used: float
+    #: the class (``module.qualname``) of the CachedDataset that built it, which
+    #: rebuilds it when it is gone; "" for a pack written by ``pack()``
+    dataset: str = ""
     samples: int | None = None  #: None when the pack cannot be opened
     version: int | None = None  #: the pack format version
     fields: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    error: str = ""
+    error: str = ""  #: why it cannot be opened, in plain words
+
+    @property
+    def rebuildable(self) -> bool:
+        """mlcache can make it again (a CachedDataset built it)."""
+        return bool(self.dataset)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"rebuildable": self.rebuildable}
 
 
 def functions(mem: Memory) -> list[FunctionStats]:
@@ -64,12 +95,13 @@ def functions(mem: Memory) -> list[FunctionStats]:
 
 
 def find_function(mem: Memory, name: str) -> FunctionStats | None:
-    """The function whose identity is ``name``, or the only one ending with
-    ``.name``; ``ValueError`` naming the candidates when several do."""
-    found = [st for st in functions(mem) if st.func == name or st.func.endswith("." + name)]
-    exact = [st for st in found if st.func == name]
+    """The function whose identity or folder is ``name``, or the only one ending
+    with ``.name``; ``ValueError`` naming the candidates when several do."""
+    everything = functions(mem)
+    exact = [st for st in everything if name in (st.func, st.folder)]
     if exact:
         return exact[0]
+    found = [st for st in everything if st.func.endswith("." + name)]
     if len(found) > 1:
         names = ", ".join(st.func for st in found)
         raise ValueError(f"{name!r} names several functions: {names}; give the full name")
@@ -77,7 +109,8 @@ def find_function(mem: Memory, name: str) -> FunctionStats | None:
 
 
 def function_entries(mem: Memory, st: FunctionStats) -> list[dict[str, Any]]:
-    """The entries of one function: key, arguments, size, age, compute time."""
+    """The entries of one function: key, arguments, size, creation time (from the
+    entry's own metadata), last use, compute time."""
     assert mem.store is not None
     rows = []
     for e in cached_objects(mem.store, st.folder):
@@ -111,6 +144,28 @@ def _pack_paths(location: str) -> Iterator[str]:
                 yield os.path.join(root, f)
 
 
+# A CachedDataset names its packs <folder of the class>/<attributes>-<version>.pack
+# (mlcache.data.cached): the folder is the class's slug (its module.qualname, a dash
+# and 8 hex digits), the pack 16 hex digits, a dash and 16 more, and each build
+# records its attributes beside them (.<attributes>.args). All three must hold: a
+# pack taken for the user's is only kept, one taken for cache could be removed.
+_CLASS_FOLDER = re.compile(r"(?P<cls>[^/]+)-[0-9a-f]{8}")
+_DATASET_PACK = re.compile(r"(?P<args>[0-9a-f]{16})-[0-9a-f]{16}\.pack")
+
+
+def dataset_class(path: str) -> str:
+    """The class (``module.qualname``) of the CachedDataset that built the pack
+    at ``path``, or "" when a CachedDataset did not (``pack()`` wrote it)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    pack_name = _DATASET_PACK.fullmatch(name)
+    cls = _CLASS_FOLDER.fullmatch(os.path.basename(folder))
+    if pack_name is None or cls is None:
+        return ""
+    if not os.path.isfile(os.path.join(folder, f".{pack_name['args']}.args")):
+        return ""
+    return cls["cls"]
+
+
 def packs(location: str, *, detail: bool = True) -> list[PackInfo]:
     """The dataset packs under ``location`` (opening each is O(1))."""
     found = (_describe(path, location, detail) for path in sorted(_pack_paths(location)))
@@ -126,8 +181,8 @@ def _describe(path: str, location: str, detail: bool) -> PackInfo | None:
         path=path,
         name=os.path.relpath(path, location),
         size=st.st_size,
-        built=st.st_mtime,
         last_used=max(st.st_atime, st.st_mtime),
+        dataset=dataset_class(path),
     )
     if detail:
         try:
@@ -139,18 +194,33 @@ def _describe(path: str, location: str, detail: bool) -> PackInfo | None:
                 | {"nullable": "valid" in f}
                 for f in ds.pack_index["fields"]
             ]
-        except (PackCorrupted, OSError) as exc:
-            info.error = str(exc)
+        except PackCorrupted as exc:
+            info.error = plain_reason(str(exc))
+        except OSError as exc:
+            info.error = f"cannot be read ({exc.strerror or exc})"
     return info
 
 
+def _names(p: PackInfo) -> set[str]:
+    return {p.name, os.path.basename(p.path), p.path}
+
+
+def find_packs(location: str, name: str) -> list[PackInfo]:
+    """The packs ``name`` names (only those are opened): one by its relative path,
+    file name or path, or every pack of a CachedDataset class by the class's name
+    (``Patients``), its qualified name or any dotted end of it."""
+    everything = packs(location, detail=False)
+    by_path = [p for p in everything if name in _names(p) or p.path == os.path.abspath(name)]
+    chosen = by_path[:1] or [
+        p for p in everything if p.dataset and (p.dataset == name or p.dataset.endswith("." + name))
+    ]
+    return [d for d in (_describe(p.path, location, True) for p in chosen) if d is not None]
+
+
 def find_pack(location: str, name: str) -> PackInfo | None:
-    """The pack whose relative path, file name or path is ``name`` (only that one
-    is opened)."""
-    for p in packs(location, detail=False):
-        if name in (p.name, os.path.basename(p.path), p.path, os.path.abspath(name)):
-            return _describe(p.path, location, True)
-    return None
+    """The first pack :func:`find_packs` finds, or None."""
+    found = find_packs(location, name)
+    return found[0] if found else None
 
 
 def pack_entries(location: str) -> list[EntryStat]:
@@ -161,7 +231,7 @@ def pack_entries(location: str) -> list[EntryStat]:
 
 @dataclasses.dataclass
 class Cleared:
-    """What :func:`clear` removed."""
+    """What :func:`clear` removed (or, with ``dry_run``, would remove)."""
 
     functions: list[FunctionStats]
     packs: list[PackInfo]
@@ -169,45 +239,200 @@ class Cleared:
     @property
     def names(self) -> list[str]:
         """The functions' identities, then the packs' names."""
-        return [st.func for st in self.functions] + [p.name for p in self.packs]
+        return [st.func or st.folder for st in self.functions] + [p.name for p in self.packs]
+
+    @property
+    def size(self) -> int:
+        """Bytes removed."""
+        return sum(st.size for st in self.functions) + sum(p.size for p in self.packs)
 
 
-def clear(mem: Memory, location: str, name: str | None = None) -> Cleared | None:
+def clear(
+    mem: Memory, location: str, name: str | None = None, *, dry_run: bool = False
+) -> Cleared | None:
     """Remove every function result and dataset pack of the cache (``name`` None),
-    or the one function or pack ``name`` names (see :func:`find_function` and
-    :func:`find_pack`); None when nothing has that name."""
+    or what ``name`` names: one function (see :func:`find_function`), else the
+    packs of :func:`find_packs`; None when nothing has that name. With
+    ``dry_run``, only say what would go."""
     if name is None:
         funcs, found = functions(mem), packs(location, detail=False)
-        mem.clear(warn=False)
-        for p in found:
-            remove_pack(p.path)
+        if not dry_run:
+            mem.clear(warn=False)
+            for p in found:
+                remove_pack(p.path)
         return Cleared(funcs, found)
     st = find_function(mem, name)
     if st is not None:
-        mem.remove_function(st.folder)
+        if not dry_run:
+            mem.remove_function(st.folder)
         return Cleared([st], [])
-    pack = find_pack(location, name)
-    if pack is not None:
-        remove_pack(pack.path)
-        return Cleared([], [pack])
+    chosen = find_packs(location, name)
+    if not chosen:
+        return None
+    if not dry_run:
+        for p in chosen:
+            remove_pack(p.path)
+    return Cleared([], chosen)
+
+
+# -- verify -----------------------------------------------------------------------------
+# what the readers' messages mean, said without the format's words
+_PLAIN = [
+    (
+        r"checksum mismatch in block|payload checksum mismatch|between regions",
+        "its data changed "
+        "after it was written (damaged on disk, or in a copy): it does not read back as written",
+    ),
+    (
+        r"header checksum mismatch|truncated header|reserved header|header flags|header longer",
+        "its first bytes (which say what the file holds) are damaged",
+    ),
+    (
+        r"index checksum mismatch|bad index|bad field in the index|block table|segment table|"
+        r"bad layout|validity table|bad offsets|bad shapes|impossible|wrong length|"
+        r"outside the file|wrong size|unknown kind|has dtype|missing segment|bad block size",
+        "its table of contents (which says where each part lies) is damaged",
+    ),
+    (
+        r"truncated|does not match the header|header says",
+        "the file is incomplete or has extra bytes (an interrupted write or copy)",
+    ),
+    (r"bad magic", "it is not an mlcache file (it starts with other bytes)"),
+    (r"not UTF-8", "a text value is damaged (its bytes are not text)"),
+    (r"rewritten in place", "the file was rewritten while it was read"),
+]
+
+
+def plain_reason(message: str) -> str:
+    """What damage a reader's message (``EntryCorrupted``, ``PackCorrupted``) means,
+    in plain words; the message itself when it is none of the known ones."""
+    for pattern, text in _PLAIN:
+        if re.search(pattern, message):
+            return text
+    return message
+
+
+@dataclasses.dataclass
+class Damage:
+    """One damaged (or unreadable) entry or pack that :func:`verify` found."""
+
+    name: str  #: the entry's name in the store, or the pack's relative path
+    kind: str  #: ``"entry"`` or ``"pack"``
+    reason: str  #: what is wrong, in plain words
+    detail: str  #: the reader's own message
+    removed: bool = False
+    #: mlcache makes it again when it is gone (entries: the next call; packs:
+    #: the CachedDataset's next open); False for a pack written by ``pack()``
+    rebuildable: bool = True
+    #: it cannot be read (permissions, a newer format): not damage, never removed
+    unreadable: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_entries(
+    mem: Memory, found: list[EntryStat], fix: bool, step: Callable[[], None]
+) -> list[Damage]:
+    store = mem.store
+    assert store is not None
+    signer = mem.context.signer if mem.context is not None else None
+    damaged = []
+    for e in found:
+        step()
+        try:  # reads and checks every byte; statistics are numbers, never signed
+            open_entry(store, e.name, signer=None if is_stats(e.name) else signer)
+        except EntrySignatureError as exc:
+            reason = "its signature does not match this cache's secret key (written with "
+            reason += "another key, or changed since)"
+            damaged.append(Damage(e.name, "entry", reason, str(exc)))
+        except EntryCorrupted as exc:
+            damaged.append(Damage(e.name, "entry", plain_reason(str(exc)), str(exc)))
+        except (EntryNotFound, UnknownFormat):
+            continue  # removed meanwhile; a codec not registered here is not damage
+        except OSError as exc:
+            why = f"cannot be read ({exc.strerror or exc})"
+            damaged.append(Damage(e.name, "entry", why, str(exc), unreadable=True))
+            continue
+        else:
+            continue
+        if fix:
+            store.delete(e.name)
+            damaged[-1].removed = True
+    return damaged
+
+
+def _check_pack(p: PackInfo, fix: bool, all_packs: bool) -> Damage | None:
+    try:
+        PackedDataset(p.path).verify()
+    except PackCorrupted as exc:
+        message = str(exc)
+        if "unsupported pack format version" in message:  # newer, not damaged
+            why = "written by a newer mlcache (a newer pack format): upgrade to read it"
+            return Damage(p.name, "pack", why, message, rebuildable=p.rebuildable, unreadable=True)
+        bad = Damage(p.name, "pack", plain_reason(message), message, rebuildable=p.rebuildable)
+        if fix and (p.rebuildable or all_packs):
+            remove_pack(p.path)
+            bad.removed = True
+        return bad
+    except OSError as exc:  # unreadable is not damaged
+        why = f"cannot be read ({exc.strerror or exc})"
+        return Damage(p.name, "pack", why, str(exc), rebuildable=p.rebuildable, unreadable=True)
     return None
 
 
+def verify(
+    mem: Memory,
+    location: str,
+    *,
+    fix: bool = False,
+    all_packs: bool = False,
+    progress: bool = False,
+) -> list[Damage]:
+    """Check every byte of every entry (and its signature, when signing is on) and
+    of every dataset pack under ``location``; the damaged and unreadable ones.
+
+    With ``fix``, a damaged entry is removed (its next call computes it again),
+    and so is a damaged pack a CachedDataset built (its next open builds it
+    again); a damaged pack written by ``pack()`` only with ``all_packs`` (mlcache
+    cannot make it again). What cannot be read (permissions, a newer format) is
+    never removed. ``progress``: a progress bar on a terminal from
+    :data:`PROGRESS_FROM` items.
+    """
+    found = packs(location, detail=False)
+    assert mem.store is not None
+    names = list(cached_objects(mem.store))
+    bar = iter(_steps([None] * (len(names) + len(found)), "verify", progress))
+
+    def step() -> None:
+        next(bar, None)
+
+    damaged = _check_entries(mem, names, fix, step)
+    for p in found:
+        step()
+        bad = _check_pack(p, fix, all_packs)
+        if bad is not None:
+            damaged.append(bad)
+    step()  # closes the bar
+    return damaged
+
+
 def verify_packs(location: str, *, fix: bool = False) -> list[dict[str, Any]]:
-    """Check every byte of each dataset pack under ``location``; the damaged and
-    unreadable ones as ``{"name", "error", "removed"}`` (a damaged pack is removed
-    when ``fix``; an unreadable one is reported, never removed)."""
-    bad = []
-    for p in packs(location, detail=False):
-        try:
-            PackedDataset(p.path).verify()
-        except PackCorrupted as exc:
-            if fix:
-                remove_pack(p.path)
-            bad.append({"name": p.name, "error": str(exc), "removed": fix})
-        except OSError as exc:  # unreadable is not damaged
-            bad.append({"name": p.name, "error": f"cannot read: {exc}", "removed": False})
-    return bad
+    """The damaged and unreadable packs under ``location`` as ``{"name", "error",
+    "removed"}``; ``fix`` removes the damaged ones mlcache can rebuild (see
+    :func:`verify`)."""
+    bad = (_check_pack(p, fix, False) for p in packs(location, detail=False))
+    return [{"name": b.name, "error": b.detail, "removed": b.removed} for b in bad if b]
+
+
+# -- prune ------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Pruned:
+    """What :func:`prune` removed (or would), and the packs it kept because
+    mlcache cannot rebuild them although the limits would have taken them."""
+
+    removed: list[EntryStat]
+    kept: list[EntryStat]
 
 
 def prune(
@@ -216,21 +441,28 @@ def prune(
     max_size: int | None = None,
     older_than: float | None = None,
     dry_run: bool = False,
-) -> list[EntryStat]:
+    all_packs: bool = False,
+    progress: bool = False,
+) -> Pruned:
     """Remove least recently used function entries and dataset packs until the
     cache holds at most ``max_size`` bytes, and everything unused for
-    ``older_than`` seconds; return what was (or, with ``dry_run``, would be)
-    removed. Pack names are relative to the location, ending in ``.pack``."""
+    ``older_than`` seconds. Packs written by ``pack()`` count in the size but are
+    kept (``kept``) unless ``all_packs``. With ``dry_run``, nothing is removed.
+    Pack names are relative to the location, ending in ``.pack``."""
     assert mem.store is not None
     location = mem.store.location
     mem.flush_usage()
+    found = packs(location, detail=False)
     candidates = list(entries(mem.store))
-    candidates += pack_entries(location)
-    plan = plan_eviction(candidates, bytes_limit=max_size, age_limit=older_than)
+    candidates += [EntryStat(p.name, p.size, p.last_used) for p in found]
+    protect = set() if all_packs else {p.name for p in found if not p.rebuildable}
+    limits: dict[str, Any] = {"bytes_limit": max_size, "age_limit": older_than}
+    plan = plan_eviction(candidates, **limits, protect=protect)
+    kept = [e for e in plan_eviction(candidates, **limits) if e.name in protect]
     if dry_run:
-        return plan
+        return Pruned(plan, kept)
     removed = []
-    for e in plan:
+    for e in _steps(plan, "prune", progress):
         try:
             if e.name.endswith(".pack"):
                 remove_pack(os.path.join(location, e.name))
@@ -239,4 +471,4 @@ def prune(
         except (OSError, ValueError):
             continue
         removed.append(e)
-    return removed
+    return Pruned(removed, kept)

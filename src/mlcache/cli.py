@@ -1,8 +1,12 @@
-"""The ``mlcache`` command (a thin layer over the Python API).
+"""The ``mlcache`` command (a thin layer over :mod:`mlcache.admin`).
+
+Global options (``--location``, ``--json``) go before or after the command.
+A missing or empty cache is an empty result, not an error (as ``pip cache``).
+Output piped into ``head`` ends quietly.
 
 Exit codes: 0 done; 1 the command found a problem (``verify``: damaged entries
-or packs left in place); 2 a usage error (bad arguments, no cache at the
-location, no such function or pack).
+or packs left in place); 2 a usage error (bad arguments, no such function or
+pack in the cache, ``clear`` of everything refused without confirmation).
 """
 
 from __future__ import annotations
@@ -50,8 +54,24 @@ def _secs(s: float | None) -> str:
     return f"{s:.3f} s" if s < 60 else str(_dt.timedelta(seconds=round(s)))
 
 
+def _n(count: int, what: str, plural: str | None = None) -> str:
+    """``1 hit``, ``2 hits``, ``1 entry``, ``0 entries``."""
+    if count == 1:
+        return f"1 {what}"
+    return f"{count:,} {plural or what + 's'}"
+
+
 def _dump(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
+
+
+def _terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+_NOT_OURS = (
+    "made by mlcache.data.pack(), which mlcache cannot rebuild: kept (--all-packs removes it)"
+)
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -66,9 +86,12 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
             }
         )
         return OK
+    if not found and not any(f.entries for f in funcs):
+        print(f"the cache at {location} is empty: nothing to list")
+        return OK
     rows = [
         [
-            f.func,
+            f.func or f.folder,
             str(f.entries),
             _size(f.size),
             _age(f.last_used),
@@ -84,32 +107,46 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
     rows = [
         [
             p.name,
+            p.dataset.rpartition(".")[2] if p.dataset else "pack()",
             "damaged" if p.error else f"{p.samples:,}",
             _size(p.size),
-            _age(p.built),
+            _age(p.last_used),
             ", ".join(f["name"] for f in p.fields),
         ]
         for p in found
     ]
-    print_table(f"Datasets in {location}", ["pack", "samples", "size", "built", "fields"], rows)
+    headers = ["pack", "made by", "samples", "size", "last use", "fields"]
+    print_table(f"Datasets in {location}", headers, rows)
     return OK
 
 
 def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
     st = admin.find_function(mem, args.name)
-    if st is not None:
-        entries = admin.function_entries(mem, st)
-        if args.json:
-            _dump({"function": st.as_dict(), "entries": entries})
-            return OK
-        print(
-            f"{st.func}: {st.entries} entries, {_size(st.size)}, {st.hits} hits, "
-            f"{st.misses} misses, {_secs(st.saved)} of computing saved"
+    chosen = [] if st is not None else admin.find_packs(location, args.name)
+    entries = admin.function_entries(mem, st) if st is not None else []
+    if args.json and (st is not None or chosen):
+        _dump(
+            {
+                "location": location,
+                "function": st.as_dict() if st is not None else None,
+                "entries": entries,
+                "datasets": [p.as_dict() for p in chosen],
+            }
         )
+        return OK
+    if st is not None:
+        print(
+            f"{st.func or st.folder}: {_n(st.entries, 'entry', 'entries')}, {_size(st.size)}, "
+            f"{_n(st.hits, 'hit')}, {_n(st.misses, 'miss', 'misses')}, "
+            f"{_secs(st.saved)} of computing saved"
+        )
+        short = _terminal()  # a terminal's reader; a script gets whole keys
         rows = [
             [
-                e["key"][:12],
-                ", ".join(f"{k}={v}" for k, v in e["args"].items())[:80],
+                e["key"][:12] if short else e["key"],
+                (lambda a: a[:80] if short else a)(
+                    ", ".join(f"{k}={v}" for k, v in e["args"].items())
+                ),
                 _size(e["size"]),
                 _age(e["created"]),
                 _age(e["last_used"]),
@@ -117,21 +154,29 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
             ]
             for e in entries
         ]
-        print_table("Entries", ["key", "arguments", "size", "created", "last use", "compute"], rows)
+        headers = ["key", "arguments", "size", "created", "last use", "compute"]
+        print_table("Entries", headers, rows)
         return OK
-    pack = admin.find_pack(location, args.name)
-    if pack is None:
-        print(f"no function or pack named {args.name!r} in {location}", file=sys.stderr)
+    if not chosen:
+        if _is_empty(mem, location):
+            return _empty(location, args, missing=False)
+        print(f"no function or dataset named {args.name!r} in {location}", file=sys.stderr)
         return USAGE
-    if args.json:
-        _dump(pack.as_dict())
-        return OK if not pack.error else PROBLEM
+    for i, pack in enumerate(chosen):
+        if i:
+            print()
+        _pack_info(pack)
+    return OK
+
+
+def _pack_info(pack: admin.PackInfo) -> None:
+    made = f"built by the dataset {pack.dataset}" if pack.dataset else "made by pack()"
     if pack.error:
-        print(f"{pack.path}: {pack.error}")
-        return PROBLEM
+        print(f"{pack.path} ({made}): damaged: {pack.error}; `mlcache verify` says more")
+        return
     print(
-        f"{pack.path}: {pack.samples:,} samples, {_size(pack.size)}, "
-        f"pack format version {pack.version}"
+        f"{pack.path} ({made}): {_n(pack.samples or 0, 'sample')}, {_size(pack.size)}, "
+        f"last used {_age(pack.last_used)}, pack format version {pack.version}"
     )
     rows = [
         [
@@ -143,27 +188,65 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
         for f in pack.fields
     ]
     print_table("Fields", ["field", "kind", "dtype", "shape (column) or ndim (ragged)"], rows)
-    return OK
+
+
+def _what(cleared: admin.Cleared) -> str:
+    results = sum(st.entries for st in cleared.functions)
+    parts = []
+    if cleared.functions:
+        parts.append(
+            f"{_n(results, 'result')} of {_n(len(cleared.functions), 'function')}"
+            if len(cleared.functions) > 1
+            else f"{cleared.functions[0].func or cleared.functions[0].folder} "
+            f"({_n(results, 'result')})"
+        )
+    if cleared.packs:
+        parts.append(_n(len(cleared.packs), "dataset pack"))
+    return f"{' and '.join(parts) or 'nothing'}, {_size(cleared.size)}"
+
+
+def _confirmed(question: str) -> bool:
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
 
 
 def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    cleared = admin.clear(mem, location, args.name)
-    if cleared is None:
-        print(f"no function or pack named {args.name!r} in {location}", file=sys.stderr)
+    plan = admin.clear(mem, location, args.name, dry_run=True)
+    if (plan is None or not plan.size) and _is_empty(mem, location):
+        return _empty(location, args, missing=False)
+    if plan is None:
+        print(f"no function or dataset named {args.name!r} in {location}", file=sys.stderr)
         return USAGE
-    if args.name is None:
-        funcs, found = len(cleared.functions), len(cleared.packs)
-        text = f"cleared {funcs} functions and {found} dataset packs in {location}"
-    elif cleared.functions:
-        st = cleared.functions[0]
-        text = f"cleared {st.func} ({st.entries} entries, {_size(st.size)})"
-    else:
-        pack = cleared.packs[0]
-        text = f"removed {pack.name} ({_size(pack.size)})"
+    ours = [p for p in plan.packs if not p.rebuildable]
+    if args.name is None and not args.dry_run and not args.yes and plan.names:
+        question = f"Remove everything in {location}: {_what(plan)}?"
+        if ours:
+            question += f" {_n(len(ours), 'pack')} made by pack() cannot be rebuilt."
+        if not sys.stdin.isatty():
+            print(
+                f"mlcache clear: this would remove {_what(plan)} from {location}; there is no "
+                "terminal to confirm on: run `mlcache clear --yes` to remove it, "
+                "`mlcache clear --dry-run` to list it",
+                file=sys.stderr,
+            )
+            return USAGE
+        if not _confirmed(question):
+            print("nothing removed", file=sys.stderr)
+            return OK
+    done = plan if args.dry_run else admin.clear(mem, location, args.name)
+    if done is None:  # removed meanwhile by another process
+        done = admin.Cleared([], [])
     if args.json:
-        _dump({"location": location, "cleared": cleared.names})
-    else:
-        print(text)
+        _dump({"location": location, "dry_run": args.dry_run, "cleared": done.names})
+        return OK
+    verb = "would remove" if args.dry_run else "removed"
+    if args.dry_run:
+        for name in done.names:
+            print(f"{verb} {name}")
+    print(
+        f"{verb} {_what(done)} from {location}" if done.names else f"{location}: nothing to clear"
+    )
     return OK
 
 
@@ -177,37 +260,78 @@ def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
     if max_size is None and older is None:
         print("mlcache prune: give --max-size and/or --older-than", file=sys.stderr)
         return USAGE
-    plan = admin.prune(mem, max_size=max_size, older_than=older, dry_run=args.dry_run)
+    limits: dict[str, Any] = {"max_size": max_size, "older_than": older}
+    plan = admin.prune(mem, **limits, all_packs=args.all_packs, dry_run=True)
+    if not args.json and not args.dry_run and plan.removed:
+        print(f"removing {_items(plan.removed)} from {location}")
+    pruned = (
+        plan
+        if args.dry_run
+        else admin.prune(mem, **limits, all_packs=args.all_packs, progress=True)
+    )
     verb = "would remove" if args.dry_run else "removed"
     if args.json:
-        _dump(
-            {
-                "dry_run": args.dry_run,
-                "removed": [
-                    {"name": e.name, "size": e.size, "last_used": e.last_used} for e in plan
-                ],
-            }
-        )
+        rows = [{"name": e.name, "size": e.size, "last_used": e.last_used} for e in pruned.removed]
+        kept = [{"name": e.name, "size": e.size, "last_used": e.last_used} for e in pruned.kept]
+        _dump({"location": location, "dry_run": args.dry_run, "removed": rows, "kept": kept})
         return OK
-    for e in plan:
+    for e in pruned.removed:
         print(f"{verb} {e.name} ({_size(e.size)}, last used {_age(e.last_used)})")
-    print(f"{verb} {len(plan)} items, {_size(sum(e.size for e in plan))}")
+    for e in pruned.kept:
+        print(f"kept {e.name} ({_size(e.size)}): {_NOT_OURS}")
+    print(f"{verb} {_items(pruned.removed)}")
     return OK
 
 
+def _items(found: list[Any]) -> str:
+    return f"{_n(len(found), 'item')}, {_size(sum(e.size for e in found))}"
+
+
 def _verify(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    damaged = mem.verify(fix=args.fix)
-    bad_packs = admin.verify_packs(location, fix=args.fix)
+    bad = admin.verify(mem, location, fix=args.fix, all_packs=args.all_packs, progress=True)
+    entries = [b for b in bad if b.kind == "entry"]
+    found = [b for b in bad if b.kind == "pack"]
+    left = [b for b in bad if not b.removed]
     if args.json:
-        report = {"location": location, "damaged": damaged, "damaged_packs": bad_packs}
-        _dump(report | {"fixed": args.fix})
-    else:
-        for name in damaged:
-            print(f"damaged entry: {name}" + (" (removed)" if args.fix else ""))
-        for bad in bad_packs:
-            print(f"damaged pack: {bad['error']}" + (" (removed)" if bad["removed"] else ""))
-        print(f"{len(damaged)} damaged entries, {len(bad_packs)} damaged packs in {location}")
-    left = (damaged and not args.fix) or any(not bad["removed"] for bad in bad_packs)
+        _dump(
+            {
+                "location": location,
+                "fixed": args.fix,
+                "damaged": [b.name for b in entries],  # names, as before
+                "damaged_entries": [b.as_dict() for b in entries],
+                "damaged_packs": [b.as_dict() | {"error": b.detail} for b in found],
+            }
+        )
+        return PROBLEM if left else OK
+    for b in bad:
+        what = "entry" if b.kind == "entry" else "dataset pack"
+        status = "cannot be read" if b.unreadable else "damaged"
+        line = f"{status} {what} {b.name}: {b.reason}"
+        if b.removed:
+            line += " (removed: " + (
+                "its next call computes it again)"
+                if b.kind == "entry"
+                else "its dataset builds it again at its next open)"
+            )
+        elif b.kind == "pack" and not b.rebuildable and not b.unreadable and args.fix:
+            line += " (" + _NOT_OURS.replace(" it", " this pack") + ")"
+        print(line)
+    print(
+        f"{_n(len(entries), 'damaged entry', 'damaged entries')}, "
+        f"{_n(len(found), 'damaged pack')} in {location}"
+    )
+    fixable = [b for b in left if not b.unreadable and (b.rebuildable or not args.fix)]
+    if fixable and not args.fix:
+        print(
+            "run `mlcache verify --fix` to remove the damaged entries and dataset packs: "
+            "mlcache makes them again when they are next used"
+            + (
+                "; packs made by pack() are kept unless you add --all-packs "
+                "(mlcache cannot rebuild them)"
+                if any(not b.rebuildable for b in fixable)
+                else ""
+            )
+        )
     return PROBLEM if left else OK
 
 
@@ -228,36 +352,98 @@ def _bench(args: argparse.Namespace) -> int:
     return USAGE
 
 
+def _is_empty(mem: Memory, location: str) -> bool:
+    """No results (statistics may stay) and no packs."""
+    funcs = admin.functions(mem)
+    return not any(f.entries for f in funcs) and not admin.packs(location, detail=False)
+
+
+def _empty(location: str, args: argparse.Namespace, missing: bool) -> int:
+    """A command on a missing cache: an empty result."""
+    what = f"no cache at {location}" if missing else f"the cache at {location} is empty"
+    if args.json:
+        empties: dict[str, dict[str, Any]] = {
+            "ls": {"functions": [], "datasets": []},
+            "info": {"function": None, "entries": [], "datasets": []},
+            "clear": {"dry_run": getattr(args, "dry_run", False), "cleared": []},
+            "prune": {"dry_run": getattr(args, "dry_run", False), "removed": [], "kept": []},
+            "verify": {"fixed": False, "damaged": [], "damaged_entries": [], "damaged_packs": []},
+        }
+        _dump({"location": location} | empties[args.command])
+        return OK
+    nothing = {"info": f"nothing named {getattr(args, 'name', '')!r}"}.get(
+        args.command, f"nothing to {'list' if args.command == 'ls' else args.command}"
+    )
+    print(f"{what}: {nothing}")
+    return OK
+
+
 # -- the parser -------------------------------------------------------------------------
+_WHERE = "the cache folder (default: $MLCACHE_DIR, else the user cache folder)"
+_JSON = "print machine-readable JSON"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mlcache", description="Inspect and manage an mlcache cache; run the demo."
+        prog="mlcache",
+        description="Inspect and manage an mlcache cache; run the demo.",
+        epilog="--location and --json may go before or after the command. Exit codes: 0 done, "
+        "1 a problem found (verify), 2 a usage error.",
     )
     parser.add_argument("--version", action="version", version=f"mlcache {__version__}")
-    where = "cache folder (default: $MLCACHE_DIR or the user cache folder)"
-    parser.add_argument("--location", default=None, help=where)
-    # also accepted after the command: `mlcache ls --location DIR`
-    shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument("--location", default=argparse.SUPPRESS, help=where)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--location", default=None, help=_WHERE)
+    parser.add_argument("--json", action="store_true", default=False, help=_JSON)
+    # the same options after the command (`mlcache ls --json --location DIR`); SUPPRESS:
+    # absent after it, the value before it stays
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--location", default=argparse.SUPPRESS, help=_WHERE)
+    shared = argparse.ArgumentParser(add_help=False, parents=[where])
+    shared.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=_JSON)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
     def command(name: str, help: str, json: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help, parents=[shared])
-        if json:
-            p.add_argument("--json", action="store_true", help="machine-readable output")
-        return p
+        parents = [shared if json else where]
+        return sub.add_parser(name, help=help, description=help, parents=parents)
 
-    command("ls", "functions and datasets in the cache: entries, size, last use, hits, time saved")
-    p = command("info", "one function's entries, or one pack's fields")
-    p.add_argument("name", help="a function (its name or module.name) or a pack")
-    p = command("clear", "remove everything, or one function's results or one pack")
-    p.add_argument("name", nargs="?", default=None, help="a function or a pack (default: all)")
-    p = command("prune", "remove least recently used results and packs")
-    p.add_argument("--max-size", default=None, help="keep at most this much, e.g. 10GB")
+    command(
+        "ls",
+        "list the functions (results, size, last use, hits, misses, time saved) and the "
+        "dataset packs in the cache",
+    )
+    names = "a function (module.name, its name, or its folder), a pack (its path or file "
+    names += "name), or a dataset class (every pack it built), as `mlcache ls --json` prints"
+    p = command("info", "show one function's entries, or a dataset pack's fields")
+    p.add_argument("name", help=names)
+    p = command(
+        "clear",
+        "remove one function's results, or a dataset's packs; with no name, everything "
+        "(asks first on a terminal; elsewhere give --yes)",
+    )
+    p.add_argument("name", nargs="?", default=None, help=names + " (default: everything)")
+    p.add_argument("-y", "--yes", action="store_true", help="remove everything without asking")
+    p.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
+    p = command(
+        "prune",
+        "remove the least recently used results and dataset packs; packs made by "
+        "mlcache.data.pack() are kept (mlcache cannot rebuild them) unless --all-packs",
+    )
+    p.add_argument(
+        "--max-size",
+        default=None,
+        help="keep at most this much, e.g. 10GB (0: all that mlcache can rebuild)",
+    )
     p.add_argument("--older-than", default=None, help="remove what was unused for, e.g. 7d")
-    p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
-    p = command("verify", "check every entry's and pack's checksums")
-    p.add_argument("--fix", action="store_true", help="remove damaged entries and packs")
+    p.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
+    all_packs = "also remove packs made by mlcache.data.pack(), which mlcache cannot rebuild"
+    p.add_argument("--all-packs", action="store_true", help=all_packs)
+    p = command("verify", "check every byte of every entry and dataset pack; say what is damaged")
+    p.add_argument(
+        "--fix",
+        action="store_true",
+        help="remove the damaged entries and packs (mlcache makes them again when next used); "
+        "packs made by pack() only with --all-packs",
+    )
+    p.add_argument("--all-packs", action="store_true", help="with --fix: " + all_packs)
     demo = command("demo", "show what mlcache saves, timed on generated data", json=False)
     demo.add_argument("--size", type=int, default=None, help="array side (default 4000)")
     demo.add_argument(
@@ -272,38 +458,58 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    size = args.size if args.size is not None else (300 if args.quick else 4000)
+    patients = args.patients if args.patients is not None else (300 if args.quick else 5000)
+    if size <= 0 or patients <= 0:
+        parser.error("--size and --patients must be positive")
+    try:
+        os.makedirs(args.out, exist_ok=True)  # before the run: fail in a second, not after
+        with tempfile.TemporaryFile(dir=args.out):
+            pass
+    except OSError as exc:
+        print(f"mlcache demo: cannot write the report to {args.out}: {exc}", file=sys.stderr)
+        return USAGE
+    run_demo(size=size, patients=patients, location=args.location, out_dir=args.out)
+    return OK
+
+
+def _run(argv: list[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command in ("demo", "bench") and args.json:
+        parser.error(f"mlcache {args.command} has no --json output")
     if args.command == "demo":
-        from .demo import run_demo
-
-        size = args.size if args.size is not None else (300 if args.quick else 4000)
-        patients = args.patients if args.patients is not None else (300 if args.quick else 5000)
-        if size <= 0 or patients <= 0:
-            parser.error("--size and --patients must be positive")
-        try:
-            os.makedirs(args.out, exist_ok=True)  # before the run: fail in a second, not after
-            with tempfile.TemporaryFile(dir=args.out):
-                pass
-        except OSError as exc:
-            print(f"mlcache demo: cannot write the report to {args.out}: {exc}", file=sys.stderr)
-            return USAGE
-        run_demo(size=size, patients=patients, location=args.location, out_dir=args.out)
-        return OK
+        return _demo(parser, args)
     if args.command == "bench":
         return _bench(args)
     location = cache_folder(args.location) if args.location else default_location()
-    if not os.path.isdir(location):
-        print(f"no cache at {location}", file=sys.stderr)
-        return USAGE
+    if not os.path.isdir(location):  # nothing is created for a look
+        return _empty(location, args, missing=True)
     mem = Memory(location, verbose=0)
     handlers = {"ls": _ls, "info": _info, "clear": _clear, "prune": _prune, "verify": _verify}
     try:
         return handlers[args.command](mem, location, args)
+    except BrokenPipeError:
+        raise  # see main
     except (ValueError, OSError) as exc:  # an ambiguous name; a folder it cannot read
         print(f"mlcache {args.command}: {exc}", file=sys.stderr)
         return USAGE if isinstance(exc, ValueError) else PROBLEM
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``mlcache`` command; its exit code."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # here, so that a closed pipe shows now, not at exit
+        return code
+    except BrokenPipeError:
+        # the reader (`| head`) has what it wanted: end quietly, as `ls | head` does;
+        # stdout goes to devnull so that the interpreter's last flush finds no pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return OK
 
 
 if __name__ == "__main__":  # pragma: no cover
