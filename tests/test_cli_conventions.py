@@ -4,6 +4,7 @@ stdin, CI=true) or on a terminal (a pty)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -11,6 +12,7 @@ import pty
 import re
 import select
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -235,6 +237,33 @@ def test_clear_everything_asks_on_a_terminal(tmp_path):
     code, out = on_terminal("--location", loc, "clear", answer=b"y\n")
     assert code == 0 and "removed 2 results of 2 functions and 3 dataset packs" in out, out
     assert state(tmp_path) == (0, [])
+
+
+def test_ctrl_c_at_the_question_removes_nothing_and_shows_no_traceback(tmp_path):
+    populated(tmp_path)
+    before = state(tmp_path)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlcache", "--location", str(tmp_path), "clear"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env(),
+    )
+    os.close(slave)
+    out = b""
+    while b"[y/N]" not in out:
+        ready, _, _ = select.select([master], [], [], 60)
+        assert ready, out
+        out += os.read(master, 65536)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    with contextlib.suppress(OSError):  # EIO once the child is gone
+        while chunk := os.read(master, 65536):
+            out += chunk
+    os.close(master)
+    assert b"interrupted" in out and b"Traceback" not in out
+    assert state(tmp_path) == before
 
 
 def test_prune_dry_run_and_max_size_0_say_what_goes_and_keep_packs_made_by_pack(tmp_path):

@@ -492,6 +492,9 @@ def _run(argv: list[str] | None) -> int:
     handlers = {"ls": _ls, "info": _info, "clear": _clear, "prune": _prune, "verify": _verify}
     try:
         return handlers[args.command](mem, location, args)
+    except KeyboardInterrupt:  # ^C (at clear's question, or during a long verify)
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         raise  # see main
     except (ValueError, OSError) as exc:  # an ambiguous name; a folder it cannot read
@@ -505,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
         code = _run(argv)
         sys.stdout.flush()  # here, so that a closed pipe shows now, not at exit
         return code
+    except KeyboardInterrupt:  # ^C (at clear's question, or during a long verify)
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # the reader (`| head`) has what it wanted: end quietly, as `ls | head` does;
         # stdout goes to devnull so that the interpreter's last flush finds no pipe
