@@ -1,10 +1,11 @@
 # One-line entry points that set themselves up: `make demo`, `make test`.
+# CI (.ci/run) runs `make test`, `make docs` and `make package-check`.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(BIN)/.mlcache-installed
 
-.PHONY: install demo test test-all lint bench clean
+.PHONY: install demo test test-all lint docs package-check bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +28,14 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
+docs: $(STAMP)
+	@d=$$(mktemp -d); $(BIN)/mkdocs build --strict --site-dir "$$d"; rc=$$?; rm -rf "$$d"; \
+	test $$rc = 0 && echo "docs: mkdocs build --strict passed"
+
+# the wheel and sdist build, and the wheel alone runs `mlcache demo --quick` in a fresh venv
+package-check: $(STAMP)
+	PY=$(PY) BIN=$(BIN) bash .ci/package-check
+
 test-all: lint
 	$(BIN)/python -m pytest -q -m "slow or not slow"
 
@@ -34,4 +43,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache site dist
