@@ -46,6 +46,7 @@ __all__ = [
     "pack_entries",
     "packs",
     "prune",
+    "remove",
     "verify",
     "verify_packs",
 ]
@@ -461,8 +462,16 @@ def prune(
     kept = [e for e in plan_eviction(candidates, **limits) if e.name in protect]
     if dry_run:
         return Pruned(plan, kept)
+    return Pruned(remove(mem, plan, progress=progress), kept)
+
+
+def remove(mem: Memory, items: list[EntryStat], *, progress: bool = False) -> list[EntryStat]:
+    """Remove the function entries and packs ``items`` names (as :func:`prune`
+    plans them); those removed (one that cannot be is skipped)."""
+    assert mem.store is not None
+    location = mem.store.location
     removed = []
-    for e in _steps(plan, "prune", progress):
+    for e in _steps(items, "prune", progress):
         try:
             if e.name.endswith(".pack"):
                 remove_pack(os.path.join(location, e.name))
@@ -471,4 +480,4 @@ def prune(
         except (OSError, ValueError):
             continue
         removed.append(e)
-    return Pruned(removed, kept)
+    return removed

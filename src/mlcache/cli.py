@@ -264,10 +264,11 @@ def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
     plan = admin.prune(mem, **limits, all_packs=args.all_packs, dry_run=True)
     if not args.json and not args.dry_run and plan.removed:
         print(f"removing {_items(plan.removed)} from {location}")
+    # the plan said is the plan carried out (one listing of the cache, not two)
     pruned = (
         plan
         if args.dry_run
-        else admin.prune(mem, **limits, all_packs=args.all_packs, progress=True)
+        else admin.Pruned(admin.remove(mem, plan.removed, progress=True), plan.kept)
     )
     verb = "would remove" if args.dry_run else "removed"
     if args.json:
