@@ -188,7 +188,7 @@ def test_removing_never_follows_a_link_out_of_the_cache(workload, tmp_path):
     before = _snapshot(outside)
     done = _run(script, str(cache), "-1")
     assert done.returncode == 0 and "OK" in done.stdout, done.stderr
-    for command in (["prune", "--max-size", "0"], ["clear"]):
+    for command in (["prune", "--max-size", "0", "--all-packs"], ["clear", "--yes"]):
         cli = subprocess.run(
             [sys.executable, "-m", "mlcache", "--location", str(cache), *command],
             capture_output=True,
