@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -68,7 +69,7 @@ def test_builds_once_then_opens(source, tmp_path):
 
 
 def test_a_changed_source_file_rebuilds(source, tmp_path):
-    PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    first = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     victim = sorted(source.glob("*.csv"))[0]
     text = victim.read_text().replace("# age: ", "# age: 1", 1)
     time.sleep(0.01)
@@ -76,22 +77,28 @@ def test_a_changed_source_file_rebuilds(source, tmp_path):
     ds = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     assert len(BUILDS) == 2
     assert ds[0]["age"] == read_patient(victim)["age"]
-    # the first version, replaced a moment ago, is left a while (another job may use
-    # it); the pack of other arguments stays
+    # the first version is still open (first): it stays, readable, while it is read;
+    # the pack of other arguments stays
     other = source.parent / "other"
     write_patients(other, 3, seed=4)
     PatientSeries(other, cache_dir=tmp_path / "cache", progress=False)
     packs = sorted(p.name for p in Path(ds.pack_path).parent.glob("*.pack"))
-    assert len(packs) == 3 and Path(ds.pack_path).name in packs
+    assert len(packs) == 3 and {Path(ds.pack_path).name, Path(first.pack_path).name} < set(packs)
+    assert first[1]["id"] == ds[1]["id"] and first[0]["age"] != ds[0]["age"]
+    old = Path(first.pack_path)
+    del first  # released: the next open of the dataset removes it
+    gc.collect()
+    again = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    assert len(BUILDS) == 3 and again.pack_path == ds.pack_path  # the third: other's
+    packs = sorted(p.name for p in Path(ds.pack_path).parent.glob("*.pack"))
+    assert len(packs) == 2 and old.name not in packs
+    # a change met while another version is read: a rebuild, the old one goes at once
     time.sleep(0.01)  # a new modification time even on coarse clocks
     victim.write_text(text.replace("# age: 1", "# age: 2", 1))
-    old = Path(ds.pack_path)
-    os.utime(old, (time.time() - 3600, time.time() - 3600))  # past the grace period
-    again = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
+    newest = PatientSeries(source, cache_dir=tmp_path / "cache", progress=False)
     packs = sorted(p.name for p in Path(ds.pack_path).parent.glob("*.pack"))
-    assert Path(again.pack_path).name in packs and old.name not in packs
-    assert len(packs) == 3  # the other arguments' pack and the recent first version stay
-    assert ds[1]["id"] == again[1]["id"]  # the replaced pack is still readable while open
+    assert Path(newest.pack_path).name in packs and Path(ds.pack_path).name in packs
+    assert ds[1]["id"] == newest[1]["id"]  # the replaced pack is still readable while open
 
 
 def test_a_changed_class_or_argument_rebuilds(source, tmp_path):
@@ -303,17 +310,28 @@ def test_parallel_build_keeps_the_order(source, tmp_path):
 BUILD_IN_A_TERMINAL = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from test_cached import PatientFiles
+from test_cached import PatientFiles, PatientList
 PatientFiles(sys.argv[2], cache_dir=sys.argv[3], progress=True, num_workers=2)
+PatientList(sys.argv[2], cache_dir=sys.argv[3], progress=True)
 """
+
+
+class PatientList(PatientSeries):
+    """The same data, loaded into a list: its length is known before the build."""
+
+    def load_source(self):
+        return [read_patient(path) for path in self.source_files()]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="a pseudo-terminal")
 def test_a_parallel_build_shows_progress_with_a_total(source, tmp_path):
-    """On a terminal (a real pseudo-terminal here) the build shows n/total and a
-    rate; off a terminal (CI logs) the bar stays quiet."""
+    """On a terminal (a real pseudo-terminal here) the build shows the dataset's
+    class name (not its pack's hash name), n/total, a rate and an ETA, whether the
+    source is loaded by items (parallel) or is a list; off a terminal (CI logs)
+    the bar stays quiet."""
     import fcntl
     import pty
+    import re
     import struct
     import subprocess
     import termios
@@ -339,6 +357,9 @@ def test_a_parallel_build_shows_progress_with_a_total(source, tmp_path):
     os.close(main)
     err = b"".join(chunks).decode(errors="replace")
     assert "40/40" in err and "samples/s" in err
+    for name in ("PatientFiles", "PatientList"):  # label, total, elapsed<remaining
+        assert re.search(name + r": 100%.*40/40 \[\d\d:\d\d<\d\d:\d\d", err), err
+    assert ".pack" not in err
     quiet = subprocess.run(
         [sys.executable, "-c", BUILD_IN_A_TERMINAL, *args[:2], str(tmp_path / "quiet")],
         capture_output=True,

@@ -73,8 +73,10 @@ from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
 from ..keys.state import learnable, watched_digests
 from ..store.local import cache_folder, default_location, mark_cache_folder
-from .fetch import is_url, publish
+from .fetch import is_url, publish, remote_lease
 from .reader import PackedDataset, spawning_worker
+from .replaced import remove_replaced
+from .sequence import Many, describe
 from .sources import (
     GRACE_SECONDS,
     UNUSED_PACKS_KEPT_FOR,
@@ -88,7 +90,7 @@ from .sources import (
     warn_if_new_every_run,
     write_state,
 )
-from .workers import load_in_workers, refuse_in_bootstrap
+from .workers import Counted, load_in_workers, refuse_in_bootstrap
 from .writer import write_pack
 
 __all__ = ["UNUSED_PACKS_KEPT_FOR", "CachedDataset", "remove_pack"]
@@ -208,7 +210,6 @@ class CachedDataset(Sequence[Any]):
             # a folder of the user's files keeps the packs in its mlcache subfolder,
             # as Memory does (the same rule: one function decides both)
             root = cache_folder(root)
-        cls = type(self)
         self._key_names, self._declared = names, declared  # the declaration: in the key
         self._args_id, self._args_id_full = args_key[:16], args_key
         self._root = os.path.abspath(root)
@@ -233,6 +234,8 @@ class CachedDataset(Sequence[Any]):
                 self.pack_path = self._name_pack()
         if self._pack is None:
             self._pack = self._open_or_build(force_recache, progress)
+        if self._remote is None:  # the versions it replaces, once nobody reads them
+            remove_replaced(self.pack_path)
         self._record.write(self._source)
         if recorded is not None and check_source == "background":
             self._record.check_in_background(self, self._source)
@@ -249,8 +252,8 @@ class CachedDataset(Sequence[Any]):
         items = list(self.source_items())
         # a DataLoader worker (a daemon) rebuilding the pack cannot have children
         if self._num_workers <= 1 or multiprocessing.current_process().daemon or len(items) < 2:
-            return _Counted(map(self.load_item, items), len(items))
-        return _Counted(load_in_workers(self, items, self._num_workers), len(items))
+            return Counted(map(self.load_item, items), len(items))
+        return Counted(load_in_workers(self, items, self._num_workers), len(items))
 
     def source_items(self) -> Iterable[Any]:
         """What ``load_item`` turns into samples (default: ``source_files()``)."""
@@ -309,6 +312,7 @@ class CachedDataset(Sequence[Any]):
         mark_cache_folder(self._root)
         os.makedirs(self._root, mode=0o700, exist_ok=True)
         os.close(open_folder(self._root, os.path.relpath(folder, self._root)))
+        lock: Callable[[], contextlib.AbstractContextManager[None]]
         if self._remote is None:
             # a pack found damaged is not looked at before the lock: under it,
             # another process may have replaced it
@@ -409,7 +413,11 @@ class CachedDataset(Sequence[Any]):
         logger.info("mlcache: building %s", self.pack_path)
         before = watched_digests(self._watched)
         built = write_pack(
-            self.load_source(), self.pack_path, progress=progress, allow_pickle=self._allow_pickle
+            self.load_source(),
+            self.pack_path,
+            progress=progress,
+            allow_pickle=self._allow_pickle,
+            desc=type(self).__qualname__,  # not the pack's hash name
         )
         after = watched_digests(self._watched)
         # as for functions: a dict's key or an object's attribute the build writes,
@@ -472,32 +480,11 @@ class CachedDataset(Sequence[Any]):
             warn(f"mlcache: {exc}; rebuilding it", stacklevel=5)
             return None
 
-    @contextlib.contextmanager
-    def _remote_lease(self) -> Iterator[None]:
-        """One builder of the pack among every machine: the key's lease in the
-        remote folder. Without a lease (read-only credentials...), or after an hour
-        of another machine's build, it is built here too, with a warning."""
-        from ..store.fsspec import FsspecStore
-
+    def _remote_lease(self) -> contextlib.AbstractContextManager[None]:
+        """One builder of the pack among every machine (see :func:`fetch.remote_lease`)."""
         assert self._remote is not None
-        root, options = self._remote
-        url = f"{root}/{self._remote_name()}"
         leases = os.path.join(os.path.dirname(self.pack_path), ".leases")
-        store = FsspecStore(root, local_cache_dir=leases, **(options or {}))
-        with contextlib.ExitStack() as stack:
-            # stacklevel: the caller of CachedDataset.__init__, as for a local build
-            try:
-                held = stack.enter_context(store.lock(self._remote_name(), timeout=3600))
-            except OSError as exc:  # no lease can be made (read-only credentials...)
-                warn(f"mlcache: cannot lease {url} ({exc}); building it unlocked", stacklevel=6)
-                held = True
-            if not held:
-                warn(
-                    f"mlcache: another machine has been building {url} for an hour; "
-                    "building it here too",
-                    stacklevel=6,
-                )
-            yield
+        return remote_lease(*self._remote, self._remote_name(), leases)
 
     def _build_and_publish(self, progress: bool) -> PackedDataset:
         """Build the pack here, then upload it to the remote folder."""
@@ -549,12 +536,39 @@ class CachedDataset(Sequence[Any]):
     def __len__(self) -> int:
         return len(self.packed)
 
-    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+    def __getitem__(self, i: int | Many) -> Any:
         try:  # the pack without the property's call: this is the training loop
             sample = (self._pack if self._pack is not None else self.packed)[i]
         except PackCorrupted as exc:
             sample = self._rebuilt(exc)[i]
-        return self.transform(sample) if self.transform is not None else sample
+        if self.transform is None:
+            return sample
+        if sample.__class__ is list:  # ds[2:4], ds[[1, 2]]: a list of samples
+            return [self.transform(s) for s in sample]
+        return self.transform(sample)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        pack, declared = self._pack, self._declared
+        try:  # a repr never builds, nor raises
+            n, fields = (len(pack), pack.field_names) if pack is not None else (None, None)
+        except PackCorrupted:
+            n = fields = None
+        if declared is not None:
+            paths, folder = declared.paths, declared.folder
+            source = f"{len(paths)} files" if paths is not None else f"{folder}/{declared.pattern}"
+        elif type(self).load_item is CachedDataset.load_item:
+            source = "load_source()"
+        else:
+            source = "load_item(source_items())"
+        return describe(
+            type(self).__qualname__,
+            samples=n,
+            fields=fields,
+            pack=self.pack_path,
+            remote=None if self._remote is None else f"{self._remote[0]}/{self._remote_name()}",
+            source=source,
+            stale=self.is_stale,
+        )
 
     def get_batch(self, indices: Sequence[int]) -> dict[str, Any]:
         """See :meth:`PackedDataset.get_batch` (``transform`` is not applied)."""
@@ -584,16 +598,3 @@ class CachedDataset(Sequence[Any]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)  # the pack is mapped on first use
-
-
-class _Counted(Iterable[Mapping[str, Any]]):
-    """An iterator that knows its length, so that the progress bar shows a total."""
-
-    def __init__(self, samples: Iterator[Mapping[str, Any]], n: int) -> None:
-        self._samples, self._n = samples, n
-
-    def __iter__(self) -> Iterator[Mapping[str, Any]]:
-        return self._samples
-
-    def __len__(self) -> int:
-        return self._n

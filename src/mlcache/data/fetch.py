@@ -14,6 +14,10 @@ block is fetched with a range request the first time a read touches it (a
 block whose local bytes already match its checksum is not fetched again), so a
 worker reading a few samples of a large remote pack fetches a few blocks.
 
+:func:`uploading` is the other way: ``pack(samples, "s3://bucket/x.pack")`` writes
+the pack into the local copy's place, uploads it (one PUT), and then it is this
+machine's copy of the remote pack (reading it fetches nothing).
+
 Copies are made by :class:`mlcache.store.cached.LocalCopies`, as the function
 cache's copies of remote entries are (with no size limit here: a pack is opened
 by path, and removing it under a reader would lose nothing but time).
@@ -24,15 +28,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._atomic import open_regular, write_bytes_atomic
 from .._util import slug
+from ..errors import warn
 from ..store.cached import LocalCopies
 from ..store.local import default_location
 
-__all__ = ["RangeFetcher", "filesystem", "is_url", "local_copy", "publish", "sparse_copy"]
+__all__ = [
+    "RangeFetcher",
+    "filesystem",
+    "is_url",
+    "local_copy",
+    "publish",
+    "remote_lease",
+    "sparse_copy",
+    "uploading",
+]
 
 
 def is_url(path: Any) -> bool:
@@ -54,7 +68,11 @@ def _ident(info: dict[str, Any]) -> dict[str, Any]:
     return {
         "size": int(info.get("size") or 0),
         "version": str(
-            info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime")
+            info.get("ETag")
+            or info.get("etag")
+            or info.get("LastModified")
+            or info.get("mtime")
+            or info.get("created")  # memory://
         ),
     }
 
@@ -65,6 +83,63 @@ def publish(local: str, url: str, storage_options: dict[str, Any] | None = None)
     fs, path = filesystem(url, storage_options)
     fs.put_file(local, path)
     write_bytes_atomic(local + ".source.json", json.dumps(_ident(fs.info(path))).encode())
+
+
+@contextlib.contextmanager
+def remote_lease(
+    root: str, storage_options: dict[str, Any] | None, name: str, leases_dir: str
+) -> Iterator[None]:
+    """One builder of the pack ``name`` of the remote folder ``root`` among every
+    machine: its lease there (local bookkeeping in ``leases_dir``). Without a
+    lease (read-only credentials...), or after an hour of another machine's
+    build, it is built here too, with a warning."""
+    from ..store.fsspec import FsspecStore
+
+    url = f"{root}/{name}"
+    store = FsspecStore(root, local_cache_dir=leases_dir, **(storage_options or {}))
+    with contextlib.ExitStack() as stack:
+        # stacklevel: the caller of CachedDataset.__init__, as for a local build
+        try:
+            held = stack.enter_context(store.lock(name, timeout=3600))
+        except OSError as exc:  # no lease can be made (read-only credentials...)
+            warn(f"mlcache: cannot lease {url} ({exc}); building it unlocked", stacklevel=6)
+            held = True
+        if not held:
+            warn(
+                f"mlcache: another machine has been building {url} for an hour; "
+                "building it here too",
+                stacklevel=6,
+            )
+        yield
+
+
+def _copies(url: str, local_dir: str | None) -> LocalCopies:
+    """The folder of this machine's copies of the packs in ``url``'s folder."""
+    return LocalCopies(
+        local_dir or os.path.join(default_location(), "remote-packs", slug(url.rsplit("/", 1)[0]))
+    )
+
+
+@contextlib.contextmanager
+def uploading(
+    url: str, storage_options: dict[str, Any] | None = None, local_dir: str | None = None
+) -> Iterator[str]:
+    """A local path to write the pack for ``url`` to. When the block ends without
+    error, the file is uploaded to ``url`` (one PUT on an object store) and becomes
+    this machine's copy of it (as :func:`local_copy` would have fetched it); on an
+    error nothing is uploaded and the previous copy, if any, is left as it was."""
+    fs, path = filesystem(url, storage_options)
+    copies = _copies(url, local_dir)
+    name = os.path.basename(path)
+    record = copies.path(name) + ".source.json"
+    with copies.replacing(name) as tmp:
+        yield tmp
+        fs.put_file(tmp, path)
+        ident = _ident(fs.info(path))
+        # the old record must never describe the new file: gone before the rename
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(record)
+    write_bytes_atomic(record, json.dumps(ident).encode())
 
 
 def _copy(
@@ -82,9 +157,7 @@ def _copy(
         ident = _ident(fs.info(path))
     except FileNotFoundError:
         raise FileNotFoundError(f"no pack file at {url}") from None
-    copies = LocalCopies(
-        local_dir or os.path.join(default_location(), "remote-packs", slug(url.rsplit("/", 1)[0]))
-    )
+    copies = _copies(url, local_dir)
     name = os.path.basename(path) + suffix
     local = copies.path(name)
     record = local + ".source.json"

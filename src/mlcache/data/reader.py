@@ -40,7 +40,8 @@ map reader:
 
 from __future__ import annotations
 
-import abc
+import contextlib
+import fcntl
 import functools
 import logging
 import mmap
@@ -49,7 +50,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import xxhash
@@ -58,6 +59,7 @@ from ..errors import PackChanged, PackCorrupted
 from .fetch import is_url, local_copy, sparse_copy
 from .format import HEADER, parse_index, read_header
 from .regions import CHECK_EVERY, PRIVATE_MAP_MIN, Field, Region, compile_reader, refuse, unpickle
+from .sequence import Many, Pack, sample_index, sample_indices
 
 __all__ = [
     "CHECK_EVERY",
@@ -79,41 +81,6 @@ def spawning_worker() -> bool:
     """True while a process is being started by spawn or forkserver (a DataLoader
     worker): a dataset pickled now can hand the child its open file."""
     return multiprocessing.context.get_spawning_popen() is not None
-
-
-class Pack(Sequence[dict[str, Any]], abc.ABC):
-    """An opened pack, plain (:class:`PackedDataset`) or sharded
-    (:class:`~mlcache.data.ShardedDataset`): ``len(ds)``, ``ds[i]`` (a dict of
-    fields), ``ds.get_batch(indices)``, and where it lies. What
-    :func:`mlcache.data.open_pack` and :func:`mlcache.data.pack` return."""
-
-    #: the local file (of a plain pack) or the manifest (path or URL) it reads
-    path: str
-    #: whether fields stored with pickle are unpickled
-    allow_pickle: bool
-    #: whether arrays come back private to each read and writable
-    writable: bool
-
-    @abc.abstractmethod
-    def __len__(self) -> int: ...
-
-    @abc.abstractmethod
-    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
-        ...
-
-    @abc.abstractmethod
-    def get_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
-        """Samples ``indices`` as one dict of fields (arrays stacked where they can be)."""
-
-    @property
-    @abc.abstractmethod
-    def field_names(self) -> list[str]:
-        """The names of the fields of every sample, in pack order."""
-
-    @abc.abstractmethod
-    def check_file(self) -> None:
-        """Raise :class:`PackChanged` if a file this pack reads changed to another
-        pack since it was opened (see :meth:`PackedDataset.check_file`)."""
 
 
 class PackedDataset(Pack):
@@ -212,6 +179,10 @@ class PackedDataset(Pack):
             raise
         self._fd = fd
         weakref.finalize(self, os.close, fd)
+        # a reader holds a shared lock while it has the file open (its workers too:
+        # they share the descriptor): a rebuild removes an old pack nobody holds
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         #: a sparse copy is filled in place as it is read: only its size is checked
         self._sparse = fetcher is not None
         self._size = size
@@ -380,12 +351,20 @@ class PackedDataset(Pack):
     def field_names(self) -> list[str]:
         return [f.name for f in self._fields]
 
-    def _index(self, i: int) -> int:
+    def _index(self, i: Any) -> int:
         return sample_index(i, self._n)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, i: Many) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, i: Any) -> Any:
         sample = self._sample or self._prepare()
         if i.__class__ is not int or not 0 <= i < self._n:
+            if not isinstance(i, (int, np.integer)):  # ds[2:4], ds[[1, 2]]
+                return [self[j] for j in sample_indices(i, self._n) or ()]
             i = self._index(i)
         try:  # free unless raised (3.11+)
             return sample(i)
@@ -508,16 +487,6 @@ class PackedDataset(Pack):
             if start > pos and any(self._mm[pos:start]):
                 raise PackCorrupted(f"{self.path}: damaged bytes between regions at {pos}")
             pos = max(pos, stop)
-
-
-def sample_index(i: Any, n: int) -> int:
-    """``i`` as an index in ``[0, n)`` (negative counts from the end)."""
-    if not isinstance(i, (int, np.integer)):
-        raise TypeError(f"sample indices must be integers, got {type(i).__name__}")
-    j = int(i) + n if i < 0 else int(i)
-    if not 0 <= j < n:
-        raise IndexError(f"sample {i} out of range for a dataset of {n} samples")
-    return j
 
 
 def _same_pack(ds: PackedDataset, fingerprint: tuple[int, int, int] | None) -> PackedDataset:

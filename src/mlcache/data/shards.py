@@ -50,7 +50,7 @@ import re
 import secrets
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import xxhash
@@ -60,7 +60,8 @@ from .._util import parse_bytes
 from ..errors import PackChanged, PackCorrupted
 from .fetch import is_url, local_copy
 from .format import MAGIC
-from .reader import SHARDS_SUFFIX, Pack, PackedDataset, sample_index
+from .reader import SHARDS_SUFFIX, PackedDataset
+from .sequence import Many, Pack, sample_index, sample_indices
 from .writer import write_pack
 
 __all__ = ["SHARDS_SUFFIX", "ShardedDataset", "pack_sharded", "pack_with_dask"]
@@ -528,12 +529,20 @@ class ShardedDataset(Pack):
             self._open[k] = ds
         return ds
 
-    def _locate(self, i: int) -> tuple[int, int]:
+    def _locate(self, i: Any) -> tuple[int, int]:
         j = sample_index(i, self._n)
         k = bisect.bisect_right(self._starts, j) - 1
         return k, j - self._starts[k]
 
-    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, i: Many) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, i: Any) -> Any:
+        if not isinstance(i, (int, np.integer)):  # ds[2:4], ds[[1, 2]]
+            return [self[j] for j in sample_indices(i, self._n) or ()]
         k, j = self._locate(i)
         return self._shard(k)[j]
 

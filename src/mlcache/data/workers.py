@@ -21,12 +21,12 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ..errors import warn
 
-__all__ = ["load_in_workers", "refuse_in_bootstrap", "start_method"]
+__all__ = ["Counted", "load_in_workers", "refuse_in_bootstrap", "start_method"]
 
 #: a parallel build first loads up to this many items (or this many seconds of
 #: them) in the building process, and stays there when the rest would take less
@@ -241,3 +241,16 @@ def refuse_in_bootstrap(cls: type) -> None:
         '`if __name__ == "__main__":` (or build the dataset there) so that children '
         "only import it."
     )
+
+
+class Counted(Iterable[Mapping[str, Any]]):
+    """An iterator that knows its length, so that the progress bar shows a total."""
+
+    def __init__(self, samples: Iterator[Mapping[str, Any]], n: int) -> None:
+        self._samples, self._n = samples, n
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        return self._samples
+
+    def __len__(self) -> int:
+        return self._n

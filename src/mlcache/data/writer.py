@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, Protocol, runtime_checkable
@@ -56,6 +57,7 @@ import xxhash
 
 from .._atomic import atomic_file, open_regular, sweep_dead, temporary_folder
 from .._util import progress as _progress
+from .fetch import is_url, uploading
 from .fields import FieldWriter
 from .format import BLOCK, HEADER, block_sums, pack_header, pad
 from .reader import PackedDataset
@@ -298,7 +300,10 @@ class _Build:
 
 def _fill(build: _Build, samples: Iterable[Any], progress: bool, desc: str) -> None:
     if not isinstance(samples, ColumnSource):
-        for sample in _progress(samples, desc, unit=" samples", enabled=progress):
+        # a total (and so an ETA) when the source knows its length: a list, a
+        # range, anything with __len__ or __length_hint__
+        total = operator.length_hint(samples) or None
+        for sample in _progress(samples, desc, total=total, unit=" samples", enabled=progress):
             build.add(sample)
         return
     bar: Any = None
@@ -324,12 +329,20 @@ def write_pack(
     progress: bool = True,
     allow_pickle: bool = False,
     block_size: int = BLOCK,
+    storage_options: dict[str, Any] | None = None,
+    local_cache_dir: str | None = None,
+    desc: str | None = None,
 ) -> PackedDataset:
     """Write ``samples`` (dicts of named fields) into the pack file ``path``; return
     the :class:`~mlcache.data.PackedDataset` opened on it.
 
     :func:`mlcache.data.pack` is the public entry point (it also writes sharded
     packs, on top of this); the parameters, the rules and the errors are its.
+    ``path`` may be an fsspec URL (``s3://bucket/x.pack``, ``memory://x.pack``):
+    the pack is written where its local copy goes (``local_cache_dir``, as for
+    :class:`~mlcache.data.PackedDataset`), uploaded with ``storage_options``, and
+    the dataset returned reads it by its URL (from that copy: nothing is fetched).
+    ``desc`` labels the progress bar (default: the file's name).
 
     >>> import numpy as np, tempfile, os
     >>> ds = write_pack(({"x": np.arange(i), "y": i} for i in range(3)),
@@ -339,6 +352,23 @@ def write_pack(
     """
     if block_size < 64 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two of at least 64, got {block_size}")
+    if is_url(os.fspath(path)):  # never a local folder named "s3:"
+        url = os.fspath(path)
+        with uploading(url, storage_options, local_cache_dir) as local:
+            write_pack(
+                samples,
+                local,
+                progress=progress,
+                allow_pickle=allow_pickle,
+                block_size=block_size,
+                desc=desc or url.rsplit("/", 1)[-1],
+            )
+        return PackedDataset(
+            url,
+            allow_pickle=allow_pickle,
+            storage_options=storage_options,
+            local_cache_dir=local_cache_dir,
+        )
     target = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)
@@ -348,7 +378,7 @@ def write_pack(
     with temporary_folder(folder, os.path.basename(target)) as spill_dir:
         build = _Build(spill_dir, allow_pickle)
         try:
-            _fill(build, samples, progress, os.path.basename(target))
+            _fill(build, samples, progress, desc or os.path.basename(target))
         finally:
             build.close()
         if not build.count:

@@ -1,0 +1,106 @@
+"""A rebuilt dataset's old pack goes as soon as no reader holds it.
+
+A :class:`~mlcache.data.CachedDataset` pack is ``<attributes>-<version>.pack``; a
+new version (the code or the source changed) replaces the packs of the same
+attributes built before it. Every :class:`~mlcache.data.PackedDataset` holds a
+shared ``flock`` on its file while it has it open, and so do the DataLoader
+workers it was handed to: a lock belongs to the open file, which a forked worker
+inherits and a spawned one receives (``PackedDataset.__reduce__`` sends the
+descriptor, never the path). So a replaced pack that a process can lock
+exclusively at once is read by nobody: it is removed then, when the new version
+is built or opened (:func:`remove_replaced`). One still being read stays, and
+goes at a later build or open once released (or after
+:data:`~mlcache.data.sources.GRACE_SECONDS`, as before: a reader keeps its map of
+a removed file on POSIX). Only a process still running the old code or source
+would open it by name again: it builds it again (a miss, never a wrong sample).
+
+:func:`replaced_by` tells which pack is current, for ``mlcache ls``: the latest
+built or opened of its attributes (the one with the newest modification time;
+an open marks its use, see :meth:`CachedDataset._try_open`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+
+__all__ = ["in_use", "remove_replaced", "replaced_by"]
+
+logger = logging.getLogger("mlcache")
+
+#: a CachedDataset's pack name: ``<attributes>-<version>.pack``, 16 hex digits each
+_NAME = re.compile(r"([0-9a-f]{16})-[0-9a-f]{16}\.pack")
+
+
+def in_use(path: str) -> bool:
+    """Whether a process (this one included) has the pack file ``path`` open as a
+    reader; True when that cannot be told (a file system without locks)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: held; another error: cannot tell, so keep it
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _versions(pack_path: str) -> list[tuple[int, str]]:
+    """(modification time in ns, path) of the packs of the same attributes as
+    ``pack_path`` in its folder, itself included; [] for another kind of name."""
+    folder, name = os.path.split(pack_path)
+    mine = _NAME.fullmatch(name)
+    if mine is None:
+        return []
+    prefix = mine.group(1) + "-"
+    names = [n for n in os.listdir(folder) if n.startswith(prefix) and _NAME.fullmatch(n)]
+    if names == [name]:  # the usual open: no other version, no stat
+        return [(0, pack_path)]
+    found = []
+    for other in names:
+        path = os.path.join(folder, other)
+        try:
+            found.append((os.stat(path, follow_symlinks=False).st_mtime_ns, path))
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def replaced_by(pack_path: str) -> str | None:
+    """The path of the pack that replaced ``pack_path`` (a later version of the
+    same dataset attributes), or None when ``pack_path`` is current (or is not a
+    :class:`~mlcache.data.CachedDataset` pack: a :func:`~mlcache.data.pack` file
+    is never replaced)."""
+    try:
+        versions = _versions(pack_path)
+    except OSError:
+        return None
+    mine = [t for t, p in versions if p == pack_path]
+    newer = [(t, p) for t, p in versions if mine and t > mine[0]]
+    return max(newer)[1] if newer else None
+
+
+def remove_replaced(pack_path: str) -> list[str]:
+    """Remove the packs that ``pack_path`` replaces (same attributes, built or
+    opened before it) that no process has open; return their paths. Never raises:
+    housekeeping never fails an open or a build."""
+    removed = []
+    try:
+        versions = _versions(pack_path)
+        mine = [t for t, p in versions if p == pack_path]
+        for t, path in versions:
+            if not mine or t >= mine[0] or in_use(path):
+                continue
+            os.unlink(path)  # a reader that opens it meanwhile keeps its file
+            removed.append(path)
+            logger.info("mlcache: removed %s, replaced by %s", path, pack_path)
+    except OSError as exc:
+        logger.debug("mlcache: could not remove the packs %s replaces: %s", pack_path, exc)
+    return removed
