@@ -50,6 +50,17 @@ def test_pack_to_a_memory_url_uploads_it_and_writes_no_local_folder(
     assert [other[j]["i"] for j in range(20)] == list(range(20))
 
 
+def test_pack_passes_its_copies_folder_on_and_shards_refuse_a_url(memory_url, tmp_path):
+    local = str(tmp_path / "copies")
+    ds = pack(_samples(), f"{memory_url}/c.pack", progress=False, local_cache_dir=local)
+    assert ds.path.startswith(local + os.sep) and ds[3]["i"] == 3
+    with pytest.raises(ValueError, match="local paths only"):
+        pack(_samples(), f"{memory_url}/c.shards", progress=False, shard_size="1MB")
+    with pytest.raises(ValueError, match="local path"):
+        pack(_samples(), f"{memory_url}/c.shards", shard_size="1MB", local_cache_dir=local)
+    assert not any(p.name.endswith(":") for p in tmp_path.iterdir())
+
+
 def test_the_uploaded_pack_is_the_local_copy_and_a_replacement_is_seen(memory_url, tmp_path):
     url, local = f"{memory_url}/d.pack", str(tmp_path / "copies")
     ds = write_pack(_samples(), url, progress=False, local_cache_dir=local)

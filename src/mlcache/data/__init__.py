@@ -80,6 +80,8 @@ def pack(
     progress: bool = ...,
     allow_pickle: bool = ...,
     block_size: int = ...,
+    storage_options: dict[str, Any] | None = ...,
+    local_cache_dir: str | None = ...,
     shard_size: None = None,
 ) -> PackedDataset: ...
 
@@ -92,6 +94,8 @@ def pack(
     progress: bool = ...,
     allow_pickle: bool = ...,
     block_size: int = ...,
+    storage_options: dict[str, Any] | None = ...,
+    local_cache_dir: str | None = ...,
     shard_size: int | str,
 ) -> ShardedDataset: ...
 
@@ -103,6 +107,8 @@ def pack(
     progress: bool = True,
     allow_pickle: bool = False,
     block_size: int = BLOCK,
+    storage_options: dict[str, Any] | None = None,
+    local_cache_dir: str | None = None,
     shard_size: int | str | None = None,
 ) -> PackedDataset | ShardedDataset:
     """Write ``samples`` (dicts of named fields) into the pack file ``path``.
@@ -128,6 +134,11 @@ def pack(
     make the first random reads of a large pack cheaper and the checksum table
     longer.
 
+    ``path`` may be an fsspec URL (``s3://bucket/x.pack``): the pack is written
+    where its local copy goes (``local_cache_dir``, as for
+    :class:`PackedDataset`), then uploaded with ``storage_options`` (a sharded
+    pack is written to local paths only).
+
     >>> import numpy as np, tempfile, os
     >>> ds = pack(({"x": np.arange(i), "y": i} for i in range(3)),
     ...           os.path.join(tempfile.mkdtemp(), "d.pack"), progress=False)
@@ -140,10 +151,14 @@ def pack(
         "block_size": block_size,
     }
     if shard_size is not None:
+        if storage_options is not None or local_cache_dir is not None:
+            raise ValueError("a sharded pack is written to a local path: no storage_options")
         return pack_sharded(samples, path, shard_size=shard_size, **options)
     if os.fspath(path).endswith(SHARDS_SUFFIX):  # said before the source is read
         raise ValueError(
             f"{os.fspath(path)!r} names a sharded pack's manifest ({SHARDS_SUFFIX}): give "
             "shard_size= to write shards, or another name for one pack file"
         )
-    return write_pack(samples, path, **options)
+    return write_pack(
+        samples, path, storage_options=storage_options, local_cache_dir=local_cache_dir, **options
+    )
