@@ -431,3 +431,22 @@ def test_no_progress_bar_without_a_terminal(tmp_path):
     res = run("--location", str(tmp_path), "verify")
     assert res.returncode == 0 and res.stderr == "" and "%" not in res.stdout
     assert "0 damaged entries, 0 damaged packs" in res.stdout
+
+
+@pytest.mark.slow  # ~7 s: each command reaches the S3 server
+def test_a_shared_cache_by_its_url(s3_bucket, monkeypatch):
+    url, options = s3_bucket
+    monkeypatch.setenv("MLCACHE_SECRET", "the team's secret")  # a shared cache's setup
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", options["key"])  # how the command reaches S3
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", options["secret"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", options["client_kwargs"]["endpoint_url"])
+    cache = f"{url}/cache"
+    Memory(cache, backend_options=options, verbose=0).cache(work)(np.arange(3.0))
+    out = json.loads(run("--location", cache, "ls", "--json").stdout)
+    assert [f["entries"] for f in out["functions"]] == [1] and out["datasets"] == []
+    res = run("clear", cache)  # a script: the shared cache is not emptied unasked
+    assert res.returncode == 2 and "--yes" in res.stderr
+    res = run("clear", cache, "--yes")
+    assert res.returncode == 0 and "removed test_cli_conventions.work (1 result)" in res.stdout
+    left = json.loads(run("--location", cache, "ls", "--json").stdout)["functions"]
+    assert sum(f["entries"] for f in left) == 0

@@ -136,6 +136,8 @@ def function_entries(mem: Memory, st: FunctionStats) -> list[dict[str, Any]]:
 
 
 def _pack_paths(location: str) -> Iterator[str]:
+    if "://" in location:  # a remote cache's packs are not walked (nor a local "s3:" folder)
+        return
     base = os.path.abspath(location)
     for root, dirs, files in os.walk(base):
         depth = root[len(base) :].count(os.sep)

@@ -353,6 +353,10 @@ def _bench(args: argparse.Namespace) -> int:
     return USAGE
 
 
+def _is_url(location: str | None) -> bool:
+    return location is not None and "://" in location
+
+
 def _is_empty(mem: Memory, location: str) -> bool:
     """No results (statistics may stay) and no packs."""
     funcs = admin.functions(mem)
@@ -380,7 +384,10 @@ def _empty(location: str, args: argparse.Namespace, missing: bool) -> int:
 
 
 # -- the parser -------------------------------------------------------------------------
-_WHERE = "the cache folder (default: $MLCACHE_DIR, else the user cache folder)"
+_WHERE = (
+    "the cache folder, or a shared cache's URL (s3://bucket/cache) (default: $MLCACHE_DIR, "
+    "else the user cache folder)"
+)
 _JSON = "print machine-readable JSON"
 
 
@@ -420,7 +427,12 @@ def _parser() -> argparse.ArgumentParser:
         "remove one function's results, or a dataset's packs; with no name, everything "
         "(asks first on a terminal; elsewhere give --yes)",
     )
-    p.add_argument("name", nargs="?", default=None, help=names + " (default: everything)")
+    p.add_argument(
+        "name",
+        nargs="?",
+        default=None,
+        help=names + " (default: everything; a URL: everything in that shared cache)",
+    )
     p.add_argument("-y", "--yes", action="store_true", help="remove everything without asking")
     p.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
     p = command(
@@ -486,9 +498,14 @@ def _run(argv: list[str] | None) -> int:
         return _demo(parser, args)
     if args.command == "bench":
         return _bench(args)
-    location = cache_folder(args.location) if args.location else default_location()
-    if not os.path.isdir(location):  # nothing is created for a look
-        return _empty(location, args, missing=True)
+    if args.command == "clear" and args.location is None and _is_url(args.name):
+        args.location, args.name = args.name, None  # `mlcache clear s3://bucket/cache`
+    if _is_url(args.location):  # a shared cache: its function results (fsspec, and the
+        location = args.location.rstrip("/")  # usual AWS_* variables for S3)
+    else:
+        location = cache_folder(args.location) if args.location else default_location()
+        if not os.path.isdir(location):  # nothing is created for a look
+            return _empty(location, args, missing=True)
     mem = Memory(location, verbose=0)
     handlers = {"ls": _ls, "info": _info, "clear": _clear, "prune": _prune, "verify": _verify}
     try:
