@@ -200,7 +200,7 @@ def test_piped_into_head_ends_quietly(tmp_path):
     src = tmp_path / "mine" / "d.pack"
     many = tmp_path / "many"
     many.mkdir()
-    for i in range(600):  # a listing (~100 KB) far beyond a pipe's buffer (64 KiB)
+    for i in range(1000):  # a listing (~170 KB) far beyond a pipe's buffer (64 KiB)
         shutil.copyfile(src, many / f"{i:05d}-{'a-pack-with-a-rather-long-name' * 3}.pack")
     script = f'"{sys.executable}" -m mlcache --location "{tmp_path}" ls | head -1; '
     script += 'echo "exit=${PIPESTATUS[0]}"'
