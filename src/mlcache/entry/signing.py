@@ -13,6 +13,18 @@ from (:func:`resolve_signer`)::
                                   created on first use with 32 random bytes,
                                   mode 0o600, in a 0o700 folder
 
+**A cache shared between machines** (``s3://...``, any remote store) needs one
+secret on every machine that uses it, given as ``$MLCACHE_SECRET`` (from the
+team's secret manager, a CI secret, a Kubernetes secret...) or as
+``Memory(secret=...)``; ``$MLCACHE_KEY_FILE`` pointing at a copy of one key
+file works too. The per-user key file is made on each machine, so two machines
+left to it have two keys. A shared store records the id of the key its entries
+are first signed with (:mod:`mlcache.store.fsspec`); a process with another key
+(or with signing off) then computes and returns its results without storing
+them, with one warning that names this fix, instead of recomputing and
+overwriting the others' entries forever. To change the team's key, set the new
+secret everywhere and clear the cache once (``mlcache clear <url>``).
+
 A key file that others can read (or that another user owns) is refused: whoever
 can read it can forge entries. The key must not live inside the cache folder it
 protects. The secret is not used as is: the signing key is SHA-256 of a
@@ -33,7 +45,14 @@ from typing import Any
 from .._atomic import TMP_MARK, atomic_file
 from ..errors import ConfigError, warn
 
-__all__ = ["KEY_ID_SIZE", "MAC_SIZE", "Signer", "default_key_file", "resolve_signer"]
+__all__ = [
+    "KEY_ID_SIZE",
+    "MAC_SIZE",
+    "Signer",
+    "default_key_file",
+    "key_source",
+    "resolve_signer",
+]
 
 MAC_SIZE = 32
 KEY_ID_SIZE = 8
@@ -143,6 +162,18 @@ def _key_from_file(path: str) -> bytes:
 @functools.lru_cache(maxsize=8)
 def _signer_for(secret: bytes) -> Signer:
     return Signer(secret)
+
+
+def key_source(secret: Any) -> str:
+    """Where :func:`resolve_signer` takes the key for ``secret`` from, in words
+    (for messages; never the key itself)."""
+    if secret is False:
+        return "signing off (secret=False)"
+    if isinstance(secret, (str, bytes, bytearray)):
+        return "given as secret="
+    if os.environ.get("MLCACHE_SECRET"):
+        return "from $MLCACHE_SECRET"
+    return f"from the per-user key file {default_key_file()}"
 
 
 def resolve_signer(secret: Any, location: str | None) -> Signer | None:

@@ -10,17 +10,20 @@ costs microseconds, so it is never made on the hit path.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..codecs.compression import Compression
 from ..entry.signing import Signer
 from ..errors import warn
-from ..store import LocalFolders, Locking, ReadOnly, SharedCounters, Store
+from ..store import LocalFolders, Locking, ReadOnly, Shared, SharedCounters, Store
 from .eviction import SizeGuard
 from .usage import UsageLog
 
 __all__ = ["MemoContext", "WriteGate", "store_powers"]
+
+logger = logging.getLogger("mlcache")
 
 
 def store_powers(
@@ -47,17 +50,44 @@ def store_powers(
 class WriteGate:
     """Whether a cache takes writes; a read-only one (the local store on a
     read-only mount) serves its hits, and what is computed is returned unstored.
-    Each refusal is said once (not once per call)."""
+    Each refusal is said once (not once per call).
 
-    def __init__(self, location: str | None, read_only: bool) -> None:
+    On a :class:`~mlcache.store.Shared` store, writes are also refused (quietly:
+    the store said it) while its server cannot be reached, and (with one
+    warning) when the store's entries are signed with another key than
+    ``key_id`` (the hex id of this process's key, None when it does not sign):
+    two keys on one cache would recompute and overwrite each other's entries
+    forever. The first write records ``key_id`` as the cache's key when none is.
+    """
+
+    def __init__(
+        self,
+        location: str | None,
+        read_only: bool,
+        *,
+        shared: Shared | None = None,
+        key_id: str | None = None,
+        key_source: str = "",
+    ) -> None:
         self.read_only = read_only
         self._location = location
         self._said = False
+        self._shared = shared
+        self._key_id = key_id
+        self._key_source = key_source
+        self._other_key: bool | None = None  # None: not asked yet
 
     def refuses_writes(self) -> bool:
         """True when nothing can be stored here; the first time, one warning says so."""
         if not self.read_only:
-            return False
+            shared = self._shared
+            if shared is None:
+                return False
+            if not shared.reachable:
+                return True  # the store said so once
+            if self._other_key is None:
+                self._other_key = self._ask_signer(shared)
+            return self._other_key
         if not self._said:
             self._said = True
             warn(
@@ -66,6 +96,36 @@ class WriteGate:
                 stacklevel=5,
             )
         return True
+
+    def _ask_signer(self, shared: Shared) -> bool:
+        """True (with one warning) when the shared cache's entries are signed with
+        another key than this process's."""
+        try:
+            recorded = shared.claim_signer(self._key_id)
+        except OSError as exc:  # unreachable (said by the store), or refused
+            logger.debug("mlcache: cannot read the signing key of %s: %s", self._location, exc)
+            return not shared.reachable
+        if recorded is None or recorded == self._key_id:
+            return False
+        ours = (
+            f"key id {self._key_id}, {self._key_source}"
+            if self._key_id is not None
+            else "signing off: secret=False"
+        )
+        warn(
+            f"mlcache: the shared cache at {self._location} is signed with another key "
+            f"(key id {recorded}) than this process's ({ours}): results are computed and "
+            "returned without being stored, so as not to overwrite the entries of the "
+            "processes that share it. Give every machine the same secret (set "
+            "MLCACHE_SECRET, or pass Memory(secret=...)); to change a team's key, set "
+            "the new one everywhere and clear the cache once (mlcache clear <url>)",
+            stacklevel=5,
+        )
+        return True
+
+    def forget_signer(self) -> None:
+        """After a clear forgot the shared cache's key: the next write records ours."""
+        self._other_key = None
 
     def cannot_clear(self) -> bool:
         """True (with one warning) when nothing can be removed from the cache: clearing
@@ -110,6 +170,8 @@ class MemoContext:
     local: LocalFolders | None
     locking: Locking | None
     counters: SharedCounters | None
+    #: the store seen as :class:`~mlcache.store.Shared` (other machines use it), or None
+    shared: Shared | None = None
     owner: Any = field(default=None, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, ...]:

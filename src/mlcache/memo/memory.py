@@ -27,7 +27,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from .._log import logger_for
 from .._util import parse_bytes, parse_duration
 from ..entry import open_entry
-from ..entry.signing import Signer, resolve_signer
+from ..entry.signing import Signer, key_source, resolve_signer
 from ..errors import (
     ConfigError,
     ConfigTypeError,
@@ -36,7 +36,7 @@ from ..errors import (
     UnknownFormat,
     warn,
 )
-from ..store import Store, stores
+from ..store import Shared, Store, stores
 from ..store.local import default_location
 from .config import MemoryConfig, check_mmap_mode
 from .context import MemoContext, WriteGate, store_powers
@@ -82,6 +82,12 @@ class Memory:
         what was given (as joblib's); ``store.location`` is the folder used.
         A folder that cannot be written (a read-only mount) serves its hits,
         and what misses is computed and returned unstored, with one warning.
+        A URL (``"s3://bucket/cache"``) is a cache shared between machines
+        (:mod:`mlcache.store.fsspec`): a clear on one machine reaches the
+        others' local copies within ``backend_options={"revalidate_after":
+        30}`` seconds, and a server that cannot be reached (down, a wrong
+        endpoint) never fails a call: they compute and return their results
+        uncached, with one warning, and caching resumes when it answers.
     backend:
         Store backend name (``"local"``, or one registered with
         :func:`mlcache.register_store_backend`).
@@ -110,7 +116,10 @@ class Memory:
         uses ``$MLCACHE_SECRET``, else a per-user key file created on first use
         (see :mod:`mlcache.entry.signing`); a ``str`` or ``bytes`` is the secret itself
         (give every process sharing the cache the same one); ``False`` turns
-        signing off.
+        signing off. A cache shared between machines (``s3://...``) needs the
+        same secret on every machine (``$MLCACHE_SECRET``): one with another
+        key computes its results and does not store them, with one warning
+        (see :mod:`mlcache.entry.signing`).
     code:
         Which code changes make results stale: ``"transitive"`` (the default:
         the function's code and the user code it reaches, helpers and constants
@@ -185,6 +194,7 @@ class Memory:
         """Resolve, once, what every memoized function of this Memory uses."""
         local, locking, counters, read_only = store_powers(store)
         signer = resolve_signer(self._secret, str(store.location) if local else None)
+        shared = store if isinstance(store, Shared) else None
         # a read-only store (the local store on a read-only mount) serves its
         # hits; what is computed is returned unstored
         usage = UsageLog(store, read_only=read_only, local=local)
@@ -206,10 +216,17 @@ class Memory:
             bytes_limit=c.bytes_limit,
             usage=usage,
             guard=guard,
-            writes=WriteGate(str(store.location), read_only),
+            writes=WriteGate(
+                str(store.location),
+                read_only,
+                shared=shared,
+                key_id=signer.key_id.hex() if signer is not None else None,
+                key_source=key_source(self._secret),
+            ),
             local=local,
             locking=locking,
             counters=counters,
+            shared=shared,
             owner=self,
         )
 
@@ -388,7 +405,11 @@ class Memory:
 
     def clear(self, warn: bool = True) -> None:
         """Remove every cached result of this location (other files there, such as
-        dataset packs, stay)."""
+        dataset packs, stay). On a shared cache, the other machines stop serving
+        their local copies (see :mod:`mlcache.store.fsspec`), and the record of
+        the key that signs its entries is forgotten (the next result stored
+        records its own); one that cannot be reached raises
+        :class:`~mlcache.errors.StoreError` naming its URL."""
         ctx = self.context
         if ctx is None or ctx.writes.cannot_clear():
             return
@@ -397,6 +418,9 @@ class Memory:
         for folder in {entry_folder(e.name) for e in cached_objects(ctx.store)}:
             ctx.store.delete(folder)
         ctx.usage.forget()
+        if ctx.shared is not None:
+            ctx.shared.new_generation(forget_signer=True)
+            ctx.writes.forget_signer()
 
     def reduce_size(
         self,

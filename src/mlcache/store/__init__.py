@@ -15,7 +15,11 @@ them. Optional powers are their own small protocols, checked once with
 - :class:`SharedCounters`: ``shared_counter(name)``, a number read and changed
   by one process at a time, which keeps ``bytes_limit`` across processes;
 - :class:`ReadOnly`: ``read_only``, the store refuses writes (a cache on a
-  read-only mount).
+  read-only mount);
+- :class:`Shared`: other machines use the store at the same time (an object
+  store): a clear starts a new generation that stops every machine from
+  serving its local copies, the key that signs its entries is recorded, and a
+  server out of reach is said, not raised (:mod:`mlcache.store.fsspec`).
 
 Register a backend with :func:`mlcache.register_store_backend`; it then works
 as ``Memory(location, backend="name")``; a URL scheme can name it too
@@ -41,6 +45,7 @@ __all__ = [
     "Locking",
     "ReadOnly",
     "Scheme",
+    "Shared",
     "SharedCounter",
     "SharedCounters",
     "Store",
@@ -160,6 +165,28 @@ class ReadOnly(Protocol):
     """A store that says whether it refuses writes (``read_only`` is True)."""
 
     read_only: bool
+
+
+@runtime_checkable
+class Shared(Protocol):
+    """A store other machines use at the same time, whose machines keep local
+    copies of its entries (:class:`~mlcache.store.fsspec.FsspecStore`)."""
+
+    @property
+    def reachable(self) -> bool:
+        """False while its server cannot be reached (reads are then misses and
+        writes are refused, without a request; it is tried again now and then)."""
+        ...
+
+    def new_generation(self, *, forget_signer: bool = False) -> None:
+        """After a clear: every machine stops serving its local copies (see
+        :mod:`mlcache.store.fsspec`); ``forget_signer`` forgets the recorded key."""
+        ...
+
+    def claim_signer(self, key_id: str | None) -> str | None:
+        """The id of the key the store's entries are signed with, recording
+        ``key_id`` when none is recorded; None when none is."""
+        ...
 
 
 def _check_store(obj: object) -> None:

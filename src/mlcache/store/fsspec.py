@@ -14,8 +14,40 @@ How it keeps the promises of a store on an object store:
   read-through cache (``local_cache_dir``, with its own size limit, least
   recently used first: :class:`~mlcache.store.cached.LocalCopies`), and reads
   map that copy; a second hit on the same machine reads locally. What this process writes is
-  kept there too. Entry names are keys of results, so a local copy never goes
-  stale; a damaged copy is fetched again.
+  kept there too. A damaged copy is fetched again.
+* **A clear on one machine reaches the others' local copies.** Entry names are
+  keys of results, but a clear says "compute these again". The location holds a
+  small object, ``.mlcache-generation``, written when the store is first opened
+  there and again by every clear (:meth:`FsspecStore.new_generation`: a
+  ``Memory.clear()``, a function's ``clear()``, ``mlcache clear <url>``, any
+  delete of a function's whole folder). Local copies live in a folder named
+  after the generation they were fetched in (``<local_cache_dir>/g-<hash>/``),
+  so a process that opens the store after a clear never serves an older copy,
+  nor does one opened on a new, empty bucket at the same URL (a new generation
+  object). A running process reads the object again every ``revalidate_after``
+  seconds (default 30): a clear elsewhere stops its copies from being served
+  within that time. A hit pays a clock read and a compare, never a request.
+  Removing one entry (eviction, a damaged or expired entry, one
+  ``MemorizedResult.clear()``) starts no new generation: another machine may
+  serve its copy of that entry, a value computed for the same key.
+* **A server that cannot be reached never breaks a call.** When the first
+  contact, or any request later, fails to reach the server (no connection, a
+  wrong endpoint, a timeout), one warning says so and the store answers every
+  read as a miss and refuses writes, without a request, so calls compute and
+  return their values uncached; every ``revalidate_after`` seconds the next use
+  tries the server again, and caching resumes once it answers. Local copies are
+  not served meanwhile (a clear could not be seen). The first failed request
+  costs what the client library's retries take (botocore's defaults: several
+  seconds; ``config_kwargs={"retries": {"max_attempts": 1}}`` shortens it).
+  Other errors (permissions, a bucket that cannot be created) raise
+  :class:`~mlcache.errors.StoreError` naming the URL, as before.
+* **One signing key per shared cache.** Every machine must sign with the same
+  secret (``MLCACHE_SECRET``, see :mod:`mlcache.entry.signing`). The first
+  ``Memory`` that stores a result records its key's id (not the key) in
+  ``.mlcache-signer``; a ``Memory`` with another key (or none) then computes
+  and returns its results without storing them, with one warning that names
+  the fix, instead of overwriting the team's entries (:meth:`FsspecStore.claim_signer`).
+  ``Memory.clear()`` forgets the record (how a team changes its key).
 * **One computation per key across machines.** :meth:`FsspecStore.lock` is a
   numbered lease (:mod:`mlcache.store.leases`): a small object created with a
   conditional write, renewed by a heartbeat while the key is computed and
@@ -28,19 +60,53 @@ How it keeps the promises of a store on an object store:
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import logging
 import os
 import secrets
+import shutil
+import socket
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
-from .._util import parse_bytes
-from ..errors import EntryNotFound, StoreError
+from .._util import parse_bytes, parse_duration
+from ..errors import EntryNotFound, StoreError, warn
 from . import EntryStat, check_name
 from .cached import LocalCopies
 from .leases import LEASE, Leases, new_owner
 
-__all__ = ["FsspecStore"]
+__all__ = ["GENERATION", "REVALIDATE_AFTER", "SIGNER", "FsspecStore"]
+
+logger = logging.getLogger("mlcache")
+
+#: the object (under the location) whose content names the cache's generation
+GENERATION = ".mlcache-generation"
+#: the object holding the id of the key the cache's entries are signed with
+SIGNER = ".mlcache-signer"
+#: default seconds between two looks at the generation (and at an unreachable server)
+REVALIDATE_AFTER = 30.0
+#: the generation of a cache without a generation object that cannot make one
+#: (read-only credentials on a cache made by an older mlcache)
+_UNMARKED = "g-unmarked"
+#: client exceptions (by class name, anywhere in their MRO) that mean the server
+#: was not reached: botocore's, aiohttp's
+_UNREACHABLE = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ProxyConnectionError",
+        "ClientConnectionError",
+        "ClientConnectorError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+    }
+)
 
 #: object stores publish whole objects; elsewhere, write aside and rename
 _OBJECT_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "abfs", "az", "memory", "r2"}
@@ -63,6 +129,11 @@ class FsspecStore:
         copies go first.
     lease_seconds:
         How long a lease on a key lasts without its holder's heartbeat.
+    revalidate_after:
+        Seconds (or ``"30s"``, ``"2m"``) between two looks at the cache's
+        generation: a clear on another machine stops this process from serving
+        its local copies within this time (default 30). Also how often an
+        unreachable server is tried again.
     **storage_options:
         Passed to fsspec (``key=``, ``secret=``, ``client_kwargs={"endpoint_url":
         ...}``, ``anon=``...).
@@ -75,6 +146,7 @@ class FsspecStore:
         local_cache_dir: str | os.PathLike[str] | None = None,
         local_cache_limit: int | str = "20GB",
         lease_seconds: float = 60.0,
+        revalidate_after: float | str = REVALIDATE_AFTER,
         **storage_options: Any,
     ) -> None:
         try:
@@ -109,11 +181,19 @@ class FsspecStore:
         self.leases = Leases(
             self.fs, seconds=lease_seconds, local=bool(protocols & {"file", "local"})
         )
-        try:
-            self.fs.makedirs(self._root, exist_ok=True)
-        except Exception as exc:  # a bucket that cannot be created (permissions)
-            if not self.fs.exists(self._root):
-                raise StoreError(f"cannot create the cache location {location!r}: {exc}") from exc
+        every = parse_duration(revalidate_after)
+        assert every is not None
+        #: seconds between two looks at the generation (see the module docstring)
+        self.revalidate_after: float = every
+        #: the folder of this generation's local copies (``g-<hash>``); None before
+        #: the first look
+        self._generation: str | None = None
+        self._copies_at = ""  # the folder of this generation's copies, with a final "/"
+        self._look_at = 0.0  # time.monotonic() of the next look at the generation
+        self._unreachable: str | None = None  # why, while the server cannot be reached
+        self._looking = threading.Lock()
+        _STORES.add(self)  # a forked child gets a fresh lock (a thread may hold it)
+        self._look(first=True)
 
     def __repr__(self) -> str:
         return f"FsspecStore({self.location!r})"
@@ -124,28 +204,177 @@ class FsspecStore:
             "local_cache_dir": self.local_cache_dir,
             "local_cache_limit": self.local_cache_limit,
             "lease_seconds": self.lease_seconds,
+            "revalidate_after": self.revalidate_after,
         }
         return (_rebuild, (self.location, options))
 
     def _path(self, name: str) -> str:
         return f"{self._root}/{check_name(name)}"
 
+    # -- the generation, and a server out of reach -------------------------------------
+    @property
+    def reachable(self) -> bool:
+        """False while the server cannot be reached: reads are misses, writes are
+        refused, and it is tried again every ``revalidate_after`` seconds."""
+        return self._unreachable is None
+
+    @property
+    def generation(self) -> str | None:
+        """The cache's generation as this process last read it (the name of its
+        local copies' folder), None while the server cannot be reached."""
+        return self._current()
+
+    def _current(self) -> str | None:
+        """The generation, looked at again when ``revalidate_after`` has passed (on
+        every hit: one clock read and a compare)."""
+        if time.monotonic() >= self._look_at:
+            self._look()
+        return self._generation if self._unreachable is None else None
+
+    def _look(self, *, first: bool = False) -> None:
+        """Read the generation object (making it in a new location); a server that
+        cannot be reached is said once and tried again later."""
+        with self._looking:
+            now = time.monotonic()
+            if not first and now < self._look_at:
+                return  # another thread just looked
+            try:
+                generation = self._read_generation()
+            except Exception as exc:
+                self._look_at = now + self.revalidate_after
+                if not _is_unreachable(exc):
+                    if first:
+                        raise StoreError(
+                            f"cannot open the cache location {self.location!r}: {exc}"
+                        ) from exc
+                    # the object cannot be read now: a clear could not be seen
+                    logger.debug(
+                        "mlcache: cannot read the generation of %s: %s", self.location, exc
+                    )
+                    self._went_unreachable(exc)
+                    return
+                self._went_unreachable(exc)
+                return
+            self._look_at = now + self.revalidate_after
+            if self._unreachable is not None:
+                self._unreachable = None
+                logger.warning("mlcache: the shared cache at %s is reachable again", self.location)
+            if generation != self._generation:
+                self._generation = generation
+                self._copies_at = os.path.join(self.copies.folder, generation, "")
+                self._drop_other_generations(generation)
+
+    def _went_unreachable(self, exc: BaseException) -> None:
+        if self._unreachable is None:
+            self._unreachable = f"{type(exc).__name__}: {exc}"
+            warn(
+                f"mlcache: the shared cache at {self.location} cannot be reached "
+                f"({self._unreachable}); calls compute and return their results "
+                f"uncached, and it is tried again every {self.revalidate_after:g} s",
+                stacklevel=4,
+            )
+
+    def _read_generation(self) -> str:
+        path = f"{self._root}/{GENERATION}"
+        try:
+            data = self.fs.cat_file(path)
+        except FileNotFoundError:  # a new location (or a new bucket at the same URL)
+            try:
+                self.fs.makedirs(self._root, exist_ok=True)
+            except Exception as exc:  # a bucket that cannot be created (permissions)
+                if _is_unreachable(exc) or not self.fs.exists(self._root):
+                    raise
+            try:
+                self.leases.create(path, _marker())  # made first elsewhere: that one
+            except PermissionError:
+                return _UNMARKED  # read-only credentials on a cache without one
+            data = self.fs.cat_file(path)
+        return "g-" + hashlib.sha256(data).hexdigest()[:16]
+
+    def _drop_other_generations(self, current: str) -> None:
+        """Remove the local copies of other generations (a process of this machine
+        still in an older one fetches what it needs again)."""
+        with contextlib.suppress(OSError), os.scandir(self.copies.folder) as found:
+            for d in found:
+                if (
+                    d.name.startswith("g-")
+                    and d.name != current
+                    and d.is_dir(follow_symlinks=False)
+                ):
+                    shutil.rmtree(d.path, ignore_errors=True)
+
+    def new_generation(self, *, forget_signer: bool = False) -> None:
+        """Start a new generation: every process stops serving its local copies
+        (at once for a process that opens the store after this, within
+        ``revalidate_after`` seconds for one running). A clear calls it after
+        removing what it removes; ``forget_signer`` also forgets which key the
+        cache's entries are signed with (``Memory.clear()``)."""
+        self._check_reachable(f"cannot clear {self.location}")
+        with self._io(f"cannot start a new generation of {self.location}"):
+            if forget_signer:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(f"{self._root}/{SIGNER}")
+            self.leases.renew(f"{self._root}/{GENERATION}", _marker())
+        self._look_at = 0.0  # this process too, at its next use
+
+    def claim_signer(self, key_id: str | None) -> str | None:
+        """The id of the key this cache's entries are signed with, recording
+        ``key_id`` (a hex str; None: this process does not sign) as that key when
+        none is recorded yet; None when no key is recorded."""
+        self._check_reachable(f"cannot reach {self.location}")
+        path = f"{self._root}/{SIGNER}"
+        with self._io(f"cannot read the signing key id of {self.location}"):
+            try:
+                return self.fs.cat_file(path).decode("ascii", "replace").strip() or None
+            except FileNotFoundError:
+                pass
+            if key_id is None:
+                return None
+            if self.leases.create(path, key_id.encode()):  # one creator wins
+                return key_id
+            return self.fs.cat_file(path).decode("ascii", "replace").strip() or None
+
+    def _check_reachable(self, what: str) -> None:
+        if self._current() is None and self._unreachable is not None:
+            raise StoreError(f"{what}: the server cannot be reached ({self._unreachable})")
+
+    @contextlib.contextmanager
+    def _io(self, what: str) -> Iterator[None]:
+        """:func:`_io`, and a server that cannot be reached is noted (said once)."""
+        try:
+            with _io(what):
+                yield
+        except Exception as exc:
+            if _is_unreachable(exc):
+                self._went_unreachable(exc)
+                self._look_at = time.monotonic() + self.revalidate_after
+            raise
+
     # -- the Store protocol -------------------------------------------------------------
     def open(self, name: str) -> BinaryIO:
+        path = self._path(name)
+        if self._current() is None:
+            raise EntryNotFound(name)  # the server cannot be reached: a miss
         try:
-            with _io(f"cannot read {name}"):
-                return self.fs.open(self._path(name), "rb")
+            with self._io(f"cannot read {name}"):
+                return self.fs.open(path, "rb")
         except FileNotFoundError:
             raise EntryNotFound(name) from None
+        except StoreError:
+            if self._unreachable is not None:
+                raise EntryNotFound(name) from None
+            raise
 
     @contextlib.contextmanager
     def write(self, name: str) -> Iterator[BinaryIO]:
         path = self._path(name)
+        self._check_reachable(f"cannot write {name}")
+        generation = self._generation or _UNMARKED
         # written locally first: sent in one PUT, and kept as the local copy after
-        with self.copies.replacing(name) as tmp:
+        with self.copies.replacing(f"{generation}/{name}") as tmp:
             with open(tmp, "w+b") as f:
                 yield f
-            with _io(f"cannot write {name}"):
+            with self._io(f"cannot write {name}"):
                 if self._object_store:
                     self.fs.put_file(tmp, path)  # one PUT: whole or nothing
                 else:
@@ -155,26 +384,40 @@ class FsspecStore:
                     self.fs.mv(aside, path)
 
     def exists(self, name: str) -> bool:
-        with _io(f"cannot look for {name}"):
-            return bool(self.fs.exists(self._path(name)))
+        path = self._path(name)
+        if self._current() is None:
+            return False  # the server cannot be reached: a miss
+        try:
+            with self._io(f"cannot look for {name}"):
+                return bool(self.fs.exists(path))
+        except StoreError:
+            if self._unreachable is not None:
+                return False
+            raise
 
     def delete(self, name: str) -> bool:
+        """Remove ``name``; removing a function's whole folder (a name without
+        ``/``: what a clear removes) starts a new generation (:meth:`new_generation`)."""
         path = self._path(name)
-        self.copies.forget(name)
+        self._check_reachable(f"cannot remove {name}")
+        self.copies.forget(f"{self._generation or _UNMARKED}/{name}")
         try:
-            with _io(f"cannot remove {name}"):
+            with self._io(f"cannot remove {name}"):
                 if not self.fs.exists(path):
                     return False
                 self.fs.rm(path, recursive=self.fs.isdir(path))
                 self.fs.invalidate_cache(path)
         except FileNotFoundError:
             return False
+        if "/" not in name:
+            self.new_generation()
         return True
 
     def list(self, prefix: str = "") -> Iterator[EntryStat]:
         base = self._path(prefix) if prefix else self._root
+        self._check_reachable(f"cannot list {self.location}")
         try:
-            with _io(f"cannot list {self.location}"):
+            with self._io(f"cannot list {self.location}"):
                 self.fs.invalidate_cache(base)  # other machines write too
                 found = self.fs.find(base, detail=True)
         except FileNotFoundError:
@@ -200,20 +443,33 @@ class FsspecStore:
         """A local file holding entry ``name`` (copied in on first use, in one GET),
         for reading and mapping. Raises ``FileNotFoundError`` if the entry does not
         exist."""
-        check_name(name)
+        check_name(name)  # so the name cannot leave the copies' folder
+        looks = time.monotonic() >= self._look_at or self._unreachable is not None
+        if looks and self._current() is None:
+            raise FileNotFoundError(name)  # the server cannot be reached: a miss
+        local = self._copies_at + name
+        try:  # a hit: one clock read above, one utime (its last use, for the copies' LRU)
+            os.utime(local)
+            return local
+        except FileNotFoundError:
+            pass
 
         def fill(tmp: str) -> None:
             try:
-                with _io(f"cannot fetch {name}"):
+                with self._io(f"cannot fetch {name}"):
                     self.fs.get_file(self._path(name), tmp)
             except FileNotFoundError:
                 raise FileNotFoundError(name) from None
+            except StoreError:
+                if self._unreachable is not None:
+                    raise FileNotFoundError(name) from None
+                raise
 
-        return self.copies.get(name, fill)
+        return self.copies.get(f"{self._generation}/{name}", fill)
 
     def forget_local(self, name: str) -> None:
         """Drop the local copy of ``name`` (a damaged copy is fetched again)."""
-        self.copies.forget(check_name(name))
+        self.copies.forget(f"{self._generation or _UNMARKED}/{check_name(name)}")
 
     def trim_local(self) -> int:
         """Remove least recently used local copies down to 90% of the local limit;
@@ -241,7 +497,8 @@ class FsspecStore:
         ``timeout`` seconds."""
         base = self.lease_path(name)
         owner = new_owner()
-        with _io(f"cannot lease {name}"):
+        self._check_reachable(f"cannot lease {name}")
+        with self._io(f"cannot lease {name}"):
             mine = self.leases.acquire(base, owner, timeout)
         if mine is None:
             yield False
@@ -261,6 +518,38 @@ def _io(what: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise StoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+_STORES: weakref.WeakSet[FsspecStore] = weakref.WeakSet()
+
+
+def _renew_locks() -> None:
+    for store in list(_STORES):
+        store._looking = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks)
+
+
+def _is_unreachable(exc: BaseException | None) -> bool:
+    """``exc`` (or what caused it) says the server was not reached."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)):
+            return True
+        if any(k.__name__ in _UNREACHABLE for k in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _marker() -> bytes:
+    """A new generation object's content (its hash names the generation)."""
+    return json.dumps(
+        {"generation": secrets.token_hex(16), "written": time.time(), "by": "mlcache"}
+    ).encode()
 
 
 def _modified(info: dict[str, Any]) -> float:
