@@ -16,6 +16,8 @@ import contextlib
 import multiprocessing
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -144,7 +146,7 @@ def test_a_clear_reaches_a_process_started_after_it_at_once(s3_bucket, tmp_path,
 
 
 @pytest.mark.slow  # processes: a few seconds each
-@pytest.mark.parametrize("how", ["function", "memory"])
+@pytest.mark.parametrize("how", ["function", "memory", "cli"])
 def test_a_clear_reaches_a_running_process_within_revalidate_after(s3_bucket, tmp_path, data, how):
     url, options = s3_bucket
     url += "/c"
@@ -152,11 +154,28 @@ def test_a_clear_reaches_a_running_process_within_revalidate_after(s3_bucket, tm
     assert b.do("call", 3, str(data)) == 1.0
     assert b.do("call", 3, str(data)) == 1.0  # a hit of its copy
     data.write_text("2")
-    here = _memory(url, options, tmp_path / "a")
-    if how == "function":
-        here.cache(source, ignore=["where"]).clear()
+    if how == "cli":  # the mlcache command on another machine: `mlcache clear <url> --yes`
+        env = {
+            **os.environ,
+            "AWS_ENDPOINT_URL": options["client_kwargs"]["endpoint_url"],
+            "AWS_ACCESS_KEY_ID": options["key"],
+            "AWS_SECRET_ACCESS_KEY": options["secret"],
+            "XDG_CACHE_HOME": str(tmp_path / "cli-home"),
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "mlcache", "clear", url, "--yes"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
     else:
-        here.clear()
+        here = _memory(url, options, tmp_path / "a")
+        if how == "function":
+            here.cache(source, ignore=["where"]).clear()
+        else:
+            here.clear()
     time.sleep(0.6)  # revalidate_after has passed for machine b
     assert b.do("call", 3, str(data)) == 2.0
     assert b.stop() == []
