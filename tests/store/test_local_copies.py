@@ -76,3 +76,30 @@ def test_local_leases_are_made_and_renewed_whole(tmp_path):
     with pytest.raises(OSError):
         leases.renew(str(tmp_path / "missing" / "k.lease.1"), b"x")
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_clear_reaches_the_copies_of_a_cached_store_on_another_machine(tmp_path):
+    """CachedStore over any store: two machines (two local folders) share one
+    space; a clear (a function's whole folder removed) on one stops the other
+    serving its copy, at once when made after the clear, within
+    revalidate_after when running."""
+    from mlcache.store.cached import GENERATION_NAME, CachedStore
+    from mlcache.store.memory import MemoryStore
+    from mlcache.testing.stores import put
+
+    space = f"shared-{tmp_path.name}"
+    a = CachedStore(MemoryStore(space), tmp_path / "a")
+    running = CachedStore(MemoryStore(space), tmp_path / "b", revalidate_after=0)
+    waiting = CachedStore(MemoryStore(space), tmp_path / "c", revalidate_after=3600)
+    put(a, "f/v/k", b"old")
+    for machine in (running, waiting):
+        assert Path(machine.local_path("f/v/k")).read_bytes() == b"old"
+    assert a.delete("f")  # a clear
+    assert GENERATION_NAME not in {e.name for e in a.list()}
+    with pytest.raises(FileNotFoundError):
+        running.local_path("f/v/k")  # looked again: its copy is not served
+    with pytest.raises(FileNotFoundError):
+        CachedStore(MemoryStore(space), tmp_path / "d").local_path("f/v/k")  # made after
+    assert Path(waiting.local_path("f/v/k")).read_bytes() == b"old"  # until it looks
+    put(a, "f/v/k", b"new")
+    assert Path(running.local_path("f/v/k")).read_bytes() == b"new"

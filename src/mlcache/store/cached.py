@@ -15,8 +15,14 @@ Two pieces, one mechanism:
   it :class:`~mlcache.store.LocalPaths`: ``local_path(name)`` copies entry
   ``name`` on first use, so that its results can be memory-mapped.
 
-Entry names are keys of results: a copy never goes stale. What this process
-writes through the store is kept as the local copy too.
+What this process writes through the store is kept as the local copy too.
+Entry names are keys of results, but a clear says "compute these again": as
+:class:`~mlcache.store.fsspec.FsspecStore` does, a :class:`CachedStore` keeps
+its copies in a folder named after the wrapped store's generation (the object
+:data:`GENERATION_NAME`, written when none is there and by every removal of a
+function's whole folder: a clear), read when the wrapper is made and again every
+``revalidate_after`` seconds: another machine's clear stops this one serving
+its copies within that time, and a process made after it never serves them.
 
 >>> import tempfile
 >>> from pathlib import Path
@@ -32,18 +38,24 @@ b'payload'
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
+import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
 from .._atomic import open_regular, temporary_folder
-from .._util import parse_bytes
+from .._util import parse_bytes, parse_duration
 from ..errors import EntryNotFound, StoreError
 from . import EntryStat, Store, check_name
 
-__all__ = ["CachedStore", "LocalCopies"]
+__all__ = ["GENERATION_NAME", "CachedStore", "LocalCopies"]
+
+#: the object of a wrapped store whose content names its generation (not listed)
+GENERATION_NAME = "_mlcache-generation"
 
 #: an empty, "." or ".." segment (so also a leading "/"): such a name could leave the folder
 _UNSAFE = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
@@ -182,17 +194,63 @@ class CachedStore:
         Where the copies live.
     limit:
         Size limit of the copies (``"20GB"``, or bytes); least recently used go first.
+    revalidate_after:
+        Seconds between two looks at the wrapped store's generation (see the
+        module docstring; default 30).
     """
 
     def __init__(
-        self, store: Store, local_dir: str | os.PathLike[str], limit: int | str = "20GB"
+        self,
+        store: Store,
+        local_dir: str | os.PathLike[str],
+        limit: int | str = "20GB",
+        *,
+        revalidate_after: float | str = 30.0,
     ) -> None:
         size = parse_bytes(limit)
         if size is None:
             raise StoreError("the local copy's limit must be a size, like 20GB")
+        every = parse_duration(revalidate_after)
+        assert every is not None
         self.store = store
         self.location = store.location
         self.copies = LocalCopies(local_dir, size)
+        self.revalidate_after: float = every
+        self._generation = ""
+        self._look_at = 0.0
+        with contextlib.suppress(OSError):  # a store failing now: its next use raises
+            self._current()
+
+    def _current(self) -> str:
+        """The generation's folder name, read again once ``revalidate_after`` passed."""
+        if time.monotonic() < self._look_at:
+            return self._generation
+        try:
+            with self.store.open(GENERATION_NAME) as f:
+                data = f.read()
+        except EntryNotFound:
+            data = secrets.token_hex(16).encode()
+            try:
+                with self.store.write(GENERATION_NAME) as f:
+                    f.write(data)
+            except PermissionError:  # read-only: no generation can be kept
+                data = b"unmarked"
+        generation = "g-" + hashlib.sha256(data).hexdigest()[:16]
+        self._look_at = time.monotonic() + self.revalidate_after
+        if generation != self._generation:
+            self._generation = generation
+            with contextlib.suppress(OSError), os.scandir(self.copies.folder) as found:
+                for d in found:  # other generations' copies
+                    if d.name.startswith("g-") and d.name != generation and d.is_dir():
+                        shutil.rmtree(d.path, ignore_errors=True)
+        return generation
+
+    def new_generation(self) -> None:
+        """Every process stops serving its copies (at once if made after this,
+        within ``revalidate_after`` if running): what a clear calls."""
+        with self.store.write(GENERATION_NAME) as f:
+            f.write(secrets.token_hex(16).encode())
+        self._look_at = 0.0
 
     def __repr__(self) -> str:
         return f"CachedStore({self.store!r}, {self.copies.folder!r})"
@@ -204,7 +262,7 @@ class CachedStore:
     @contextlib.contextmanager
     def write(self, name: str) -> Iterator[BinaryIO]:
         check_name(name)
-        with self.copies.replacing(name) as tmp, open(tmp, "w+b") as f:
+        with self.copies.replacing(f"{self._current()}/{name}") as tmp, open(tmp, "w+b") as f:
             yield f
             f.seek(0)
             with self.store.write(name) as out:
@@ -214,11 +272,16 @@ class CachedStore:
         return self.store.exists(name)
 
     def delete(self, name: str) -> bool:
-        self.copies.forget(check_name(name))
-        return self.store.delete(name)
+        """Remove ``name``; removing a function's whole folder (a name without
+        ``/``: what a clear removes) starts a new generation."""
+        self.copies.forget(f"{self._generation or 'g-none'}/{check_name(name)}")
+        removed = self.store.delete(name)
+        if removed and "/" not in name and name != GENERATION_NAME:
+            self.new_generation()
+        return removed
 
     def list(self, prefix: str = "") -> Iterator[EntryStat]:
-        return self.store.list(prefix)
+        return (e for e in self.store.list(prefix) if e.name != GENERATION_NAME)
 
     def touch(self, names: Iterable[str]) -> None:
         self.store.touch(names)
@@ -237,11 +300,11 @@ class CachedStore:
             with src, open(tmp, "wb") as dst:
                 shutil.copyfileobj(src, dst, _CHUNK)
 
-        return self.copies.get(name, fill)
+        return self.copies.get(f"{self._current()}/{name}", fill)
 
     def forget_local(self, name: str) -> None:
         """Drop the local copy of ``name`` (a damaged copy is fetched again)."""
-        self.copies.forget(check_name(name))
+        self.copies.forget(f"{self._generation or 'g-none'}/{check_name(name)}")
 
     def trim_local(self) -> int:
         """Remove least recently used copies down to 90% of the limit; the bytes removed."""
