@@ -367,3 +367,30 @@ def test_a_server_gone_mid_run_and_back(s3_bucket, s3_endpoint, tmp_path, data):
             assert f(3, str(data))[0] == 1.0
         assert _calls(data) == 5
         assert mem.store.reachable
+
+
+@pytest.mark.slow  # a server of its own, started and stopped: a few seconds
+def test_a_server_stopped_mid_run_leaves_the_calls_working(tmp_path, data):
+    """The real server process stopped (not a relay): one warning, right values."""
+    import s3fs
+
+    from mlcache.testing import s3_options, seaweedfs
+
+    with contextlib.ExitStack() as running:
+        endpoint = running.enter_context(seaweedfs(tmp_path / "weed"))
+        options = {**s3_options(endpoint), **_FAST}
+        s3fs.S3FileSystem(**options).mkdir("stopped")
+        mem = _memory("s3://stopped/c", options, tmp_path / "l", revalidate_after=0.5)
+        f = mem.cache(source, ignore=["where"])
+        assert f(1, str(data))[0] == 1.0
+        assert f(1, str(data))[0] == 1.0
+        assert _calls(data) == 1
+    # the server has exited
+    with pytest.warns(CacheWarning) as said:
+        time.sleep(0.6)
+        assert f(1, str(data))[0] == 1.0
+        assert f(2, str(data))[0] == 1.0
+        assert f(2, str(data))[0] == 1.0
+    cache_warnings = [str(w.message) for w in said if issubclass(w.category, CacheWarning)]
+    assert len(cache_warnings) == 1 and "cannot be reached" in cache_warnings[0]
+    assert _calls(data) == 4 and not mem.store.reachable
