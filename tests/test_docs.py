@@ -123,6 +123,31 @@ def test_the_commands_shown_exist(command):
     assert not missing, f"mlcache {command} has no {sorted(missing)}"
 
 
+def test_the_make_targets_shown_exist():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([\w-]+):", makefile, re.M))
+    shown = {
+        line.split()[1]
+        for page in PAGES
+        for lang, _, code, _ in blocks(page)
+        if lang == "bash"
+        for line in code.splitlines()
+        if line.startswith("make ") and len(line.split()) > 1
+    }
+    assert shown and not shown - targets, f"no such make target: {sorted(shown - targets)}"
+
+
+def test_only_python_blocks_hold_python():
+    """A block fenced as py or pycon would escape the examples test."""
+    odd = [
+        f"{page.name}:{line}"
+        for page in PAGES
+        for lang, line, _, _ in blocks(page)
+        if lang in {"py", "pycon", "python3", "ipython"}
+    ]
+    assert not odd
+
+
 def test_every_page_is_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     pages = [p.name for p in PAGES[1:]]
