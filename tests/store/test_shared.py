@@ -337,6 +337,7 @@ def _proxy(endpoint: str) -> Iterator[Proxy]:
             proxy.stop()
 
 
+@pytest.mark.slow  # ~3 s: waits for revalidate_after twice
 def test_a_server_gone_mid_run_and_back(s3_bucket, s3_endpoint, tmp_path, data):
     """The calls keep working while it is gone (one warning), and once it answers
     again hits and stores resume."""
