@@ -261,9 +261,13 @@ def test_a_wrong_endpoint_at_construction_runs_uncached_with_one_warning(tmp_pat
         f = mem.cache(source, ignore=["where"])
         assert f(3, str(data))[0] == 1.0
         assert f(3, str(data))[0] == 1.0
+        # another Memory of this process on the same URL (a Memory unpickled again,
+        # a notebook cell run again) knows it already: no second warning
+        again = _memory("s3://nowhere/c", options, tmp_path / "l2", revalidate_after=3600)
+        assert again.cache(source, ignore=["where"])(3, str(data))[0] == 1.0
     assert len([w for w in said if issubclass(w.category, CacheWarning)]) == 1
-    assert _calls(data) == 2  # computed each time: nothing could be stored
-    assert not mem.store.reachable
+    assert _calls(data) == 3  # computed each time: nothing could be stored
+    assert not mem.store.reachable and not again.store.reachable
 
 
 class Proxy:

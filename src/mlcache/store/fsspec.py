@@ -13,34 +13,31 @@ How it keeps the promises of a store on an object store:
   :meth:`FsspecStore.local_path` copies an entry once (one GET) into a local
   read-through cache (``local_cache_dir``, with its own size limit, least
   recently used first: :class:`~mlcache.store.cached.LocalCopies`), and reads
-  map that copy; a second hit on the same machine reads locally. What this process writes is
-  kept there too. A damaged copy is fetched again.
-* **A clear on one machine reaches the others' local copies.** Entry names are
-  keys of results, but a clear says "compute these again". The location holds a
-  small object, ``.mlcache-generation``, written when the store is first opened
-  there and again by every clear (:meth:`FsspecStore.new_generation`: a
+  map that copy; a second hit on the same machine reads locally. What this
+  process writes is kept there too. A damaged copy is fetched again.
+* **A clear on one machine reaches the others' local copies.** The location
+  holds a small object, ``.mlcache-generation``, written when the store is
+  first opened there and by every clear (:meth:`FsspecStore.new_generation`:
   ``Memory.clear()``, a function's ``clear()``, ``mlcache clear <url>``, any
   delete of a function's whole folder). Local copies live in a folder named
-  after the generation they were fetched in (``<local_cache_dir>/g-<hash>/``),
-  so a process that opens the store after a clear never serves an older copy,
-  nor does one opened on a new, empty bucket at the same URL (a new generation
-  object). A running process reads the object again every ``revalidate_after``
-  seconds (default 30): a clear elsewhere stops its copies from being served
-  within that time. A hit pays a clock read and a compare, never a request.
-  Removing one entry (eviction, a damaged or expired entry, one
-  ``MemorizedResult.clear()``) starts no new generation: another machine may
-  serve its copy of that entry, a value computed for the same key.
-* **A server that cannot be reached never breaks a call.** When the first
-  contact, or any request later, fails to reach the server (no connection, a
-  wrong endpoint, a timeout), one warning says so and the store answers every
-  read as a miss and refuses writes, without a request, so calls compute and
-  return their values uncached; every ``revalidate_after`` seconds the next use
-  tries the server again, and caching resumes once it answers. Local copies are
-  not served meanwhile (a clear could not be seen). The first failed request
-  costs what the client library's retries take (botocore's defaults: several
-  seconds; ``config_kwargs={"retries": {"max_attempts": 1}}`` shortens it).
-  Other errors (permissions, a bucket that cannot be created) raise
-  :class:`~mlcache.errors.StoreError` naming the URL, as before.
+  after their generation (``<local_cache_dir>/g-<hash>/``): a process that opens
+  the store after a clear, or on a new, empty bucket at the same URL, never
+  serves an older copy; a running one reads the object again every
+  ``revalidate_after`` seconds (default 30; the stores of one process share
+  what they read), so a clear elsewhere stops its copies within that time. A
+  hit pays a clock read, never a request. Removing one entry (eviction, a
+  damaged or expired entry) starts no new generation: another machine may serve
+  its copy of that entry, a value computed for the same key.
+* **A server that cannot be reached never breaks a call.** When a request
+  fails to reach it (no connection, a wrong endpoint, a timeout), at the first
+  contact or later, one warning says so; reads are then misses and writes are
+  refused, without a request, so calls compute and return their values
+  uncached (local copies are not served: a clear could not be seen). Every
+  ``revalidate_after`` seconds the next use tries again; caching resumes once
+  it answers. The first failed request costs the client's retries (botocore's
+  defaults: seconds; ``config_kwargs={"retries": {"max_attempts": 1}}``
+  shortens it). Other errors (permissions, a bucket that cannot be created)
+  raise :class:`~mlcache.errors.StoreError` naming the URL.
 * **One signing key per shared cache.** Every machine must sign with the same
   secret (``MLCACHE_SECRET``, see :mod:`mlcache.entry.signing`). The first
   ``Memory`` that stores a result records its key's id (not the key) in
@@ -60,16 +57,17 @@ How it keeps the promises of a store on an object store:
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
@@ -157,8 +155,12 @@ class FsspecStore:
             ) from None
         self.location = str(location).rstrip("/")
         self._options = dict(storage_options)
+        try:  # botocore rewrites a config dict given to it: give it a copy
+            given = copy.deepcopy(storage_options)
+        except Exception:  # a session or another object that cannot be copied
+            given = storage_options
         try:
-            self.fs, root = fsspec.core.url_to_fs(self.location, **storage_options)
+            self.fs, root = fsspec.core.url_to_fs(self.location, **given)
         except (ImportError, ValueError) as exc:
             raise StoreError(f"cannot open the cache location {location!r}: {exc}") from exc
         self._root = root.rstrip("/")
@@ -185,15 +187,14 @@ class FsspecStore:
         assert every is not None
         #: seconds between two looks at the generation (see the module docstring)
         self.revalidate_after: float = every
-        #: the folder of this generation's local copies (``g-<hash>``); None before
-        #: the first look
+        #: what this process knows of the location's generation, shared by its
+        #: stores of the same location and file system (a Memory unpickled again
+        #: within revalidate_after sends no request)
+        self._seen = _seen_for(self.location, self.fs)
+        #: the generation of this store's copies (``g-<hash>``), and their folder
         self._generation: str | None = None
-        self._copies_at = ""  # the folder of this generation's copies, with a final "/"
-        self._look_at = 0.0  # time.monotonic() of the next look at the generation
-        self._unreachable: str | None = None  # why, while the server cannot be reached
-        self._looking = threading.Lock()
-        _STORES.add(self)  # a forked child gets a fresh lock (a thread may hold it)
-        self._look(first=True)
+        self._copies_at = ""  # with a final separator
+        self._current(first=True)
 
     def __repr__(self) -> str:
         return f"FsspecStore({self.location!r})"
@@ -214,34 +215,43 @@ class FsspecStore:
     # -- the generation, and a server out of reach -------------------------------------
     @property
     def reachable(self) -> bool:
-        """False while the server cannot be reached: reads are misses, writes are
-        refused, and it is tried again every ``revalidate_after`` seconds."""
-        return self._unreachable is None
+        """False while the server cannot be reached (reads miss, writes are refused)."""
+        return self._seen.unreachable is None
 
     @property
     def generation(self) -> str | None:
-        """The cache's generation as this process last read it (the name of its
-        local copies' folder), None while the server cannot be reached."""
+        """The generation last read (its copies' folder), None while unreachable."""
         return self._current()
 
-    def _current(self) -> str | None:
+    def _current(self, *, first: bool = False) -> str | None:
         """The generation, looked at again when ``revalidate_after`` has passed (on
         every hit: one clock read and a compare)."""
-        if time.monotonic() >= self._look_at:
-            self._look()
-        return self._generation if self._unreachable is None else None
+        seen = self._seen
+        if first or time.monotonic() - seen.looked >= self.revalidate_after:
+            self._look(first=first)
+        if seen.unreachable is not None:
+            return None
+        if seen.generation is not self._generation:  # a new one: its own folder
+            generation = seen.generation
+            assert generation is not None
+            self._copies_at = os.path.join(self.copies.folder, generation, "")
+            self._generation = generation
+            self._drop_other_generations(generation)
+        return self._generation
 
     def _look(self, *, first: bool = False) -> None:
         """Read the generation object (making it in a new location); a server that
         cannot be reached is said once and tried again later."""
-        with self._looking:
+        seen = self._seen
+        with seen.lock:
             now = time.monotonic()
-            if not first and now < self._look_at:
-                return  # another thread just looked
+            known = seen.generation is not None or seen.unreachable is not None
+            if now - seen.looked < self.revalidate_after and (known or not first):
+                return  # another thread, or store of this location, just looked
             try:
                 generation = self._read_generation()
             except Exception as exc:
-                self._look_at = now + self.revalidate_after
+                seen.looked = now
                 if not _is_unreachable(exc):
                     if first:
                         raise StoreError(
@@ -251,25 +261,22 @@ class FsspecStore:
                     logger.debug(
                         "mlcache: cannot read the generation of %s: %s", self.location, exc
                     )
-                    self._went_unreachable(exc)
-                    return
                 self._went_unreachable(exc)
                 return
-            self._look_at = now + self.revalidate_after
-            if self._unreachable is not None:
-                self._unreachable = None
+            seen.looked = now
+            if seen.unreachable is not None:
+                seen.unreachable = None
                 logger.warning("mlcache: the shared cache at %s is reachable again", self.location)
-            if generation != self._generation:
-                self._generation = generation
-                self._copies_at = os.path.join(self.copies.folder, generation, "")
-                self._drop_other_generations(generation)
+            if generation != seen.generation:
+                seen.generation = generation
 
     def _went_unreachable(self, exc: BaseException) -> None:
-        if self._unreachable is None:
-            self._unreachable = f"{type(exc).__name__}: {exc}"
+        seen = self._seen
+        if seen.unreachable is None:
+            seen.unreachable = f"{type(exc).__name__}: {exc}"
             warn(
                 f"mlcache: the shared cache at {self.location} cannot be reached "
-                f"({self._unreachable}); calls compute and return their results "
+                f"({seen.unreachable}); calls compute and return their results "
                 f"uncached, and it is tried again every {self.revalidate_after:g} s",
                 stacklevel=4,
             )
@@ -315,7 +322,7 @@ class FsspecStore:
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.rm(f"{self._root}/{SIGNER}")
             self.leases.renew(f"{self._root}/{GENERATION}", _marker())
-        self._look_at = 0.0  # this process too, at its next use
+        self._seen.looked = -math.inf  # this process too, at its next use
 
     def claim_signer(self, key_id: str | None) -> str | None:
         """The id of the key this cache's entries are signed with, recording
@@ -335,8 +342,8 @@ class FsspecStore:
             return self.fs.cat_file(path).decode("ascii", "replace").strip() or None
 
     def _check_reachable(self, what: str) -> None:
-        if self._current() is None and self._unreachable is not None:
-            raise StoreError(f"{what}: the server cannot be reached ({self._unreachable})")
+        if self._current() is None and (why := self._seen.unreachable) is not None:
+            raise StoreError(f"{what}: the server cannot be reached ({why})")
 
     @contextlib.contextmanager
     def _io(self, what: str) -> Iterator[None]:
@@ -347,7 +354,7 @@ class FsspecStore:
         except Exception as exc:
             if _is_unreachable(exc):
                 self._went_unreachable(exc)
-                self._look_at = time.monotonic() + self.revalidate_after
+                self._seen.looked = time.monotonic()
             raise
 
     # -- the Store protocol -------------------------------------------------------------
@@ -361,7 +368,7 @@ class FsspecStore:
         except FileNotFoundError:
             raise EntryNotFound(name) from None
         except StoreError:
-            if self._unreachable is not None:
+            if self._seen.unreachable is not None:
                 raise EntryNotFound(name) from None
             raise
 
@@ -391,7 +398,7 @@ class FsspecStore:
             with self._io(f"cannot look for {name}"):
                 return bool(self.fs.exists(path))
         except StoreError:
-            if self._unreachable is not None:
+            if self._seen.unreachable is not None:
                 return False
             raise
 
@@ -444,7 +451,12 @@ class FsspecStore:
         for reading and mapping. Raises ``FileNotFoundError`` if the entry does not
         exist."""
         check_name(name)  # so the name cannot leave the copies' folder
-        looks = time.monotonic() >= self._look_at or self._unreachable is not None
+        seen = self._seen
+        looks = (
+            time.monotonic() - seen.looked >= self.revalidate_after
+            or seen.unreachable is not None
+            or seen.generation is not self._generation
+        )
         if looks and self._current() is None:
             raise FileNotFoundError(name)  # the server cannot be reached: a miss
         local = self._copies_at + name
@@ -461,7 +473,7 @@ class FsspecStore:
             except FileNotFoundError:
                 raise FileNotFoundError(name) from None
             except StoreError:
-                if self._unreachable is not None:
+                if self._seen.unreachable is not None:
                     raise FileNotFoundError(name) from None
                 raise
 
@@ -520,12 +532,34 @@ def _io(what: str) -> Iterator[None]:
         raise StoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
-_STORES: weakref.WeakSet[FsspecStore] = weakref.WeakSet()
+class _Seen:
+    """What a process knows of one location's generation (see ``FsspecStore._seen``)."""
+
+    __slots__ = ("fs", "generation", "lock", "looked", "unreachable")
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs  # held: its id is in the key
+        self.generation: str | None = None  # the last one read, ``g-<hash>``
+        self.looked = -math.inf  # time.monotonic() of the last look (or failure)
+        self.unreachable: str | None = None  # why, while the server cannot be reached
+        self.lock = threading.Lock()
+
+
+_SEEN: dict[tuple[str, int], _Seen] = {}
+_SEEN_LOCK = threading.Lock()
+
+
+def _seen_for(location: str, fs: Any) -> _Seen:
+    with _SEEN_LOCK:
+        return _SEEN.setdefault((location, id(fs)), _Seen(fs))
 
 
 def _renew_locks() -> None:
-    for store in list(_STORES):
-        store._looking = threading.Lock()
+    """In a forked child: fresh locks (a thread of the parent may have held one)."""
+    global _SEEN_LOCK
+    _SEEN_LOCK = threading.Lock()
+    for seen in list(_SEEN.values()):
+        seen.lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -547,9 +581,7 @@ def _is_unreachable(exc: BaseException | None) -> bool:
 
 def _marker() -> bytes:
     """A new generation object's content (its hash names the generation)."""
-    return json.dumps(
-        {"generation": secrets.token_hex(16), "written": time.time(), "by": "mlcache"}
-    ).encode()
+    return json.dumps({"generation": secrets.token_hex(16), "written": time.time()}).encode()
 
 
 def _modified(info: dict[str, Any]) -> float:
