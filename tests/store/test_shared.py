@@ -399,3 +399,32 @@ def test_a_server_stopped_mid_run_leaves_the_calls_working(tmp_path, data):
     cache_warnings = [str(w.message) for w in said if issubclass(w.category, CacheWarning)]
     assert len(cache_warnings) == 1 and "cannot be reached" in cache_warnings[0]
     assert _calls(data) == 4 and not mem.store.reachable
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs of our own (so that it can be remounted read-only); unmounted after."""
+    where = tmp_path / "mount"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_read_only_cache_without_a_generation_object_still_opens(tmpfs, tmp_path, data):
+    """A file:// cache filled by an older mlcache (no .mlcache-generation) on a
+    read-only mount: the store opens (no generation can be written) and serves
+    its hits."""
+    from mlcache.store.fsspec import GENERATION
+
+    url = f"file://{tmpfs}/cache"
+    f = _memory(url, {}, tmp_path / "a").cache(source, ignore=["where"])
+    assert f(2, str(data))[0] == 1.0
+    (tmpfs / "cache" / GENERATION).unlink()
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    reader = _memory(url, {}, tmp_path / "b").cache(source, ignore=["where"])
+    assert reader(2, str(data))[0] == 1.0
+    assert _calls(data) == 1  # a hit
+    assert not (tmpfs / "cache" / GENERATION).exists()

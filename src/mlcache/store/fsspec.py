@@ -258,9 +258,7 @@ class FsspecStore:
                             f"cannot open the cache location {self.location!r}: {exc}"
                         ) from exc
                     # the object cannot be read now: a clear could not be seen
-                    logger.debug(
-                        "mlcache: cannot read the generation of %s: %s", self.location, exc
-                    )
+                    logger.debug("mlcache: no generation of %s: %s", self.location, exc)
                 self._went_unreachable(exc)
                 return
             seen.looked = now
@@ -293,8 +291,10 @@ class FsspecStore:
                     raise
             try:
                 self.leases.create(path, _marker())  # made first elsewhere: that one
-            except PermissionError:
-                return _UNMARKED  # read-only credentials on a cache without one
+            except OSError as exc:  # read-only credentials, or mount, on a cache without one
+                if _is_unreachable(exc):
+                    raise
+                return _UNMARKED
             data = self.fs.cat_file(path)
         return "g-" + hashlib.sha256(data).hexdigest()[:16]
 
