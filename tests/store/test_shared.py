@@ -363,8 +363,12 @@ def test_a_server_gone_mid_run_and_back(s3_bucket, s3_endpoint, tmp_path, data):
         assert len(cache_warnings) == 1 and "cannot be reached" in cache_warnings[0]
         assert _calls(data) == 4
         assert not mem.store.reachable
-        proxy.start()  # back
-        time.sleep(0.6)
+        proxy.start()  # back: tried again in the background, no call waits for it
+        deadline = time.monotonic() + 60
+        while not mem.store.reachable and time.monotonic() < deadline:
+            assert mem.store.generation is None or mem.store.reachable
+            time.sleep(0.1)
+        assert mem.store.reachable
         with warnings.catch_warnings():
             warnings.simplefilter("error", CacheWarning)
             assert f(1, str(data))[0] == 1.0  # its entry, a hit again

@@ -39,20 +39,30 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import re
 import secrets
 import shutil
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .._atomic import open_regular, temporary_folder
 from .._util import parse_bytes, parse_duration
 from ..errors import EntryNotFound, StoreError
 from . import EntryStat, Store, check_name
 
-__all__ = ["GENERATION_NAME", "CachedStore", "LocalCopies"]
+__all__ = [
+    "GENERATION_NAME",
+    "CachedStore",
+    "Generation",
+    "LocalCopies",
+    "generation_of",
+    "is_unreachable",
+]
 
 #: the object of a wrapped store whose content names its generation (not listed)
 GENERATION_NAME = "_mlcache-generation"
@@ -309,3 +319,80 @@ class CachedStore:
     def trim_local(self) -> int:
         """Remove least recently used copies down to 90% of the limit; the bytes removed."""
         return self.copies.trim()
+
+
+# -- what a process knows of a shared location (FsspecStore's) --------------------------
+#: client exceptions (by class name, anywhere in their MRO) that mean the server
+#: was not reached: botocore's, aiohttp's
+_UNREACHABLE = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ProxyConnectionError",
+        "ClientConnectionError",
+        "ClientConnectorError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+    }
+)
+
+
+class Generation:
+    """What a process knows of one shared location: its generation, when it was
+    last read, and whether its server answers (shared by its stores)."""
+
+    __slots__ = ("fs", "generation", "lock", "looked", "probing", "unreachable")
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs  # held: its id is in the key
+        self.generation: str | None = None  # the last one read, ``g-<hash>``
+        self.looked = -math.inf  # time.monotonic() of the last look (or failure)
+        self.unreachable: str | None = None  # why, while the server cannot be reached
+        self.lock = threading.Lock()
+        self.probing = False  # a thread is trying an unreachable server again
+
+    def start_probe(self) -> bool:
+        """True for the one caller that is to try the server again now."""
+        with self.lock:
+            if self.probing:
+                return False
+            self.probing = True
+            return True
+
+
+_SEEN: dict[tuple[str, int], Generation] = {}
+_SEEN_LOCK = threading.Lock()
+
+
+def generation_of(location: str, fs: Any) -> Generation:
+    """The one :class:`Generation` of ``location`` on file system ``fs`` in this process."""
+    with _SEEN_LOCK:
+        return _SEEN.setdefault((location, id(fs)), Generation(fs))
+
+
+def _renew_locks() -> None:
+    """In a forked child: fresh locks (a thread of the parent may have held one)."""
+    global _SEEN_LOCK
+    _SEEN_LOCK = threading.Lock()
+    for seen in list(_SEEN.values()):
+        seen.lock = threading.Lock()
+        seen.probing = False  # its thread is not in the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks)
+
+
+def is_unreachable(exc: BaseException | None) -> bool:
+    """``exc`` (or what caused it) says the server was not reached."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)):
+            return True
+        if any(k.__name__ in _UNREACHABLE for k in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

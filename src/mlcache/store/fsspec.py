@@ -33,8 +33,8 @@ How it keeps the promises of a store on an object store:
   contact or later, one warning says so; reads are then misses and writes are
   refused, without a request, so calls compute and return their values
   uncached (local copies are not served: a clear could not be seen). Every
-  ``revalidate_after`` seconds the next use tries again; caching resumes once
-  it answers. The first failed request costs the client's retries (botocore's
+  ``revalidate_after`` seconds a background thread tries again (no call waits
+  for it); caching resumes once it answers. The first failed request costs the client's retries (botocore's
   defaults: seconds; ``config_kwargs={"retries": {"max_attempts": 1}}``
   shortens it). Other errors (permissions, a bucket that cannot be created)
   raise :class:`~mlcache.errors.StoreError` naming the URL.
@@ -65,7 +65,6 @@ import math
 import os
 import secrets
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -74,7 +73,7 @@ from typing import Any, BinaryIO
 from .._util import parse_bytes, parse_duration
 from ..errors import EntryNotFound, StoreError, warn
 from . import EntryStat, check_name
-from .cached import LocalCopies
+from .cached import LocalCopies, generation_of, is_unreachable
 from .leases import LEASE, Leases, new_owner
 
 __all__ = ["GENERATION", "REVALIDATE_AFTER", "SIGNER", "FsspecStore"]
@@ -90,21 +89,6 @@ REVALIDATE_AFTER = 30.0
 #: the generation of a cache without a generation object that cannot make one
 #: (read-only credentials on a cache made by an older mlcache)
 _UNMARKED = "g-unmarked"
-#: client exceptions (by class name, anywhere in their MRO) that mean the server
-#: was not reached: botocore's, aiohttp's
-_UNREACHABLE = frozenset(
-    {
-        "EndpointConnectionError",
-        "ConnectTimeoutError",
-        "ReadTimeoutError",
-        "ConnectionClosedError",
-        "ProxyConnectionError",
-        "ClientConnectionError",
-        "ClientConnectorError",
-        "ServerDisconnectedError",
-        "ServerTimeoutError",
-    }
-)
 
 #: object stores publish whole objects; elsewhere, write aside and rename
 _OBJECT_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "abfs", "az", "memory", "r2"}
@@ -131,7 +115,7 @@ class FsspecStore:
         Seconds (or ``"30s"``, ``"2m"``) between two looks at the cache's
         generation: a clear on another machine stops this process from serving
         its local copies within this time (default 30). Also how often an
-        unreachable server is tried again.
+        unreachable server is tried again (in the background).
     **storage_options:
         Passed to fsspec (``key=``, ``secret=``, ``client_kwargs={"endpoint_url":
         ...}``, ``anon=``...).
@@ -190,7 +174,7 @@ class FsspecStore:
         #: what this process knows of the location's generation, shared by its
         #: stores of the same location and file system (a Memory unpickled again
         #: within revalidate_after sends no request)
-        self._seen = _seen_for(self.location, self.fs)
+        self._seen = generation_of(self.location, self.fs)
         #: the generation of this store's copies (``g-<hash>``), and their folder
         self._generation: str | None = None
         self._copies_at = ""  # with a final separator
@@ -228,7 +212,10 @@ class FsspecStore:
         every hit: one clock read and a compare)."""
         seen = self._seen
         if first or time.monotonic() - seen.looked >= self.revalidate_after:
-            self._look(first=first)
+            if seen.unreachable is None or first:
+                self._look(first=first)
+            elif seen.start_probe():  # no call waits for a server that is down
+                threading.Thread(target=self._probe, daemon=True, name="mlcache-probe").start()
         if seen.unreachable is not None:
             return None
         if seen.generation is not self._generation:  # a new one: its own folder
@@ -252,7 +239,7 @@ class FsspecStore:
                 generation = self._read_generation()
             except Exception as exc:
                 seen.looked = now
-                if not _is_unreachable(exc):
+                if not is_unreachable(exc):
                     if first:
                         raise StoreError(
                             f"cannot open the cache location {self.location!r}: {exc}"
@@ -267,6 +254,12 @@ class FsspecStore:
                 logger.warning("mlcache: the shared cache at %s is reachable again", self.location)
             if generation != seen.generation:
                 seen.generation = generation
+
+    def _probe(self) -> None:
+        try:
+            self._look()
+        finally:
+            self._seen.probing = False
 
     def _went_unreachable(self, exc: BaseException) -> None:
         seen = self._seen
@@ -287,12 +280,12 @@ class FsspecStore:
             try:
                 self.fs.makedirs(self._root, exist_ok=True)
             except Exception as exc:  # a bucket that cannot be created (permissions)
-                if _is_unreachable(exc) or not self.fs.exists(self._root):
+                if is_unreachable(exc) or not self.fs.exists(self._root):
                     raise
             try:
                 self.leases.create(path, _marker())  # made first elsewhere: that one
             except OSError as exc:  # read-only credentials, or mount, on a cache without one
-                if _is_unreachable(exc):
+                if is_unreachable(exc):
                     raise
                 return _UNMARKED
             data = self.fs.cat_file(path)
@@ -352,7 +345,7 @@ class FsspecStore:
             with _io(what):
                 yield
         except Exception as exc:
-            if _is_unreachable(exc):
+            if is_unreachable(exc):
                 self._went_unreachable(exc)
                 self._seen.looked = time.monotonic()
             raise
@@ -530,53 +523,6 @@ def _io(what: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise StoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-
-class _Seen:
-    """What a process knows of one location's generation (see ``FsspecStore._seen``)."""
-
-    __slots__ = ("fs", "generation", "lock", "looked", "unreachable")
-
-    def __init__(self, fs: Any) -> None:
-        self.fs = fs  # held: its id is in the key
-        self.generation: str | None = None  # the last one read, ``g-<hash>``
-        self.looked = -math.inf  # time.monotonic() of the last look (or failure)
-        self.unreachable: str | None = None  # why, while the server cannot be reached
-        self.lock = threading.Lock()
-
-
-_SEEN: dict[tuple[str, int], _Seen] = {}
-_SEEN_LOCK = threading.Lock()
-
-
-def _seen_for(location: str, fs: Any) -> _Seen:
-    with _SEEN_LOCK:
-        return _SEEN.setdefault((location, id(fs)), _Seen(fs))
-
-
-def _renew_locks() -> None:
-    """In a forked child: fresh locks (a thread of the parent may have held one)."""
-    global _SEEN_LOCK
-    _SEEN_LOCK = threading.Lock()
-    for seen in list(_SEEN.values()):
-        seen.lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_locks)
-
-
-def _is_unreachable(exc: BaseException | None) -> bool:
-    """``exc`` (or what caused it) says the server was not reached."""
-    for _ in range(8):
-        if exc is None:
-            return False
-        if isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)):
-            return True
-        if any(k.__name__ in _UNREACHABLE for k in type(exc).__mro__):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def _marker() -> bytes:
