@@ -99,7 +99,9 @@ class Machine:
     def __init__(self, url: str, options: dict[str, Any], local: Path, **kw: Any) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_machine, args=(theirs, url, options, str(local), kw))
+        self.proc = ctx.Process(
+            target=_machine, args=(theirs, url, options, str(local), kw), daemon=True
+        )  # daemon: a failed test leaves no machine running
         self.proc.start()
 
     def do(self, cmd: str, *args: Any) -> Any:
