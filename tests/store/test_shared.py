@@ -434,3 +434,28 @@ def test_a_read_only_cache_without_a_generation_object_still_opens(tmpfs, tmp_pa
     assert reader(2, str(data))[0] == 1.0
     assert _calls(data) == 1  # a hit
     assert not (tmpfs / "cache" / GENERATION).exists()
+
+
+def test_a_hit_of_a_local_copy_sends_no_request(tmp_path, monkeypatch):
+    """Between two looks at the generation, a hit is local: no call reaches the
+    file system (every one of its request methods is counted)."""
+    import uuid
+
+    from mlcache.store.fsspec import FsspecStore
+
+    store = FsspecStore(f"memory://hits-{uuid.uuid4().hex[:8]}/c", local_cache_dir=tmp_path / "l")
+    with store.write("f/v/k") as f:
+        f.write(b"payload")
+    calls: list[str] = []
+    for method in ("cat_file", "get_file", "open", "exists", "info", "ls", "find", "pipe_file"):
+        real = getattr(store.fs, method)
+        monkeypatch.setattr(  # the shared memory file system: restored after
+            store.fs, method, lambda *a, _m=method, _r=real, **k: calls.append(_m) or _r(*a, **k)
+        )
+    path = store.local_path("f/v/k")
+    for _ in range(100):
+        assert store.local_path("f/v/k") == path
+    assert calls == []
+    store.new_generation()  # a clear: the next use looks (one read) and fetches again
+    assert Path(store.local_path("f/v/k")).read_bytes() == b"payload"
+    assert calls.count("cat_file") == 1 and calls.count("get_file") == 1
