@@ -34,10 +34,11 @@ How it keeps the promises of a store on an object store:
   refused, without a request, so calls compute and return their values
   uncached (local copies are not served: a clear could not be seen). Every
   ``revalidate_after`` seconds a background thread tries again (no call waits
-  for it); caching resumes once it answers. The first failed request costs the client's retries (botocore's
-  defaults: seconds; ``config_kwargs={"retries": {"max_attempts": 1}}``
-  shortens it). Other errors (permissions, a bucket that cannot be created)
-  raise :class:`~mlcache.errors.StoreError` naming the URL.
+  for it); caching resumes once it answers. The first failed request costs the
+  client's retries (botocore's defaults: seconds;
+  ``config_kwargs={"retries": {"max_attempts": 1}}`` shortens it). Other
+  errors (permissions, a bucket that cannot be created) raise
+  :class:`~mlcache.errors.StoreError` naming the URL.
 * **One signing key per shared cache.** Every machine must sign with the same
   secret (``MLCACHE_SECRET``, see :mod:`mlcache.entry.signing`). The first
   ``Memory`` that stores a result records its key's id (not the key) in
