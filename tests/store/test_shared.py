@@ -234,7 +234,7 @@ def test_two_keys_on_one_cache_do_not_overwrite_each_other(s3_bucket, tmp_path, 
     assert after == stored  # never overwritten, nothing added
     said = b.stop()
     key_warnings = [w for w in said if "signed with another key" in w and "MLCACHE_SECRET" in w]
-    assert len([w for w in key_warnings if "without being stored" in w]) == 1, said
+    assert len(key_warnings) == 1 and "without being stored" in key_warnings[0], said
     assert a.stop() == []
     # the team moves to b's key: a clear forgets the recorded one
     rotated = Machine(url, options, tmp_path / "b", secret=None, env={"MLCACHE_SECRET": "beta"})

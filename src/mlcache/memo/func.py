@@ -227,6 +227,8 @@ class MemorizedFunc(Generic[P, R]):
                 # written with signing off, by an older mlcache, or by someone with
                 # another key: recomputed and overwritten; said once per function
                 self._foreign_warned.add(exc.reason)
+                if self._ctx.writes.refuses_writes():
+                    return _MISS  # a shared cache of another key: the gate said why, once
                 how = "not signed" if exc.reason == "unsigned" else "signed with another key"
                 warn(
                     f"mlcache: entries of {self.func_id} were {how}; they are recomputed "
