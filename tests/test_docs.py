@@ -167,3 +167,6 @@ def test_the_changelog_names_the_version():
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     first = re.search(r"^## \[([^\]]+)\]", changelog, re.M)
     assert first and first.group(1) == version
+    import mlcache  # what `mlcache --version` prints is the package's version too
+
+    assert mlcache.__version__ == version
