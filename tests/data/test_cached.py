@@ -467,3 +467,25 @@ def test_torch_tensor_dataset_is_a_deprecated_alias_that_warns_once(monkeypatch)
         assert mtorch.TensorDataset is mtorch.TorchDataset  # once: no second warning
     with pytest.raises(AttributeError):
         mtorch.NoSuchName  # noqa: B018
+
+
+class _LateRoot(CachedDataset):
+    def __init__(self, root, **kw):
+        super().__init__(**kw)
+        self.root = root  # too late: opening read it
+
+    def source_files(self):
+        return sorted(Path(self.root).glob("*.txt"))
+
+    def load_source(self):
+        for p in self.source_files():
+            yield {"t": p.read_text()}
+
+
+def test_an_attribute_set_after_super_init_is_a_clear_error(tmp_path):
+    (tmp_path / "a.txt").write_text("a")
+    with pytest.raises(
+        AttributeError, match=r"_LateRoot\.root is not set .*before calling super"
+    ) as e:
+        _LateRoot(str(tmp_path), cache_dir=tmp_path / "c", progress=False)
+    assert e.value.name == "root" and isinstance(e.value.__cause__, AttributeError)

@@ -82,6 +82,7 @@ from .sources import (
     UNUSED_PACKS_KEPT_FOR,
     DeclaredSource,
     SourceRecord,
+    attributes_first,
     check_mode,
     read_state,
     remove_older_versions,
@@ -215,25 +216,24 @@ class CachedDataset(Sequence[Any]):
         self._root = os.path.abspath(root)
         self._folder = os.path.join(self._root, slug(f"{cls.__module__}.{cls.__qualname__}"))
         self._record = SourceRecord(self._root, self._folder, self._args_id_full, self._declared)
-        trusted = check_source != "open" and not force_recache and self._remote is None
-        recorded = self._record.read() if trusted else None
-        self._source = recorded if recorded is not None else self.source_fingerprint()
+        self.transform, self._allow_pickle, self._num_workers = transform, allow_pickle, num_workers
+        self._pack: PackedDataset | None = None
         # what builds change is recorded by the code's shape (its version with
         # mutable values by type): editing the code learns anew
         self._shape = code_version(cls).shape[:16]
         self._state = read_state(self._folder, self._shape)
-        self.pack_path = self._name_pack()
-        self.transform = transform
-        self._allow_pickle = allow_pickle
-        self._num_workers = num_workers
-        self._pack: PackedDataset | None = None
-        if recorded is not None:
-            self._pack = self._try_open(False)
-            if self._pack is None:  # no pack of the recorded source: fingerprint it now
-                recorded, self._source = None, self.source_fingerprint()
-                self.pack_path = self._name_pack()
-        if self._pack is None:
-            self._pack = self._open_or_build(force_recache, progress)
+        trusted = check_source != "open" and not force_recache and self._remote is None
+        recorded = self._record.read() if trusted else None
+        with attributes_first(self):  # the user's methods run from here on
+            self._source = recorded if recorded is not None else self.source_fingerprint()
+            self.pack_path = self._name_pack()
+            if recorded is not None:
+                self._pack = self._try_open(False)
+                if self._pack is None:  # no pack of the recorded source: fingerprint it now
+                    recorded, self._source = None, self.source_fingerprint()
+                    self.pack_path = self._name_pack()
+            if self._pack is None:
+                self._pack = self._open_or_build(force_recache, progress)
         if self._remote is None:  # the versions it replaces, once nobody reads them
             remove_replaced(self.pack_path)
         self._record.write(self._source)

@@ -17,7 +17,7 @@ import re
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from stat import S_ISREG
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "UNUSED_PACKS_KEPT_FOR",
     "DeclaredSource",
     "SourceRecord",
+    "attributes_first",
     "check_mode",
     "files_digest",
     "items_digest",
@@ -66,6 +67,27 @@ UNUSED_PACKS_KEPT_FOR = 30 * 86400
 
 #: the values of ``CachedDataset(check_source=...)``
 CHECKS = ("open", "background", "never")
+
+
+@contextlib.contextmanager
+def attributes_first(dataset: Any) -> Iterator[None]:
+    """An attribute of ``dataset`` that its own methods read while it opens (in
+    ``super().__init__()``) but that is not set yet, is an ``AttributeError``
+    that says what to do, instead of a bare one from inside ``load_source()``."""
+    try:
+        yield
+    except AttributeError as exc:
+        name = exc.name
+        if exc.obj is not dataset or name is None or name in vars(dataset):
+            raise
+        cls = type(dataset).__qualname__
+        raise AttributeError(
+            f"{cls}.{name} is not set when the dataset opens: set the attributes its "
+            f"methods use (self.{name} = ...) before calling super().__init__() in "
+            f"{cls}.__init__, since opening reads the source and may build the pack",
+            name=name,
+            obj=dataset,
+        ) from exc
 
 
 def check_mode(check_source: object) -> None:
