@@ -404,7 +404,7 @@ def test_tables_without_a_terminal_neither_wrap_nor_cut_names(tmp_path):
     shutil.copyfile(tmp_path / "mine" / "d.pack", long)
     lines = run("--location", str(tmp_path), "ls").stdout.splitlines()
     [row] = [line for line in lines if long.name in line]
-    assert row.split()[:3] == [long.name, "pack()", "20"]
+    assert row.split()[:4] == [long.name, "pack()", "current", "20"]
     assert all(
         line.split()[0].endswith(".pack") for line in lines[lines.index(row) - 2 : lines.index(row)]
     )
@@ -450,3 +450,39 @@ def test_a_shared_cache_by_its_url(s3_bucket, monkeypatch):
     assert res.returncode == 0 and "removed test_cli_conventions.work (1 result)" in res.stdout
     left = json.loads(run("--location", cache, "ls", "--json").stdout)["functions"]
     assert sum(f["entries"] for f in left) == 0
+
+
+class Notes(CachedDataset):
+    """One sample a line of a text file: editing the file makes a new version."""
+
+    def __init__(self, path: Path, **kw):
+        self.source_paths = [str(path)]
+        super().__init__(**kw)
+
+    def load_source(self):
+        for line in Path(self.source_paths[0]).read_text().splitlines():
+            yield {"line": line}
+
+
+def test_ls_marks_the_current_pack_and_the_one_it_replaced(tmp_path):
+    """A rebuild (the source edited) while this process still reads the old pack:
+    both are listed, the old one as replaced by the new one (it goes once no
+    process reads it)."""
+    src, loc = tmp_path / "notes.txt", tmp_path / "c"
+    src.write_text("a\nb\n")
+    old = Notes(src, cache_dir=loc, progress=False)
+    assert old[1]["line"] == "b"  # held open by this process
+    time.sleep(0.01)
+    src.write_text("a\nb\nc\n")
+    new = Notes(src, cache_dir=loc, progress=False)
+    assert len(new) == 3 and os.path.exists(old.pack_path)
+    packs = {p["path"]: p for p in listing(loc)["datasets"]}
+    assert packs[old.pack_path]["replaced_by"] == new.pack_path
+    assert packs[new.pack_path]["replaced_by"] is None
+    text = run("--location", str(loc), "ls").stdout
+    lines = {line.split()[0]: line for line in text.splitlines() if ".pack" in line}
+    assert [("replaced" in line, "current" in line) for line in lines.values()].count(
+        (True, False)
+    ) == 1
+    info = run("--location", str(loc), "info", "Notes").stdout
+    assert f"replaced by {os.path.basename(new.pack_path)}" in info

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from ._util import progress as _progress
 from .data.cached import remove_pack
 from .data.reader import PackedDataset
+from .data.replaced import replaced_by
 from .entry import open_entry, read_entry_info
 from .errors import EntryCorrupted, EntryNotFound, EntrySignatureError, PackCorrupted, UnknownFormat
 from .memo.eviction import plan_eviction
@@ -80,6 +81,9 @@ class PackInfo:
     version: int | None = None  #: the pack format version
     fields: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     error: str = ""  #: why it cannot be opened, in plain words
+    #: the newer pack of the same dataset that replaced this one (it is removed
+    #: once no process reads it), or None: the current one
+    replaced_by: str | None = None
 
     @property
     def rebuildable(self) -> bool:
@@ -187,6 +191,8 @@ def _describe(path: str, location: str, detail: bool) -> PackInfo | None:
         last_used=max(st.st_atime, st.st_mtime),
         dataset=dataset_class(path),
     )
+    if info.dataset:
+        info.replaced_by = replaced_by(path)
     if detail:
         try:
             ds = PackedDataset(path)

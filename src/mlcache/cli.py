@@ -108,6 +108,7 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
         [
             p.name,
             p.dataset.rpartition(".")[2] if p.dataset else "pack()",
+            "replaced" if p.replaced_by else "current",
             "damaged" if p.error else f"{p.samples:,}",
             _size(p.size),
             _age(p.last_used),
@@ -115,7 +116,7 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
         ]
         for p in found
     ]
-    headers = ["pack", "made by", "samples", "size", "last use", "fields"]
+    headers = ["pack", "made by", "state", "samples", "size", "last use", "fields"]
     print_table(f"Datasets in {location}", headers, rows)
     return OK
 
@@ -171,6 +172,8 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
 
 def _pack_info(pack: admin.PackInfo) -> None:
     made = f"built by the dataset {pack.dataset}" if pack.dataset else "made by pack()"
+    if pack.replaced_by:  # still read by a process: removed when none does
+        made += f", replaced by {os.path.basename(pack.replaced_by)}"
     if pack.error:
         print(f"{pack.path} ({made}): damaged: {pack.error}; `mlcache verify` says more")
         return
