@@ -486,3 +486,24 @@ def test_ls_marks_the_current_pack_and_the_one_it_replaced(tmp_path):
     ) == 1
     info = run("--location", str(loc), "info", "Notes").stdout
     assert f"replaced by {os.path.basename(new.pack_path)}" in info
+
+
+def test_a_scripts_function_is_named_by_its_name_alone(tmp_path):
+    """The README's example: a function defined in a script (``__main__``, whose
+    identity ends in ``@<the script's path>``) is found by ``preprocess``."""
+    script = tmp_path / "f.py"
+    script.write_text(
+        "import sys\nfrom mlcache import Memory\n"
+        "mem = Memory(sys.argv[1], verbose=0)\n"
+        "@mem.cache\ndef preprocess(x):\n    return x * 2\n"
+        "preprocess(3)\n"
+    )
+    loc = tmp_path / "cache"
+    subprocess.run([sys.executable, str(script), str(loc)], check=True, timeout=120, env=env())
+    for name in ("preprocess", "f.preprocess", "__main__.f.preprocess"):
+        res = run("--location", str(loc), "info", name, "--json")
+        assert res.returncode == 0, (name, res.stdout, res.stderr)
+        assert json.loads(res.stdout)["function"]["func"].startswith("__main__.f.preprocess@")
+    res = run("--location", str(loc), "clear", "preprocess")
+    assert res.returncode == 0, res.stderr
+    assert state(loc)[0] == 0  # its one result is gone

@@ -101,12 +101,17 @@ def functions(mem: Memory) -> list[FunctionStats]:
 
 def find_function(mem: Memory, name: str) -> FunctionStats | None:
     """The function whose identity or folder is ``name``, or the only one ending
-    with ``.name``; ``ValueError`` naming the candidates when several do."""
+    with ``.name`` (a script's functions, ``__main__.f@/path/f.py``, are matched
+    without their ``@path``); ``ValueError`` naming the candidates when several do."""
     everything = functions(mem)
     exact = [st for st in everything if name in (st.func, st.folder)]
     if exact:
         return exact[0]
-    found = [st for st in everything if st.func.endswith("." + name)]
+    found = [
+        st
+        for st in everything
+        if any(f == name or f.endswith("." + name) for f in (st.func, st.func.split("@")[0]))
+    ]
     if len(found) > 1:
         names = ", ".join(st.func for st in found)
         raise ValueError(f"{name!r} names several functions: {names}; give the full name")
