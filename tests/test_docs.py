@@ -104,6 +104,8 @@ def _commands() -> dict[str, set[str]]:
                 continue
             for line in code.splitlines():
                 words = line.split("#")[0].split()
+                while len(words) >= 3 and words[1] in ("--location", "--json"):
+                    del words[1 : 3 if words[1] == "--location" else 2]  # global options
                 if len(words) >= 2 and words[0] == "mlcache":
                     opts = {w.strip("[]").split("=")[0] for w in words[2:]}
                     shown.setdefault(words[1], set()).update(o for o in opts if o[:2] == "--")

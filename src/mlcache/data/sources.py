@@ -113,7 +113,9 @@ class DeclaredSource:
         if (folder is None) == (paths is None):
             raise TypeError(
                 "declare the source by source_dir (and source_glob) or by source_paths, "
-                f"one of the two: got source_dir={folder!r}, source_paths={paths!r}"
+                f"one of the two: got source_dir={folder!r}, source_paths={paths!r} (in "
+                "__init__, set them before calling super().__init__(), which opens the "
+                "dataset)"
             )
         if pattern is not None and (not isinstance(pattern, str) or "/" in pattern):
             raise ValueError(
