@@ -8,6 +8,7 @@ their own instead of creating one in the home folder of whoever runs them.
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 
 import pytest
@@ -56,3 +57,16 @@ def s3_bucket(s3_endpoint):
     bucket = f"test-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem(**options).mkdir(bucket)
     return f"s3://{bucket}", options
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs of our own, that a test may remount read-only (we are root:
+    a read-only mount, not chmod, is what refuses root's writes); unmounted after."""
+    where = tmp_path / "mount"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -23,6 +23,7 @@ from typing import Any
 from . import __version__, admin
 from ._tables import print_table
 from ._util import parse_bytes, parse_duration
+from .data.fetch import is_url
 from .memo.memory import Memory
 from .store.local import cache_folder, default_location
 
@@ -356,10 +357,6 @@ def _bench(args: argparse.Namespace) -> int:
     return USAGE
 
 
-def _is_url(location: str | None) -> bool:
-    return location is not None and "://" in location
-
-
 def _is_empty(mem: Memory, location: str) -> bool:
     """No results (statistics may stay) and no packs."""
     funcs = admin.functions(mem)
@@ -501,9 +498,9 @@ def _run(argv: list[str] | None) -> int:
         return _demo(parser, args)
     if args.command == "bench":
         return _bench(args)
-    if args.command == "clear" and args.location is None and _is_url(args.name):
+    if args.command == "clear" and args.location is None and is_url(args.name):
         args.location, args.name = args.name, None  # `mlcache clear s3://bucket/cache`
-    if _is_url(args.location):  # a shared cache: its function results (fsspec, and the
+    if is_url(args.location):  # a shared cache: its function results (fsspec, and the
         location = args.location.rstrip("/")  # usual AWS_* variables for S3)
     else:
         location = cache_folder(args.location) if args.location else default_location()

@@ -253,18 +253,6 @@ READ_ONLY_JOB = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A small tmpfs of our own (so that it can be remounted read-only); unmounted after."""
-    where = tmp_path / "mount"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 def test_a_cache_on_a_read_only_mount_serves_its_hits(tmpfs, tmp_path):
     """A team's cache, filled then mounted read-only: a fresh process reads the hits
     (never computes them), computes the misses and returns them, with one warning

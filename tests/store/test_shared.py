@@ -407,18 +407,6 @@ def test_a_server_stopped_mid_run_leaves_the_calls_working(tmp_path, data):
     assert _calls(data) == 4 and not mem.store.reachable
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A small tmpfs of our own (so that it can be remounted read-only); unmounted after."""
-    where = tmp_path / "mount"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 def test_a_read_only_cache_without_a_generation_object_still_opens(tmpfs, tmp_path, data):
     """A file:// cache filled by an older mlcache (no .mlcache-generation) on a
     read-only mount: the store opens (no generation can be written) and serves

@@ -214,7 +214,7 @@ def pack_sharded(
     """Write ``samples`` as shards of about ``shard_size`` bytes each, then the
     manifest ``path`` (which must end in ``.shards``); see :func:`mlcache.data.pack`
     for ``pack_options``."""
-    if "://" in os.fspath(path):  # else a local folder named "s3:" (see pack())
+    if is_url(os.fspath(path)):  # else a local folder named "s3:" (see pack())
         raise ValueError(f"sharded packs are written to local paths only: got {path!r}")
     path = os.path.abspath(os.fspath(path))
     if not path.endswith(SHARDS_SUFFIX):
