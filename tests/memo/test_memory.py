@@ -25,11 +25,13 @@ from mlcache import (
     MemorizedFunc,
     Memory,
     NotMemorizedFunc,
+    NotMemorizedResult,
     RegistryError,
     StoreError,
     UnsupportedValue,
     expires_after,
 )
+from mlcache.codecs import select_codec
 from mlcache.memo.layout import entries
 
 CALLS: list[object] = []
@@ -595,13 +597,65 @@ def test_unstorable_result_is_returned_with_a_warning(mem):
     assert hasattr(lock, "acquire")
 
 
-def test_allow_pickle_false_refuses_at_store_time(tmp_path):
+def test_allow_pickle_false_returns_what_needs_pickle_unstored(tmp_path):
+    """A result that needs pickle with allow_pickle=False is returned, not stored, with
+    ONE warning per function naming its type and the way out; later calls compute."""
     mem = Memory(tmp_path, verbose=0, allow_pickle=False)
     f = mem.cache(lambda n: {"ok": np.arange(n), "t": (1, 2.5)})
     assert f(3)["t"] == (1, 2.5)
-    g = mem.cache(lambda: datetime.date(2020, 1, 1))
-    with pytest.raises(UnsupportedValue, match="datetime.date"):
-        g()
+    calls = []
+
+    def when(day):
+        calls.append(day)
+        return datetime.date(2020, 1, day)
+
+    g = mem.cache(when)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert g(1) == datetime.date(2020, 1, 1)
+        assert g(1) == datetime.date(2020, 1, 1)  # a miss: computed again
+        assert g(2) == datetime.date(2020, 1, 2)
+        out, meta = g.call(3)
+        shelved = g.call_and_shelve(4)
+    assert out == datetime.date(2020, 1, 3) and meta == {}
+    assert isinstance(shelved, NotMemorizedResult)
+    assert shelved.get() == datetime.date(2020, 1, 4)
+    assert calls == [1, 1, 2, 3, 4]
+    ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1, ours
+    assert "datetime.date" in ours[0] and "allow_pickle" in ours[0]
+    assert "not stored" in ours[0] and "returned uncached" in ours[0]
+    assert not g.check_call_in_cache(1)
+    assert f.check_call_in_cache(3)  # the other function stored its plain result
+    with pytest.raises(UnsupportedValue, match="datetime.date"):  # the codecs still raise
+        select_codec(datetime.date(2020, 1, 1), allow_pickle=False)
+
+
+def test_allow_pickle_false_async_returns_what_needs_pickle_unstored(tmp_path):
+    mem = Memory(tmp_path, verbose=0, allow_pickle=False)
+    calls = []
+
+    @mem.cache
+    async def when(day):
+        calls.append(day)
+        return datetime.date(2020, 1, day)
+
+    async def main():
+        first = await when(1)
+        again = await when(1)
+        out, meta = await when.call(2)
+        shelved = await when.call_and_shelve(3)
+        return first, again, out, meta, shelved
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, again, out, meta, shelved = asyncio.run(main())
+    assert first == again == datetime.date(2020, 1, 1)
+    assert out == datetime.date(2020, 1, 2) and meta == {}
+    assert isinstance(shelved, NotMemorizedResult) and shelved.get().day == 3
+    assert calls == [1, 1, 2, 3]
+    ours = [w for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1 and "datetime.date" in str(ours[0].message)
 
 
 def test_compressed_results(tmp_path):

@@ -101,6 +101,7 @@ class MemorizedFunc(Generic[P, R]):
         self._local = context.local is not None
         self._params, self._state_ignore = _split_ignore(func, self.ignore)
         self._unkeyable_warned = False
+        self._pickle_warned = False  # a result that needs pickle with allow_pickle=False
         self._foreign_warned: set[str] = set()  # entries seen unsigned or with another key
         self._rename(self.func_id)
         functools.update_wrapper(self, func)
@@ -307,12 +308,18 @@ class MemorizedFunc(Generic[P, R]):
     ) -> dict[str, Any] | None:
         """Write ``value``; on failure warn and return None (the value is never lost).
 
-        A value that needs pickle while pickle is disabled raises ``UnsupportedValue``:
-        that is a configuration error, not a cache problem."""
+        A value that needs pickle while pickle is disabled is not stored either: one
+        warning per function (it is called in loops), a miss on every later call."""
         keyer, ctx = self._code.keyer, self._ctx
         assert keyer is not None
         name, digests = keyed
-        codec = select_codec(value, allow_pickle=ctx.allow_pickle)
+        try:
+            codec = select_codec(value, allow_pickle=ctx.allow_pickle)
+        except UnsupportedValue as exc:  # said once per function: it may run in a loop
+            if not self._pickle_warned:
+                self._pickle_warned = True
+                self._warn_unstored(f"is not stored: {exc}")
+            return None
         if ctx.writes.refuses_writes():  # a read-only cache (said once per Memory)
             return None
         info = {
