@@ -8,6 +8,12 @@ Selection is explicit: safe codecs are asked in registration order whether
 they *fully* represent the value (``can_encode`` is a strict structural check,
 not a try-and-see); pickle is used only when none does and pickle is allowed,
 and refusing it raises :class:`~mlcache.errors.UnsupportedValue` naming the type.
+
+Typed values that are not arrays (a DataFrame, a pyarrow Table, a tensor) are
+*leaves* of the ``npy`` tree (:mod:`mlcache.codecs.leaves`): one
+:class:`~mlcache.codecs.leaves.Leaf` per type family, registered with
+:func:`register_leaf` and found by the exact type's ``"module.QualName"``, so a
+dict of frames and arrays is stored without pickle, each part typed.
 """
 
 from __future__ import annotations
@@ -19,8 +25,19 @@ import numpy as np
 
 from .._registry import Registry
 from ..errors import RegistryError, UnsupportedValue
+from .leaves import Leaf, leaves, register_leaf
 
-__all__ = ["Codec", "Encoded", "Segments", "codecs", "register_codec", "select_codec"]
+__all__ = [
+    "Codec",
+    "Encoded",
+    "Leaf",
+    "Segments",
+    "codecs",
+    "leaves",
+    "register_codec",
+    "register_leaf",
+    "select_codec",
+]
 
 
 class Encoded(NamedTuple):

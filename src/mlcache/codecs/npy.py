@@ -6,6 +6,11 @@ order), numpy scalars, ``None``, ``bool``, ``int``, ``float``, ``complex``,
 be any tree value). Arrays and bytes become raw segments, so every array comes
 back memory-mapped when the reader maps; the rest is JSON in the layout.
 Exact types only: a subclass (``OrderedDict``, ``np.matrix``) goes to pickle.
+
+A value of another type is a *leaf* when a registered
+:class:`~mlcache.codecs.leaves.Leaf` handles its exact type (pandas, pyarrow
+and polars frames are built in): its node is ``{"x": leaf name, ...}``, the
+rest of the node and its segments the leaf's own (``docs/format.md``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import Encoded, Segments
+from .leaves import get_leaf, leaf_for
 
 _SCALARS = (type(None), bool, int, float, str)
 _MAX_DEPTH = 100
@@ -47,7 +53,8 @@ class NumpyCodec:
             return all(self._ok(x, depth + 1) for x in v)
         if t is dict:
             return all(self._ok(k, depth + 1) and self._ok(x, depth + 1) for k, x in v.items())
-        return False
+        leaf = leaf_for(t)
+        return leaf is not None and leaf.can_encode(v) is True
 
     def encode(self, value: Any) -> Encoded:
         segments: list[Any] = []
@@ -75,6 +82,19 @@ class NumpyCodec:
             return {"d": [[self._enc(k, segs), self._enc(x, segs)] for k, x in v.items()]}
         if isinstance(v, np.generic):
             return {"s": self._enc(np.asarray(v), segs)}
+        if t is not np.ndarray:
+            leaf = leaf_for(t)
+            if leaf is None:  # can_encode said no: encode() was called anyway
+                raise TypeError(f"the npy codec cannot store a {t.__module__}.{t.__qualname__}")
+
+            def add(segment: Any) -> int:
+                segs.append(segment)
+                return len(segs) - 1
+
+            node = leaf.encode(v, add)
+            if "x" in node:
+                raise ValueError(f"the leaf {leaf.name!r} returned a node with the key 'x'")
+            return {"x": leaf.name, **node}
         a: np.ndarray = v
         if a.flags.c_contiguous:
             order = "C"
@@ -95,6 +115,8 @@ class NumpyCodec:
             return [self._dec(x, segs) for x in n]
         if type(n) is not dict:
             raise ValueError(f"bad npy layout node {n!r}")
+        if "x" in n:  # a leaf (first: its own keys may be any): unregistered is UnknownFormat
+            return get_leaf(n["x"]).decode(n, segs)
         if "f" in n:
             return float.fromhex(n["f"])
         if "a" in n:

@@ -561,7 +561,7 @@ def decode(reader: EntryReader, *, allow_pickle: bool) -> Any:
         )
     try:
         return codec.decode(reader.codec_layout, reader)
-    except EntryCorrupted:
+    except (EntryCorrupted, UnknownFormat):  # a leaf this process lacks: a miss, kept
         raise
     except Exception as exc:
         # a layout that passed its checksum but that the codec cannot follow, or a

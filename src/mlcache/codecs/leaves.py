@@ -1,0 +1,160 @@
+"""Leaves: typed values (a DataFrame, a tensor, a sparse matrix) inside the npy tree.
+
+The ``npy`` codec stores trees of arrays and plain data. A value of another
+type becomes a *leaf node* ``{"x": leaf.name, ...}`` when a registered
+:class:`Leaf` handles its exact type: the leaf turns it into a JSON-able node
+plus raw segments (added through ``add``), and back. So a dict of DataFrames and
+arrays keeps every part typed, and a new type is one module with one leaf.
+
+Dispatch is by the ``"module.QualName"`` of ``type(value)`` (:func:`leaf_for`),
+looked up once per type and cached, so that mlcache never imports pandas, torch
+or scipy before such a value is met, and a plain tree costs nothing more.
+Exact types only: a subclass is another type (pickle, or unstored).
+
+Decoding an entry whose leaf name this process has not registered is
+:class:`~mlcache.errors.UnknownFormat`: a miss that leaves the entry in place
+(another process may read it), as for an unregistered codec.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .._registry import Registry
+from ..errors import InvalidRegistration, RegistryError, UnknownFormat
+
+if TYPE_CHECKING:  # codecs/__init__ imports this module: no import back at run time
+    from . import Segments
+
+__all__ = ["Leaf", "get_leaf", "leaf_for", "leaves", "register_leaf", "unknown_leaf"]
+
+
+@runtime_checkable
+class Leaf(Protocol):
+    """One typed value family stored as a node of the ``npy`` tree.
+
+    ``name`` is unique and stored in entries ("pandas.DataFrame");
+    ``types`` are the exact types handled, by the ``"module.QualName"`` of
+    ``type(value)`` ("pandas.core.frame.DataFrame"). A leaf never runs code
+    from the entry when decoding (the ``npy`` codec is a safe codec).
+    """
+
+    name: str
+    types: tuple[str, ...]
+
+    def can_encode(self, value: Any) -> bool:
+        """Whether the leaf *fully* represents ``value`` (a strict check: a value
+        it would store approximately is refused, and goes to pickle)."""
+        ...
+
+    def encode(self, value: Any, add: Callable[[Any], int]) -> dict[str, Any]:
+        """A JSON-able node for ``value`` (without the key ``"x"``, which the tree
+        uses); ``add(segment)`` appends a raw segment (a bytes-like object or a
+        contiguous numpy array) and returns its index."""
+        ...
+
+    def decode(self, node: dict[str, Any], segments: Segments) -> Any:
+        """The value of ``node``; ``segments.array(i, dtype, shape, order)`` is a
+        view of the mapped file when the entry is read with ``mmap_mode``."""
+        ...
+
+
+def _check_leaf(obj: object) -> None:
+    if isinstance(obj, type) or not isinstance(obj, Leaf):
+        raise TypeError(
+            f"{obj!r} is not a leaf instance: it needs name, types, can_encode, encode and decode"
+        )
+    types = getattr(obj, "types", None)
+    if not isinstance(types, tuple) or not all(isinstance(t, str) and t for t in types):
+        raise TypeError(f"{obj!r}: types must be a tuple of 'module.QualName' strings")
+
+
+#: leaf names are stored in entries: "pandas.DataFrame", "torch.Tensor"
+_LEAF_NAME = (
+    re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{0,127}$"),
+    "a dotted name such as 'pandas.DataFrame' (letters, digits, '_', '-', '.', '+')",
+)
+
+leaves: Registry[Leaf] = Registry("leaf", _check_leaf, names=_LEAF_NAME)
+
+#: "module.QualName" -> the leaf for that exact type
+_BY_TYPENAME: dict[str, Leaf] = {}
+#: type -> its leaf (None: no leaf), decided once per type
+_RESOLVED: dict[type, Leaf | None] = {}
+
+
+def register_leaf(leaf: Leaf, *, replace: bool = False) -> None:
+    """Register a leaf instance under ``leaf.name`` for the types ``leaf.types``.
+
+    Raises :class:`~mlcache.errors.InvalidRegistration` for an object that is not
+    a leaf, a name another leaf holds, or a type another leaf handles (unless
+    ``replace``).
+
+    Examples
+    --------
+    >>> import fractions
+    >>> from mlcache.codecs.leaves import register_leaf
+    >>> class FractionLeaf:
+    ...     name = "example.Fraction"
+    ...     types = ("fractions.Fraction",)
+    ...     def can_encode(self, value):
+    ...         return True
+    ...     def encode(self, value, add):
+    ...         return {"n": str(value.numerator), "d": str(value.denominator)}
+    ...     def decode(self, node, segments):
+    ...         return fractions.Fraction(int(node["n"]), int(node["d"]))
+    >>> register_leaf(FractionLeaf(), replace=True)
+    """
+    try:
+        _check_leaf(leaf)
+    except TypeError as exc:
+        raise InvalidRegistration(f"cannot register leaf: {exc}") from None
+    if not leaves.can_hold(leaf.name):
+        raise InvalidRegistration(f"invalid leaf name {leaf.name!r}: expected {_LEAF_NAME[1]}")
+    if not replace:
+        for t in leaf.types:
+            old = _BY_TYPENAME.get(t)
+            if old is not None and old.name != leaf.name:
+                raise InvalidRegistration(
+                    f"leaf {leaf.name!r}: the type {t} is handled by the leaf {old.name!r}; "
+                    "pass replace=True to replace it"
+                )
+    leaves.register(leaf.name, leaf, replace=replace)
+    for t, old in list(_BY_TYPENAME.items()):
+        if old.name == leaf.name:  # a leaf registered again: its old types go
+            del _BY_TYPENAME[t]
+    for t in leaf.types:
+        _BY_TYPENAME[t] = leaf
+    _RESOLVED.clear()
+
+
+def leaf_for(t: type) -> Leaf | None:
+    """The leaf that handles values of exactly type ``t``, or None."""
+    try:
+        return _RESOLVED[t]
+    except KeyError:
+        pass
+    leaf = _BY_TYPENAME.get(f"{t.__module__}.{t.__qualname__}")
+    _RESOLVED[t] = leaf
+    return leaf
+
+
+def unknown_leaf(name: object) -> UnknownFormat:
+    """The error for a stored leaf name this process has not registered."""
+    known = ", ".join(leaves) or "none"
+    return UnknownFormat(
+        f"written with the leaf {name!r}, which this process has not registered "
+        f"(mlcache.codecs.leaves.register_leaf; known: {known})"
+    )
+
+
+def get_leaf(name: object) -> Leaf:
+    """The registered leaf ``name``; :class:`~mlcache.errors.UnknownFormat` if none."""
+    if not isinstance(name, str) or name not in leaves:
+        raise unknown_leaf(name)
+    try:
+        return leaves[name]
+    except RegistryError:
+        raise unknown_leaf(name) from None

@@ -1,0 +1,170 @@
+"""codecs/leaves: typed values inside the npy tree, found by their exact type's name."""
+
+from __future__ import annotations
+
+import fractions
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlcache import InvalidRegistration, UnknownFormat
+from mlcache.codecs import codecs, leaves, register_leaf
+from mlcache.codecs.leaves import leaf_for
+from mlcache.entry import EntryReader, decode
+from mlcache.testing.codecs import MemorySegments, read, write
+
+
+class Ratio(fractions.Fraction):
+    """A type of this test's own (a leaf for a real type would leak into other tests)."""
+
+
+class FractionLeaf:
+    """A test leaf: a Ratio as two decimal strings, the denominator a segment."""
+
+    name = "test.Ratio"
+    types = (f"{Ratio.__module__}.{Ratio.__qualname__}",)
+
+    def can_encode(self, value: Any) -> bool:
+        return value.denominator != 7  # a value it "cannot represent", for the tests
+
+    def encode(self, value: Any, add: Any) -> dict[str, Any]:
+        # keys that the tree itself uses ("f", "d", "a") must not confuse it
+        return {"f": str(value.numerator), "d": add(str(value.denominator).encode())}
+
+    def decode(self, node: dict[str, Any], segments: Any) -> Any:
+        return Ratio(int(node["f"]), int(bytes(segments.buffer(node["d"]))))
+
+
+register_leaf(FractionLeaf(), replace=True)
+npy = codecs["npy"]
+
+
+def test_a_tree_of_leaves_round_trips(tmp_path: Path) -> None:
+    value = {"a": [Ratio(1, 3), (Ratio(-5, 2), 1.5)], "b": None}
+    assert npy.can_encode(value)
+    encoded = npy.encode(value)
+    assert json.loads(json.dumps(encoded.layout)) == encoded.layout
+    assert encoded.layout["tree"]["d"][0][1][0] == {"x": "test.Ratio", "f": "1", "d": 0}
+    for got in (
+        npy.decode(encoded.layout, MemorySegments(encoded)),
+        (write(npy, value, tmp_path / "e"), read(npy, tmp_path / "e", "r"))[1],
+    ):
+        assert got == value and type(got["a"][0]) is Ratio
+
+
+def test_the_leaf_decides_and_a_refused_part_refuses_the_tree() -> None:
+    assert not npy.can_encode([1, Ratio(1, 7)])
+    assert not npy.can_encode(decimal_like())  # no leaf for the type
+
+
+def decimal_like() -> Any:
+    import decimal
+
+    return decimal.Decimal("1.5")
+
+
+def test_subclasses_are_other_types() -> None:
+    class MyRatio(Ratio):
+        pass
+
+    assert leaf_for(Ratio) is leaves["test.Ratio"]
+    assert leaf_for(MyRatio) is None and leaf_for(fractions.Fraction) is None
+    assert not npy.can_encode(MyRatio(1, 2))
+    assert not npy.can_encode(fractions.Fraction(1, 2))
+
+
+def test_an_unregistered_leaf_is_an_unknown_format(tmp_path: Path) -> None:
+    path = tmp_path / "e"
+    write(npy, [Ratio(1, 3)], path)
+    reader = _reader_with_layout(path, {"tree": [{"x": "test.Missing", "f": "1", "d": 0}]})
+    with pytest.raises(UnknownFormat, match="test.Missing"):
+        decode(reader, allow_pickle=False)  # type: ignore[arg-type]
+
+
+def _reader_with_layout(path: Path, layout: dict[str, Any]) -> Any:
+    reader = EntryReader(str(path))
+
+    class Forged:
+        codec = reader.codec
+        codec_layout = layout
+        path = reader.path
+
+        def __len__(self) -> int:
+            return len(reader)
+
+        def buffer(self, index: int) -> memoryview:
+            return reader.buffer(index)
+
+        def array(self, *args: Any) -> Any:
+            return reader.array(*args)
+
+    return Forged()
+
+
+SCRIPT = """
+import fractions, os, warnings
+import mlcache
+from mlcache.codecs import register_leaf
+
+class FractionLeaf:
+    name = "script.Fraction"
+    types = ("fractions.Fraction",)
+    def can_encode(self, value):
+        return True
+    def encode(self, value, add):
+        return {"n": str(value.numerator), "d": str(value.denominator)}
+    def decode(self, node, segments):
+        return fractions.Fraction(int(node["n"]), int(node["d"]))
+
+if os.environ.get("REGISTER"):
+    register_leaf(FractionLeaf())
+mem = mlcache.Memory(os.environ["CACHE"], verbose=0, allow_pickle=False)
+
+@mem.cache
+def f(x):
+    with open(os.environ["LOG"], "a") as log:
+        log.write("computed\\n")
+    return {"third": fractions.Fraction(x, 3)}
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert f(1) == {"third": fractions.Fraction(1, 3)}
+for w in caught:
+    print("WARNING", w.message)
+"""
+
+
+def test_memory_keeps_an_entry_whose_leaf_this_process_lacks(tmp_path: Path) -> None:
+    from tests.scripts import ScriptFolder
+
+    folder = ScriptFolder(tmp_path)
+    folder.write("run.py", SCRIPT)
+    first = folder.execute("run.py", env={"REGISTER": "1"})
+    assert folder.log.read_text() == "computed\n" and "WARNING" not in first.stdout
+    # another process without the leaf: computed again (and not stored: the value
+    # needs pickle there), with one warning saying which leaf it lacks
+    second = folder.execute("run.py")
+    assert folder.log.read_text() == "computed\n"
+    warned = [line for line in second.stdout.splitlines() if "not registered" in line]
+    assert warned and "'script.Fraction'" in warned[0], second.stdout
+
+
+def test_registration_is_checked() -> None:
+    with pytest.raises(InvalidRegistration):
+        register_leaf(FractionLeaf)  # type: ignore[arg-type]  # a class, not an instance
+    with pytest.raises(InvalidRegistration):
+        register_leaf(object())  # type: ignore[arg-type]
+
+    class Clash(FractionLeaf):
+        name = "test.Other"
+
+    with pytest.raises(InvalidRegistration, match="handled by the leaf 'test.Ratio'"):
+        register_leaf(Clash())
+    with pytest.raises(InvalidRegistration, match="invalid leaf name"):
+
+        class Bad(FractionLeaf):
+            name = "no spaces allowed"
+
+        register_leaf(Bad())
