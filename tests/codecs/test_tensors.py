@@ -1,0 +1,321 @@
+"""codecs/tensors: torch tensors as leaves of the npy tree, every dtype, never pickled."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from mlcache import Memory  # noqa: E402
+from mlcache.codecs import codecs, leaves  # noqa: E402
+from mlcache.codecs.tensors import TensorLeaf  # noqa: E402
+from mlcache.entry import EntryReader  # noqa: E402
+from mlcache.testing.codecs import MemorySegments, read, write  # noqa: E402
+
+npy = codecs["npy"]
+leaf = leaves["torch.Tensor"]
+
+#: every dtype the leaf stores (torch 2.13): the numpy ones and the others
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex32,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
+
+
+def bits(t: Any) -> bytes:
+    """The tensor's elements as bytes (equal bits: NaN payloads, -0.0)."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return bytes(t.view(torch.uint8).numpy()) if t.numel() else b""
+
+
+def assert_same_tensor(got: Any, want: Any) -> None:
+    """Equal means equal: type, dtype, shape, device, requires_grad, bits."""
+    assert type(got) is type(want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.requires_grad == want.requires_grad
+    assert got.device == want.device
+    if want.device.type != "meta":
+        assert bits(got) == bits(want)
+
+
+def random_tensor(dtype: Any, shape: tuple[int, ...], seed: int = 0) -> Any:
+    """Random bits of ``dtype`` (NaNs and infinities included for floats)."""
+    n = int(np.prod(shape)) * dtype.itemsize
+    raw = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+    if dtype == torch.bool:
+        raw = raw & 1
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "ComplexHalf support is experimental")
+        if n == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.from_numpy(raw).view(dtype).reshape(shape).clone()
+
+
+def through_leaf(value: Any) -> tuple[Any, dict[str, Any], list[Any]]:
+    """``value`` encoded by the leaf and decoded from in-memory segments."""
+    segments: list[Any] = []
+
+    def add(segment: Any) -> int:
+        segments.append(segment)
+        return len(segments) - 1
+
+    assert leaf.can_encode(value) is True
+    node = json.loads(json.dumps(leaf.encode(value, add)))
+    from mlcache.codecs import Encoded
+
+    return leaf.decode(node, MemorySegments(Encoded({}, segments))), node, segments
+
+
+def test_is_registered_and_does_not_import_torch_until_needed() -> None:
+    assert isinstance(leaf, TensorLeaf)
+    code = "import sys, mlcache; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(), (0,), (7,), (3, 0, 2), (2, 3, 5)], ids=str)
+def test_every_dtype_round_trips_bit_for_bit(dtype: Any, shape: tuple[int, ...]) -> None:
+    t = random_tensor(dtype, shape)
+    got, node, segments = through_leaf(t)
+    assert_same_tensor(got, t)
+    assert node["dtype"] == str(dtype).removeprefix("torch.")
+    assert "device" not in node and "grad" not in node
+    assert sum(memoryview(s).nbytes for s in segments) == t.numel() * dtype.itemsize
+
+
+@pytest.mark.parametrize("mmap_mode", [None, "r", "c", "r+"])
+def test_a_dict_of_tensors_round_trips_through_an_entry(
+    mmap_mode: str | None, tmp_path: Path
+) -> None:
+    value = {f"{d}": random_tensor(d, (4, 3), seed=i) for i, d in enumerate(DTYPES)}
+    value["nested"] = [(random_tensor(torch.float32, (2,)), np.arange(3)), "text"]
+    write(npy, value, tmp_path / "e")
+    got = read(npy, tmp_path / "e", mmap_mode)
+    assert list(got) == list(value)
+    for k in DTYPES:
+        assert_same_tensor(got[str(k)], value[str(k)])
+    assert_same_tensor(got["nested"][0][0], value["nested"][0][0])
+    assert np.array_equal(got["nested"][0][1], np.arange(3)) and got["nested"][1] == "text"
+
+
+def test_views_and_non_contiguous_tensors_store_only_their_elements() -> None:
+    big = torch.arange(10_000, dtype=torch.float64)
+    for t in (big[100:110], big.reshape(100, 100)[:, 3], big.reshape(100, 100).t()[:5, :7]):
+        got, _, segments = through_leaf(t)
+        assert torch.equal(got, t) and got.is_contiguous()
+        assert sum(memoryview(s).nbytes for s in segments) == t.numel() * 8
+    conj = torch.tensor([1 + 2j, 3 - 4j]).conj()  # a conjugate view: its values are stored
+    got, _, _ = through_leaf(conj)
+    assert torch.equal(got, conj) and not got.is_conj()
+    neg = torch.tensor([1 + 2j]).conj().imag  # a negative-bit view
+    got, _, _ = through_leaf(neg)
+    assert torch.equal(got, neg) and not got.is_neg()
+
+
+def test_requires_grad_and_parameters_are_kept() -> None:
+    w = torch.randn(3, 2, requires_grad=True)
+    y = w * 2  # has a grad_fn: comes back as a leaf tensor that requires grad
+    for t in (w, y):
+        got, node, _ = through_leaf(t)
+        assert node["grad"] is True and got.requires_grad and got.grad_fn is None
+        assert torch.equal(got.detach(), t.detach())
+    for p in (torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(2), False)):
+        got, _, _ = through_leaf(p)
+        assert_same_tensor(got, p)
+
+
+def test_meta_tensors_keep_their_device_and_have_no_data() -> None:
+    t = torch.empty(5, 6, dtype=torch.bfloat16, device="meta")
+    got, node, segments = through_leaf(t)
+    assert node["device"] == "meta" and "seg" not in node and segments == []
+    assert_same_tensor(got, t)
+
+
+def test_a_tensor_from_a_device_this_process_lacks_comes_back_on_the_cpu(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # what a CUDA tensor's node holds (the data copied to the CPU, the device noted);
+    # no GPU here, so the node is made from a CPU tensor's with the device added
+    t = random_tensor(torch.float32, (3, 3))
+    segments: list[Any] = []
+    node = leaf.encode(t, lambda s: segments.append(s) or len(segments) - 1)
+    node["device"] = "cuda:7"
+    from mlcache.codecs import Encoded
+
+    with caplog.at_level(logging.INFO, logger="mlcache"):
+        got = [leaf.decode(node, MemorySegments(Encoded({}, segments))) for _ in range(3)]
+    for g in got:
+        assert g.device.type == "cpu" and bits(g) == bits(t)
+    said = [r for r in caplog.records if "cuda:7" in r.getMessage()]
+    assert len(said) <= 1  # once per process and device (maybe already said)
+
+
+def test_mapped_tensors_are_views_of_the_file_except_read_only(tmp_path: Path) -> None:
+    t = random_tensor(torch.float32, (256, 64))
+    b = random_tensor(torch.bfloat16, (1000,))
+    path = tmp_path / "e"
+    write(npy, {"w": t, "b": b}, path)
+    before = path.read_bytes()
+    for mode in ("c", "r+"):
+        reader = EntryReader(str(path), mode)
+        got = npy.decode(reader.codec_layout, reader)
+        for key, seg in (("w", 0), ("b", 1)):
+            size = got[key].numel() * got[key].element_size()
+            mapped = reader.array(seg, np.dtype(np.uint8), (size,), "C")
+            assert got[key].data_ptr() == mapped.ctypes.data, f"{mode}: {key} is a copy"
+        if mode == "c":
+            got["w"][0, 0] = 123.0  # private: the file is not changed
+            assert path.read_bytes() == before
+    # read-only map: torch has no read-only tensors, so a copy (writable, no warning)
+    reader = EntryReader(str(path), "r")
+    got = npy.decode(reader.codec_layout, reader)
+    mapped = reader.array(0, np.dtype(np.float32), tuple(t.shape), "C")
+    assert got["w"].data_ptr() != mapped.ctypes.data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got["w"].add_(1)
+    assert bits(read(npy, path, None)["w"]) == bits(t)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.tensor([1.0, 2.0]).to_sparse(),  # sparse layout
+        lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),  # nested
+        lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8),  # quantized
+    ],
+    ids=["sparse", "nested", "quantized"],
+)
+def test_refuses_what_it_cannot_fully_represent(make: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested/quantized are "prototype"/deprecated
+        t = make()
+    assert leaf.can_encode(t) is False
+    assert npy.can_encode({"t": t}) is False
+
+
+def test_refuses_subclasses_and_tensors_with_attributes() -> None:
+    class Mine(torch.Tensor):
+        pass
+
+    assert not npy.can_encode(torch.ones(2).as_subclass(Mine))
+    t = torch.ones(2)
+    t.note = "mine"  # would be lost
+    assert not npy.can_encode(t)
+
+
+class Forged:
+    """An entry reader whose layout was replaced (a damaged entry whose checksums
+    were forged to match)."""
+
+    def __init__(self, reader: EntryReader, layout: dict[str, Any]) -> None:
+        self.codec, self.codec_layout, self.path = reader.codec, layout, reader.path
+        self.reader = reader
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def buffer(self, index: int) -> memoryview:
+        return self.reader.buffer(index)
+
+    def array(self, index: int, dtype: np.dtype, shape: tuple[int, ...], order: str) -> Any:
+        return self.reader.array(index, dtype, shape, order)
+
+
+def test_a_damaged_node_is_a_miss_not_a_crash(tmp_path: Path) -> None:
+    from mlcache.entry import decode
+    from mlcache.errors import EntryCorrupted
+
+    path = tmp_path / "e"
+    write(npy, [random_tensor(torch.bfloat16, (4, 4))], path)
+    reader = EntryReader(str(path))
+    good = reader.codec_layout
+    for key, bad in [
+        ("dtype", "object"),
+        ("dtype", 3),
+        ("dtype", "qint8"),
+        ("shape", [4, -4]),
+        ("shape", [5, 5]),
+        ("shape", "x"),
+        ("seg", 9),
+        ("device", 1),
+        ("grad", "yes"),
+    ]:
+        node = dict(good["tree"][0], **{key: bad})
+        forged = Forged(reader, {"tree": [node]})
+        with pytest.raises(EntryCorrupted):
+            decode(forged, allow_pickle=False)  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    shape=st.lists(st.integers(0, 5), max_size=4).map(tuple),
+    seed=st.integers(0, 2**32 - 1),
+    transpose=st.booleans(),
+)
+def test_any_tensor_round_trips(
+    dtype: Any, shape: tuple[int, ...], seed: int, transpose: bool
+) -> None:
+    t = random_tensor(dtype, shape, seed)
+    if transpose and t.dim() >= 2:
+        t = t.transpose(0, -1)
+    got, _, _ = through_leaf(t)
+    assert_same_tensor(got, t)
+
+
+def test_a_state_dict_through_memory_without_pickle(tmp_path: Path) -> None:
+    mem = Memory(tmp_path, verbose=0, allow_pickle=False)
+    runs = []
+
+    @mem.cache
+    def train(width: int) -> dict[str, Any]:
+        runs.append(width)
+        torch.manual_seed(width)
+        model = torch.nn.Sequential(torch.nn.Linear(width, 4), torch.nn.BatchNorm1d(4))
+        model.to(torch.bfloat16)
+        return dict(model.state_dict())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # stored: no "not stored" warning
+        first = train(8)
+        again = train(8)
+    assert runs == [8]  # the hit did not run the body
+    assert list(again) == list(first)
+    for k in first:
+        assert_same_tensor(again[k], first[k])
+    entries = [
+        p
+        for p in tmp_path.rglob("*")
+        if p.is_file() and len(p.name) == 32 and all(c in "0123456789abcdef" for c in p.name)
+    ]
+    assert len(entries) == 1
+    assert EntryReader(str(entries[0])).codec == "npy"  # no pickle in the entry
