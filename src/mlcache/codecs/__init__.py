@@ -113,11 +113,13 @@ def select_codec(value: Any, *, allow_pickle: bool) -> Codec:
 def _register_builtin() -> None:
     from .npy import NumpyCodec
     from .pickle import PickleCodec
+    from .sparse import SparseLeaf
     from .tensors import TensorLeaf
 
     register_codec(NumpyCodec())
     register_codec(PickleCodec())
     register_leaf(TensorLeaf())  # torch and scipy are imported only when such a value is met
+    register_leaf(SparseLeaf())
 
 
 _register_builtin()
