@@ -24,7 +24,7 @@ class FractionLeaf:
     """A test leaf: a Ratio as two decimal strings, the denominator a segment."""
 
     name = "test.Ratio"
-    types = (f"{Ratio.__module__}.{Ratio.__qualname__}",)
+    types: tuple[str, ...] = (f"{Ratio.__module__}.{Ratio.__qualname__}",)
 
     def can_encode(self, value: Any) -> bool:
         return value.denominator != 7  # a value it "cannot represent", for the tests
@@ -110,7 +110,7 @@ from mlcache.codecs import register_leaf
 
 class FractionLeaf:
     name = "script.Fraction"
-    types = ("fractions.Fraction",)
+    types: tuple[str, ...] = ("fractions.Fraction",)
     def can_encode(self, value):
         return True
     def encode(self, value, add):

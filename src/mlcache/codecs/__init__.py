@@ -111,8 +111,11 @@ def select_codec(value: Any, *, allow_pickle: bool) -> Codec:
 
 
 def _register_builtin() -> None:
+    from .arrow import ArrowLeaf
     from .npy import NumpyCodec
+    from .pandas import DataFrameLeaf, IndexLeaf, SeriesLeaf
     from .pickle import PickleCodec
+    from .polars import PolarsLeaf
     from .sparse import SparseLeaf
     from .tensors import TensorLeaf
 
@@ -120,6 +123,9 @@ def _register_builtin() -> None:
     register_codec(PickleCodec())
     register_leaf(TensorLeaf())  # torch and scipy are imported only when such a value is met
     register_leaf(SparseLeaf())
+    # pandas, pyarrow and polars likewise
+    for leaf in (DataFrameLeaf(), SeriesLeaf(), IndexLeaf(), ArrowLeaf(), PolarsLeaf()):
+        register_leaf(leaf)
 
 
 _register_builtin()

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import UnsupportedValue
+from .values import EMPTY, Strs, exact_limit, is_na, is_nan, list_value, magnitude, may_exceed
 
 __all__ = ["FieldWriter", "Spill"]
 
@@ -45,49 +46,19 @@ class Spill(Protocol):
     def write(self, data: Any) -> None: ...
     def read(self, start: int, stop: int) -> Iterator[bytes]: ...
     def drain(self) -> _Drain: ...
-
-
-def _is_nan(value: Any) -> bool:
-    """A float NaN: a Python float or a numpy floating scalar."""
-    t = type(value)
-    return (t is float or isinstance(value, np.floating)) and value != value
-
-
-def _is_na(value: Any) -> bool:
-    """``pandas.NA``, found without importing pandas."""
-    t = type(value)
-    return t.__name__ == "NAType" and t.__module__.startswith("pandas")
-
-
-def _exact_limit(dtype: np.dtype) -> int | None:
-    """The largest integer magnitude a float or complex dtype holds exactly (None
-    for other kinds)."""
-    if dtype.kind in "fc":
-        return 1 << (np.finfo(dtype).nmant + 1)
-    return None
-
-
-def _may_exceed(dtype: np.dtype, limit: int) -> bool:
-    """Integers of ``dtype`` may be beyond ``limit`` in magnitude."""
-    if dtype.kind not in "iu":
-        return False
-    info = np.iinfo(dtype)
-    return max(-int(info.min), int(info.max)) > limit
-
-
-def _magnitude(values: np.ndarray) -> int:
-    """The largest magnitude in an integer array (0 when empty)."""
-    if not values.size:
-        return 0
-    return max(-int(values.min()), int(values.max()))
+    def close(self) -> None: ...
+    def sibling(self, suffix: str) -> Spill: ...  # another spill, for a sub-field
 
 
 class FieldWriter:
     """What one field's values look like so far, and where their bytes went.
 
     ``kind`` is ``"none"`` until the first value, then ``"column"`` (numbers and
-    numeric arrays; ``fixed`` while every array has one shape, then written as
-    ``ragged``), ``"str"``, ``"bytes"`` or ``"pickle"``. ``py`` is a Python
+    numeric arrays, lists of numbers too; ``fixed`` while every array has one
+    shape, then written as ``ragged``), ``"str"``, ``"bytes"``, ``"strs"`` (lists
+    of str: ``offsets`` count strings, ``ends`` are their byte ends), ``"dict"``
+    (dicts: one sub-field in ``children`` per key, ``label`` naming it
+    ``"meta.age"`` in messages) or ``"pickle"``. ``py`` is a Python
     type name (``"int"``...) for a field of Python numbers, ``"scalar"`` for
     numpy scalars, None for arrays. ``segments`` lists where in the spill the
     dtype changed (promotion): (byte offset, dtype of the bytes from there).
@@ -96,8 +67,9 @@ class FieldWriter:
     field) clears its byte in ``valid`` and holds a placeholder.
     """
 
-    def __init__(self, name: str, spill: Spill, allow_pickle: bool) -> None:
+    def __init__(self, name: str, spill: Spill, allow_pickle: bool, label: str = "") -> None:
         self.name = name
+        self.label = label or name
         self.spill = spill
         self.allow_pickle = allow_pickle
         self.kind, self.dtype = "none", np.dtype(np.uint8)
@@ -115,6 +87,9 @@ class FieldWriter:
         self.nans = array("q")
         self.nan_dtype: np.dtype | None = None
         self.nan_py: str | None = None
+        self.ends = array("q", [0])  # a strs field: the byte end of every string
+        self.children: dict[str, FieldWriter] = {}  # a dict field: one per key
+        self.empties = array("q")  # empty lists met before the kind is known
 
     # -- one value ---------------------------------------------------------------------
     def _describe(
@@ -124,13 +99,15 @@ class FieldWriter:
         if t in _PY_DTYPES:
             if t is int and not _INT64[0] <= value < _INT64[1]:
                 raise ValueError(
-                    f"sample {index}, field {self.name!r}: {value} does not fit in int64"
+                    f"sample {index}, field {self.label!r}: {value} does not fit in int64"
                 )
             return "column", t.__name__, _PY_DTYPES[t], ()
         if t is str or t is np.str_:
             return "str", None, np.dtype(np.uint8), ()
         if t is bytes or t is np.bytes_:
             return "bytes", None, np.dtype(np.uint8), ()
+        if t is Strs:
+            return "strs", None, np.dtype(np.uint8), ()
         if t is np.ndarray or isinstance(value, np.generic):
             dtype = value.dtype
             if dtype.kind in _NUMERIC and dtype.fields is None:
@@ -144,24 +121,36 @@ class FieldWriter:
                 " (fixed-width text: pass str values, arr.tolist())" if dtype.kind in "US" else ""
             )
             raise UnsupportedValue(
-                f"sample {index}, field {self.name!r}: {what} of {dtype.str}{text} cannot be "
+                f"sample {index}, field {self.label!r}: {what} of {dtype.str}{text} cannot be "
                 "stored in a pack, which holds arrays of numbers and dates only (pass "
                 "allow_pickle=True to pickle it)"
             )
         if self.allow_pickle:
             return "pickle", None, np.dtype(np.uint8), ()
+        what = f"{t.__module__}.{t.__qualname__}"
         raise UnsupportedValue(
-            f"sample {index}, field {self.name!r}: a value of type {t.__module__}.{t.__qualname__} "
-            "needs pickle; packs store numpy arrays, int, float, bool, str, bytes and None "
-            "(pass allow_pickle=True to store other values)"
+            f"sample {index}, field {self.label!r}: a value of type {what} needs pickle; "
+            "packs store numpy arrays, int, float, bool, str, bytes, None, lists of numbers "
+            "or of str, and dicts of these (pass allow_pickle=True to store other values)"
         )
 
     def add(self, value: Any, index: int) -> None:
         """Add sample ``index``'s value; raise at once if it does not fit."""
-        if value is None or (type(value) not in _PLAIN and _is_na(value)):
+        if value is None or (type(value) not in _PLAIN and is_na(value)):
             self._missing(1)
             return
-        if self.kind != "column" and _is_nan(value):
+        if type(value) is dict and not self.allow_pickle:
+            self._add_dict(value, index)
+            return
+        if type(value) is list and not self.allow_pickle:
+            value = list_value(value, self.label, index)
+            if value is EMPTY and not self._empty_fits(index):
+                self.empties.append(index)  # an empty what, once the kind is known
+                self._missing(1)
+                return
+            if value is EMPTY and self.kind == "column":
+                value = np.empty((0, *self.shape[1:]), self.dtype)
+        if self.kind != "column" and is_nan(value):
             if self.kind == "none":
                 self._pending_nan(value, index)
             else:  # a NaN in a text, bytes or pickle field: missing (a CSV's empty cell)
@@ -171,11 +160,11 @@ class FieldWriter:
         if self.kind == "none":
             self._start(kind, py, dtype, shape, index)
         elif kind != self.kind or (py is None) != (self.py is None):
-            if _is_nan(value):  # a NaN in an array field: missing
+            if is_nan(value):  # a NaN in an array field: missing
                 self._missing(1)
                 return
             raise TypeError(
-                f"sample {index}, field {self.name!r}: {_what(kind, py, dtype)} where sample "
+                f"sample {index}, field {self.label!r}: {_what(kind, py, dtype)} where sample "
                 f"{self.first} has {_what(self.kind, self.py, self.dtype)}"
             )
         elif kind == "column":
@@ -188,6 +177,8 @@ class FieldWriter:
                 self._flush()
         elif kind == "column":
             self._add_array(value, shape, index)
+        elif kind == "strs":
+            self._add_strs(value)
         else:
             if kind == "str":
                 data = str(value).encode("utf-8", "surrogatepass")
@@ -201,10 +192,72 @@ class FieldWriter:
             self.valid.append(1)
         self.count += 1
 
+    def _add_strs(self, value: list[str]) -> None:
+        data = [s.encode("utf-8", "surrogatepass") for s in value]
+        self.spill.write(b"".join(data))
+        end = self.ends[-1]
+        for piece in data:
+            end += len(piece)
+            self.ends.append(end)
+        self.offsets.append(self.offsets[-1] + len(data))
+
+    def _empty_fits(self, index: int) -> bool:
+        """An empty list fits the field (an array field with a first axis, or a strs
+        field); False while its kind is not known; raise if it does not fit."""
+        if self.kind == "strs" or (self.kind == "column" and self.py is None and self.shape):
+            return True
+        if self.kind == "none":
+            return False
+        raise TypeError(
+            f"sample {index}, field {self.label!r}: an empty list where sample "
+            f"{self.first} has {_what(self.kind, self.py, self.dtype)}"
+        )
+
+    def _add_dict(self, value: dict[Any, Any], index: int) -> None:
+        """A dict: each key's value goes to its sub-field (the keys of the first)."""
+        if self.kind == "none":
+            self._start_dict(value, index)
+        elif self.kind != "dict":
+            raise TypeError(
+                f"sample {index}, field {self.label!r}: a dict where sample {self.first} "
+                f"has {_what(self.kind, self.py, self.dtype)}"
+            )
+        elif value.keys() != self.children.keys():
+            missing = sorted(set(self.children) - set(value))
+            extra = sorted(map(str, set(value) - set(self.children)))
+            raise ValueError(
+                f"sample {index}, field {self.label!r}: keys differ from sample {self.first} "
+                f"(missing {missing}, extra {extra})"
+            )
+        for key, child in self.children.items():
+            child.add(value[key], index)
+        if self.valid is not None:
+            self.valid.append(1)
+        self.count += 1
+
+    def _start_dict(self, value: dict[Any, Any], index: int) -> None:
+        if self.empties:
+            raise TypeError(
+                f"sample {index}, field {self.label!r}: a dict where sample "
+                f"{self.empties[0]} has an empty list"
+            )
+        for k, key in enumerate(value):
+            if type(key) is not str:
+                raise TypeError(
+                    f"sample {index}, field {self.label!r}: the keys of a dict must be str "
+                    f"to be stored without pickle, got {key!r}"
+                )
+            child = FieldWriter(
+                key, self.spill.sibling(str(k)), self.allow_pickle, f"{self.label}.{key}"
+            )
+            child._missing(self.count)  # the samples before: None
+            self.children[key] = child
+        self.kind, self.first = "dict", index
+
     def _add_array(self, value: np.ndarray, shape: tuple[int, ...], index: int) -> None:
         if len(shape) != len(self.shape):
             raise ValueError(
-                f"sample {index}, field {self.name!r}: {len(shape)} dimensions where "
+                f"sample {index}, field {self.label!r}: {len(shape)} dimensions where "
                 f"earlier samples have {len(self.shape)}"
             )
         if self.fixed and shape != self.shape:
@@ -228,9 +281,15 @@ class FieldWriter:
                 py = _merged_py(self.nan_py, py, dtype)
             except TypeError:  # numbers that do not mix with floats (dates): missing
                 nans = array("q")
+        empties = self.empties
+        if empties and not (kind == "strs" or (kind == "column" and py is None and shape)):
+            raise TypeError(
+                f"sample {index}, field {self.label!r}: {_what(kind, py, dtype)} where "
+                f"sample {empties[0]} has an empty list"
+            )
         self.kind, self.py, self.dtype, self.shape = kind, py, dtype, shape
-        self.first = nans[0] if nans else index
-        self.fixed = kind == "column"
+        self.first = min(nans[0] if nans else index, empties[0] if empties else index)
+        self.fixed = kind == "column" and not empties  # empty lists: ragged
         self.segments = [(0, dtype)]
         if kind == "column" and py is not None:
             prefix = np.zeros(self.count, dtype)
@@ -244,7 +303,11 @@ class FieldWriter:
             self.spill.write(prefix.view(np.uint8))
         else:
             self._placeholders(self.count)
-        self.nans = array("q")
+        if empties:  # values, not missing
+            assert self.valid is not None
+            for i in empties:
+                self.valid[i] = 1
+        self.nans, self.empties = array("q"), array("q")
 
     def _pending_nan(self, value: Any, index: int) -> None:
         dtype = np.dtype("<f8") if type(value) is float else value.dtype
@@ -265,12 +328,12 @@ class FieldWriter:
                 new = np.result_type(self.dtype, dtype)
             except TypeError:
                 raise TypeError(
-                    f"sample {index}, field {self.name!r}: {_what('column', py, dtype)} where "
+                    f"sample {index}, field {self.label!r}: {_what('column', py, dtype)} where "
                     f"sample {self.first} has {_what('column', self.py, self.dtype)}, "
                     "and they have no common dtype"
                 ) from None
         if new != self.dtype:
-            limit = _exact_limit(new)
+            limit = exact_limit(new)
             if limit is not None:
                 self._check_written(limit, new, py, dtype, index)
             self._flush()
@@ -283,15 +346,15 @@ class FieldWriter:
     ) -> None:
         """The integers written so far stay exact in the float dtype ``new``."""
         for start, stop, seg in self._segment_spans():
-            if not _may_exceed(seg, limit):
+            if not may_exceed(seg, limit):
                 continue
             pieces = self.spill.read(start, stop)
-            big = max((_magnitude(np.frombuffer(p, seg)) for p in pieces), default=0)
+            big = max((magnitude(np.frombuffer(p, seg)) for p in pieces), default=0)
             if self.buf and seg == self.dtype:
-                big = max(big, _magnitude(np.asarray(self.buf, dtype=seg)))
+                big = max(big, magnitude(np.asarray(self.buf, dtype=seg)))
             if big > limit:
                 raise ValueError(
-                    f"sample {index}, field {self.name!r}: {_what('column', py, dtype)} "
+                    f"sample {index}, field {self.label!r}: {_what('column', py, dtype)} "
                     f"makes the field {new}, which cannot hold the integer {big} of an "
                     f"earlier sample exactly (beyond 2**{limit.bit_length() - 1}); "
                     "cast the field yourself if rounding is what you want"
@@ -299,13 +362,13 @@ class FieldWriter:
 
     def _check_exact(self, value: Any, dtype: np.dtype, index: int) -> None:
         """An integer value going into a float field must be exact there."""
-        limit = _exact_limit(self.dtype)
-        if limit is None or not _may_exceed(dtype, limit):
+        limit = exact_limit(self.dtype)
+        if limit is None or not may_exceed(dtype, limit):
             return
-        big = abs(int(value)) if np.ndim(value) == 0 else _magnitude(np.asarray(value))
+        big = abs(int(value)) if np.ndim(value) == 0 else magnitude(np.asarray(value))
         if big > limit:
             raise ValueError(
-                f"sample {index}, field {self.name!r}: the integer {big} cannot be held "
+                f"sample {index}, field {self.label!r}: the integer {big} cannot be held "
                 f"exactly by the field's {self.dtype} (beyond 2**{limit.bit_length() - 1}); "
                 "cast the field yourself if rounding is what you want"
             )
@@ -332,6 +395,10 @@ class FieldWriter:
         """Stand-ins for ``k`` samples without a value: zeros in a column of fixed
         shape, empty values otherwise."""
         if not k:
+            return
+        if self.kind == "dict":
+            for child in self.children.values():
+                child._missing(k)
             return
         if self.kind == "column" and self.py is not None:
             self.buf.extend([0] * k)
@@ -385,7 +452,7 @@ class FieldWriter:
             target = np.result_type(self.dtype, dtype)
         except TypeError:
             return False
-        limit = _exact_limit(target)
+        limit = exact_limit(target)
         mask = [v is None for v in values] if none else None
         if mask is not None:
             values = [0 if v is None else v for v in values]
@@ -438,10 +505,27 @@ class FieldWriter:
     def finish(self) -> None:
         """The last sample is in: NaNs of a field that had nothing else become a float
         column; buffered scalars go to the spill."""
+        if self.kind == "none" and self.empties:  # only empty lists: float64 arrays
+            self._start("column", None, np.dtype("<f8"), (0,), self.empties[0])
         if self.kind == "none" and self.nans:
             assert self.nan_dtype is not None
             self._start("column", self.nan_py, self.nan_dtype, (), self.nans[0])
         self._flush()
+        for child in self.children.values():
+            child.finish()
+
+    def tables(self) -> dict[str, np.ndarray]:
+        """The field's tables besides ``data``, ``offsets``, ``shapes`` and ``valid``:
+        a strs field's ``ends`` (int64, the byte end of each string, from 0)."""
+        if self.kind == "strs":
+            return {"ends": np.frombuffer(self.ends, dtype="<i8")}
+        return {}
+
+    def close(self) -> None:
+        """Close the spill files left open (a sub-field's too)."""
+        self.spill.close()
+        for child in self.children.values():
+            child.close()
 
     def data(self) -> Iterator[Any]:
         """The field's data in its final dtype, from the spill (deleted as it is read)."""
@@ -480,4 +564,11 @@ def _what(kind: str, py: str | None, dtype: np.dtype) -> str:
         return f"a numpy {dtype} scalar"
     if kind == "column":
         return f"an array of {dtype}"
-    return {"none": "None", "str": "str", "bytes": "bytes", "pickle": "a pickled object"}[kind]
+    return {
+        "none": "None",
+        "str": "str",
+        "bytes": "bytes",
+        "strs": "a list of str",
+        "dict": "a dict",
+        "pickle": "a pickled object",
+    }[kind]

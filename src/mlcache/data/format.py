@@ -39,7 +39,20 @@ where every ``R`` is a region ``{"off": absolute offset, "len": bytes,
   ``shapes`` int64 ``[N, ndim]``. ``str`` (UTF-8) and ``bytes`` values are
   ragged uint8 with kind ``str`` / ``bytes``.
 * ``none``: the field is ``None`` in every sample (no region).
+* ``strs``: a list of ``str`` per sample: ``data`` holds every string (UTF-8)
+  back to back, ``offsets`` is int64 ``[N + 1]`` counting *strings* (sample
+  ``j`` holds strings ``offsets[j]`` to ``offsets[j + 1]``), ``ends`` int64
+  ``[M + 1]`` the byte end of each of the M strings in ``data`` (``ends[0]``
+  is 0).
+* ``dict``: a dict per sample, the same keys in each: no ``data``; ``fields``
+  lists one entry per key (``name`` the key), of any kind, ``dict`` too (at
+  most 32 deep), read back as ``{name: value, ...}``.
 * ``pickle``: ragged bytes holding pickles (only with ``allow_pickle=True``).
+
+A list of numbers is stored as the array it makes (``column`` or ``ragged``).
+``strs`` and ``dict`` came after the first release of version 1: a reader
+that predates them refuses such a pack (``PackCorrupted``, unknown kind),
+and every pack without them reads as before.
 
 A field that is ``None`` in some samples only adds a region ``valid`` (uint8
 ``[N]``, 1 where the sample has a value); those samples hold a placeholder.
@@ -129,22 +142,41 @@ def parse_index(data: bytes, expected_sum: int, n: int, size: int, where: str) -
         if not _count(block) or block < 64 or block & (block - 1):
             raise ValueError(f"block size {block!r} is not a power of two")
         for field in index["fields"]:
-            for key in ("data", "offsets", "shapes", "valid"):
-                region = field.get(key)
-                if region is None:
-                    continue
-                if not (_count(region["off"]) and _count(region["len"])):
-                    raise ValueError(f"region {field['name']}.{key} has a bad offset or length")
-                if region["off"] + region["len"] > size:
-                    raise ValueError(f"region {field['name']}.{key} outside the file")
-            ndim, shape = field.get("ndim", 0), field.get("shape", [])
-            if not (_count(ndim) and ndim <= 64 and isinstance(shape, list)):
-                raise ValueError(f"field {field['name']} has a bad ndim or shape")
-            if not all(_count(d) for d in shape) or math.prod(shape) >= MAX_COUNT:
-                raise ValueError(f"field {field['name']} has a bad shape {shape}")
+            _check_field(field, size, 0)
     except (ValueError, KeyError, TypeError) as exc:
         raise PackCorrupted(f"{where}: bad index ({exc})") from None
     return index
+
+
+#: the region keys of a field entry (``ends``: a ``strs`` field's string ends)
+REGION_KEYS = ("data", "offsets", "shapes", "valid", "ends")
+#: how deep ``dict`` fields may nest
+MAX_DEPTH = 32
+
+
+def _check_field(field: dict[str, Any], size: int, depth: int) -> None:
+    """Every region of ``field`` (and of its sub-fields) lies inside the file."""
+    if not isinstance(field["name"], str):
+        raise ValueError(f"a field is named {field['name']!r}, not a str")
+    for key in REGION_KEYS:
+        region = field.get(key)
+        if region is None:
+            continue
+        if not (_count(region["off"]) and _count(region["len"])):
+            raise ValueError(f"region {field['name']}.{key} has a bad offset or length")
+        if region["off"] + region["len"] > size:
+            raise ValueError(f"region {field['name']}.{key} outside the file")
+    ndim, shape = field.get("ndim", 0), field.get("shape", [])
+    if not (_count(ndim) and ndim <= 64 and isinstance(shape, list)):
+        raise ValueError(f"field {field['name']} has a bad ndim or shape")
+    if not all(_count(d) for d in shape) or math.prod(shape) >= MAX_COUNT:
+        raise ValueError(f"field {field['name']} has a bad shape {shape}")
+    if field.get("kind") == "dict":
+        children = field["fields"]
+        if not isinstance(children, list) or depth >= MAX_DEPTH:
+            raise ValueError(f"field {field['name']} has bad sub-fields")
+        for child in children:
+            _check_field(child, size, depth + 1)
 
 
 #: sample counts, lengths, offsets and shape products are below this: their

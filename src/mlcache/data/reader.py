@@ -58,7 +58,16 @@ import xxhash
 from ..errors import PackChanged, PackCorrupted
 from .fetch import is_url, local_copy, sparse_copy
 from .format import HEADER, parse_index, read_header
-from .regions import CHECK_EVERY, PRIVATE_MAP_MIN, Field, Region, compile_reader, refuse, unpickle
+from .regions import (
+    CHECK_EVERY,
+    PRIVATE_MAP_MIN,
+    Field,
+    Region,
+    compile_reader,
+    field_regions,
+    refuse,
+    unpickle,
+)
 from .sequence import Many, Pack, sample_index, sample_indices
 
 __all__ = [
@@ -199,11 +208,7 @@ class PackedDataset(Pack):
         self._fields: list[Field] = []
         try:
             for spec in index["fields"]:
-                regions = {
-                    key: Region(spec[key], self._mm, block, self.path)
-                    for key in ("data", "offsets", "shapes", "valid")
-                    if key in spec
-                }
+                regions = field_regions(spec, self._mm, block, self.path)
                 self._fields.append(Field(spec, regions, self.path))
                 for region in regions.values():
                     region.fetch = fetcher

@@ -35,6 +35,7 @@ import numpy as np
 import xxhash
 
 from ..errors import PackChanged, PackCorrupted, UnsupportedValue
+from .format import REGION_KEYS
 
 __all__ = [
     "CHECK_EVERY",
@@ -43,6 +44,7 @@ __all__ = [
     "Field",
     "Region",
     "compile_reader",
+    "field_regions",
     "refuse",
     "unpickle",
 ]
@@ -174,12 +176,30 @@ class Region:
         return np.frombuffer(self.mv, dtype="<i8").reshape(rows, cols)
 
 
+def field_regions(spec: dict[str, Any], mm: mmap.mmap, block: int, path: str) -> dict[str, Region]:
+    """The regions of the field entry ``spec``, by key; a ``dict`` field's hold those
+    of its sub-fields too, as ``"<i>/<key>"`` (so that whoever checks, fetches or
+    verifies a field's regions covers its sub-fields)."""
+    regions = {key: Region(spec[key], mm, block, path) for key in REGION_KEYS if key in spec}
+    if spec["kind"] == "dict":  # nesting bounded by format.parse_index
+        for i, child in enumerate(spec["fields"]):
+            for key, region in field_regions(child, mm, block, path).items():
+                regions[f"{i}/{key}"] = region
+    return regions
+
+
+#: the field kinds this reader knows (an older one refuses the newer kinds)
+KINDS = ("none", "column", "ragged", "str", "bytes", "strs", "dict", "pickle")
+
+
 class Field:
     """One field of the pack: its index entry, its regions, and, once the pack is
     first read, its verified tables as the generated reader indexes them."""
 
     __slots__ = (
+        "children",
         "dtype",
+        "ends",
         "inner",
         "kind",
         "name",
@@ -196,8 +216,11 @@ class Field:
         self.spec, self.regions = spec, regions
         self.name: str = spec["name"]
         self.kind: str = spec["kind"]
-        if self.kind not in ("none", "column", "ragged", "str", "bytes", "pickle"):
-            raise PackCorrupted(f"{path}: field {self.name!r} has unknown kind {self.kind!r}")
+        if self.kind not in KINDS:
+            raise PackCorrupted(
+                f"{path}: field {self.name!r} has unknown kind {self.kind!r} (unsupported "
+                "by this version of mlcache: written by a newer one?)"
+            )
         self.dtype = np.dtype(spec.get("dtype", "|u1"))
         if (
             self.dtype.hasobject
@@ -213,13 +236,21 @@ class Field:
         self.shapes: Any = None
         #: a small all-ASCII text field, decoded whole (a sample is a slice), or None
         self.text: str | None = None
+        self.ends: Any = None  # a strs field's string ends (bytes into data)
+        #: a dict field's sub-fields, each with its regions (keys "<i>/..." of ours)
+        self.children = [
+            Field(child, _under(regions, f"{i}/"), path)
+            for i, child in enumerate(spec["fields"] if self.kind == "dict" else ())
+        ]
 
     def prepare(self, n: int, path: str) -> None:
         """Verify this field's tables (offsets, shapes, columns of Python scalars: 8
         bytes a sample) whole, and check that they agree with each other and with the
         data, so that a read needs no bounds checks of its own."""
         kind, data = self.kind, self.regions.get("data")
-        if kind == "none" or data is None:
+        for child in self.children:
+            child.prepare(n, path)
+        if kind == "none" or (data is None and kind != "dict"):
             return
         bad = f"{path}: field {self.name!r}"
         valid = self.regions.get("valid")
@@ -227,6 +258,8 @@ class Field:
             valid.check(0, valid.len)
             if valid.len != n:
                 raise PackCorrupted(f"{bad} has a validity table of the wrong size")
+        if data is None:  # a dict: its sub-fields hold the data
+            return
         if kind == "column":
             shape = tuple(self.spec["shape"])  # checked ints (format.parse_index)
             self.row = self.dtype.itemsize * math.prod(shape)
@@ -236,6 +269,15 @@ class Field:
                 data.check(0, data.len)
             return
         table = self.regions["offsets"].table(n + 1)[:, 0]
+        if kind == "strs":  # offsets count strings; their ends count bytes
+            if table[0] != 0 or (table[1:] < table[:-1]).any():
+                raise PackCorrupted(f"{bad} has bad offsets")
+            ends = self.regions["ends"].table(int(table[-1]) + 1)[:, 0]
+            if ends[0] != 0 or ends[-1] != data.len or (ends[1:] < ends[:-1]).any():
+                raise PackCorrupted(f"{bad} has bad string ends")
+            self.offsets = self.regions["offsets"].mv.cast("q") if _LITTLE else table.tolist()
+            self.ends = self.regions["ends"].mv.cast("q") if _LITTLE else ends.tolist()
+            return
         if table[0] != 0 or table[-1] != data.len or (table[1:] < table[:-1]).any():
             raise PackCorrupted(f"{bad} has bad offsets")
         self.offsets = self.regions["offsets"].mv.cast("q") if _LITTLE else table.tolist()
@@ -266,7 +308,7 @@ class Field:
 
     def code(
         self,
-        k: int,
+        k: int | str,
         n: int,
         ns: dict[str, Any],
         unpickle: Any,
@@ -278,7 +320,10 @@ class Field:
         objects they use go into ``ns`` under names suffixed with ``k``. With
         ``private``, arrays are made private to the read (``fd`` is the pack's
         file, for their maps); else they are read-only views of the shared map."""
-        lines = self._value_code(k, n, ns, unpickle)
+        if self.kind == "dict":
+            lines = self._dict_code(k, n, ns, unpickle, fd, path, private)
+        else:
+            lines = self._value_code(k, n, ns, unpickle)
         if private and (self.kind == "ragged" or (self.kind == "column" and self.spec["shape"])):
             ns[f"p{k}"] = functools.partial(_private_map, fd, self.regions["data"].off, path)
             if self.kind == "column":  # one size for every row: decided here
@@ -303,13 +348,44 @@ class Field:
             ]
         return lines
 
-    def _value_code(self, k: int, n: int, ns: dict[str, Any], unpickle: Any) -> list[str]:
+    def _dict_code(
+        self,
+        k: int | str,
+        n: int,
+        ns: dict[str, Any],
+        unpickle: Any,
+        fd: int,
+        path: str,
+        private: bool,
+    ) -> list[str]:
+        """Each sub-field's lines (names suffixed ``k_i``), then the dict of them."""
+        lines, items = [], []
+        for i, child in enumerate(self.children):
+            c = f"{k}_{i}"
+            lines += child.code(c, n, ns, unpickle, fd, path, private)
+            ns[f"n{c}"] = child.name
+            items.append(f"n{c}: v{c}")
+        return [*lines, f"v{k} = {{{', '.join(items)}}}"]
+
+    def _value_code(self, k: int | str, n: int, ns: dict[str, Any], unpickle: Any) -> list[str]:
         kind, spec = self.kind, self.spec
         if kind == "none":
             return [f"v{k} = None"]
         data = self.regions["data"]
         ns.update({f"r{k}": data.mv, f"c{k}": data.checked, f"k{k}": data.check})
         ns[f"s{k}"] = data.shift
+        if kind == "strs":  # strings a to z, bytes y to x
+            ns[f"o{k}"], ns[f"e{k}"], ns[f"u{k}"] = self.offsets, self.ends, _strings
+            lines = [f"a = o{k}[j]", f"z = o{k}[j + 1]"]
+            if data.pending:
+                lines += [
+                    f"y = e{k}[a]",
+                    f"x = e{k}[z]",
+                    f"b = y >> s{k}",
+                    f"if not c{k}[b] or (x - 1) >> s{k} != b:",
+                    f"    k{k}(y, x)",
+                ]
+            return [*lines, f"v{k} = u{k}(r{k}, e{k}, a, z)"]
         if kind == "column":
             py = spec.get("py")
             fmt: Any = _PY_FORMATS.get((str(py), self.dtype.str)) if _LITTLE else None
@@ -366,6 +442,28 @@ class Field:
         else:
             lines.append(f"v{k} = {value}")
         return lines
+
+
+def _under(regions: dict[str, Region], prefix: str) -> dict[str, Region]:
+    """The regions keyed ``prefix + key``, by ``key`` (a sub-field's)."""
+    return {key[len(prefix) :]: r for key, r in regions.items() if key.startswith(prefix)}
+
+
+def _strings(data: memoryview, ends: Any, a: int, z: int) -> list[str]:
+    """Strings ``a`` to ``z`` of a strs field (verified bytes; ``ends`` checked)."""
+    first = ends[a]
+    raw = bytes(data[first : ends[z]])
+    if raw.isascii():  # one byte a character: the ends index the str too
+        text = raw.decode("ascii")
+        return [text[ends[i] - first : ends[i + 1] - first] for i in range(a, z)]
+    out = []
+    for i in range(a, z):
+        piece = raw[ends[i] - first : ends[i + 1] - first]
+        try:  # strict UTF-8 is the fast decoder; surrogates need the other
+            out.append(piece.decode())
+        except UnicodeDecodeError:
+            out.append(piece.decode("utf-8", "surrogatepass"))
+    return out
 
 
 @functools.lru_cache(maxsize=64)

@@ -143,6 +143,10 @@ class _Spill:
         self.close()
         return _Drain(self)
 
+    def sibling(self, suffix: str) -> _Spill:
+        """Another spill in the same folder (a sub-field's, fields.FieldWriter)."""
+        return _Spill(self.folder, f"{self.prefix}-{suffix}")
+
 
 class _Drain:
     """Reads a spill once from its start; deletes each file as soon as it is read."""
@@ -182,12 +186,19 @@ def _index_entry(field: FieldWriter, out: BinaryIO, block: int) -> dict[str, Any
     entry: dict[str, Any] = {"name": field.name, "kind": field.kind}
     if field.kind == "none":
         return entry
+    if field.kind == "dict":  # its sub-fields hold the values (format.py)
+        entry["fields"] = [_index_entry(f, out, block) for f in field.children.values()]
+        if field.valid is not None and field.valid.count(0):
+            entry["valid"] = _write_region(out, np.frombuffer(field.valid, np.uint8), block)
+        return entry
     entry["dtype"] = field.dtype.str
     if field.py is not None:
         entry["py"] = field.py
     entry["data"] = _write_stream(out, field.data(), block)
     if field.valid is not None and field.valid.count(0):
         entry["valid"] = _write_region(out, np.frombuffer(field.valid, dtype=np.uint8), block)
+    for key, table in field.tables().items():  # a list-of-str field's string ends
+        entry[key] = _write_region(out, table, block)
     if field.kind == "column" and field.fixed:
         entry["shape"] = list(field.shape)
         return entry
@@ -296,6 +307,8 @@ class _Build:
     def close(self) -> None:
         for spill in self.spills:
             spill.close()
+        for field in self.fields.values():  # the spills of sub-fields too
+            field.close()
 
 
 def _fill(build: _Build, samples: Iterable[Any], progress: bool, desc: str) -> None:

@@ -1,0 +1,142 @@
+"""What a value of a pack field is: missing (NaN, ``pandas.NA``), exact in a float
+dtype, or a list a JSON or SQL source gives, as a field holds it without pickle.
+
+With ``allow_pickle=False``, :class:`~mlcache.data.fields.FieldWriter` turns a
+sample's ``list`` into one of these before it applies the rules of
+:mod:`mlcache.data.writer`:
+
+* a list of numbers (Python ``bool``, ``int``, ``float``, numpy scalars), or a
+  rectangular list of such lists, becomes a numpy array, with the promotion of
+  a number field (``np.result_type``, a Python int/float/bool counting as
+  int64/float64/bool; never rounding an int beyond 2**53): the field is then an
+  array field (``ragged`` when lengths vary) and reads back arrays;
+* a list of ``str`` becomes a :class:`Strs` (a field of kind ``strs``, read back
+  as a list of str);
+* an empty list is :data:`EMPTY`: an empty value of whichever of the two the
+  field holds (its dtype that of the field's other values).
+
+Anything else in a list (``None``, a dict, bytes, mixed numbers and text, rows
+of different lengths) raises :class:`~mlcache.UnsupportedValue` naming the
+sample and the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import UnsupportedValue
+
+__all__ = [
+    "EMPTY",
+    "Strs",
+    "exact_limit",
+    "is_na",
+    "is_nan",
+    "list_value",
+    "magnitude",
+    "may_exceed",
+]
+
+_PY_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype("<i8"), float: np.dtype("<f8")}
+_NUMERIC = "biufcmM"
+_INT64 = (-(1 << 63), 1 << 63)
+_EXACT = 1 << 53  # the largest int magnitude float64 holds exactly
+
+
+def is_nan(value: Any) -> bool:
+    """A float NaN: a Python float or a numpy floating scalar."""
+    t = type(value)
+    return (t is float or isinstance(value, np.floating)) and value != value
+
+
+def is_na(value: Any) -> bool:
+    """``pandas.NA``, found without importing pandas."""
+    t = type(value)
+    return t.__name__ == "NAType" and t.__module__.startswith("pandas")
+
+
+def exact_limit(dtype: np.dtype) -> int | None:
+    """The largest integer magnitude a float or complex dtype holds exactly (None
+    for other kinds)."""
+    if dtype.kind in "fc":
+        return 1 << (np.finfo(dtype).nmant + 1)
+    return None
+
+
+def may_exceed(dtype: np.dtype, limit: int) -> bool:
+    """Integers of ``dtype`` may be beyond ``limit`` in magnitude."""
+    if dtype.kind not in "iu":
+        return False
+    info = np.iinfo(dtype)
+    return max(-int(info.min), int(info.max)) > limit
+
+
+def magnitude(values: np.ndarray) -> int:
+    """The largest magnitude in an integer array (0 when empty)."""
+    if not values.size:
+        return 0
+    return max(-int(values.min()), int(values.max()))
+
+
+class Strs(list[str]):
+    """One sample's list of ``str`` (a field of kind ``strs``)."""
+
+
+#: an empty list: an empty array or an empty list of str, as the field decides
+EMPTY = Strs()
+
+
+def list_value(value: list[Any], label: str, index: int) -> np.ndarray | Strs:
+    """``value`` (sample ``index``'s list in field ``label``) as an array of numbers,
+    a :class:`Strs`, or :data:`EMPTY`; raise if it is none of these."""
+    if not value:
+        return EMPTY
+    types = set(map(type, value))
+    if types == {str}:
+        return Strs(value)
+    if types <= _PY_DTYPES.keys():
+        return _numbers(value, types, label, index)
+    if types == {list}:  # rows: a rectangular list of lists of numbers
+        try:
+            rows = np.array(value, dtype=object)
+        except ValueError:
+            rows = None
+        if rows is not None and rows.size and rows.ndim > 1:
+            flat = list(rows.flat)
+            inner = set(map(type, flat))
+            if inner <= _PY_DTYPES.keys():
+                return _numbers(flat, inner, label, index).reshape(rows.shape)
+    else:  # numpy scalars or arrays: numpy's own promotion
+        try:
+            arr = np.array(value)
+        except (ValueError, TypeError, OverflowError):
+            arr = None
+        if arr is not None and arr.dtype.kind in _NUMERIC and arr.dtype.fields is None:
+            return arr
+    shown = ", ".join(sorted(t.__name__ for t in types))
+    raise UnsupportedValue(
+        f"sample {index}, field {label!r}: a list of {shown} cannot be stored without "
+        "pickle; packs store lists of numbers (as arrays, rows of one length), lists of "
+        "str and dicts of these (pass allow_pickle=True to pickle it)"
+    )
+
+
+def _numbers(values: list[Any], types: set[type], label: str, index: int) -> np.ndarray:
+    """Python numbers as one array of their promoted dtype, refusing what it would
+    not hold exactly."""
+    dtype = np.result_type(*(_PY_DTYPES[t] for t in types))
+    if int in types:
+        ints = [v for v in values if type(v) is int]
+        low, high = min(ints), max(ints)
+        if low < _INT64[0] or high >= _INT64[1]:
+            big = high if high >= _INT64[1] else low
+            raise ValueError(f"sample {index}, field {label!r}: {big} does not fit in int64")
+        if dtype.kind == "f" and max(-low, high) > _EXACT:
+            raise ValueError(
+                f"sample {index}, field {label!r}: the integer {max(-low, high)} of a list "
+                "with floats cannot be held exactly by float64 (beyond 2**53); cast the "
+                "list yourself if rounding is what you want"
+            )
+    return np.array(values, dtype=dtype)

@@ -1,0 +1,484 @@
+"""codecs/pandas, arrow, polars: frames as leaves of the npy tree, never pickled.
+
+Every common pandas column kind round-trips exactly (``assert_frame_equal`` with
+``check_exact``, dtypes equal), through the codec (in memory, entry files read
+and mapped) and through a real ``Memory(allow_pickle=False)`` hit; what cannot be
+stored exactly is refused (pickle, or unstored)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pd = pytest.importorskip("pandas")
+pa = pytest.importorskip("pyarrow")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mlcache import EntryCorrupted, Memory  # noqa: E402
+from mlcache.codecs import codecs  # noqa: E402
+from mlcache.entry import EntryReader, decode  # noqa: E402
+from mlcache.testing.codecs import MemorySegments, is_mapped, read, write  # noqa: E402
+
+npy = codecs["npy"]
+N = 7
+
+
+def _column_kinds() -> dict[str, Any]:
+    """One column of each kind, N rows."""
+    return {
+        "int64": np.arange(N, dtype=np.int64) - 3,
+        "uint8": np.arange(N, dtype=np.uint8),
+        "int16": np.arange(N, dtype=np.int16),
+        "float64": np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-310, 0.1]),
+        "float32": np.arange(N, dtype=np.float32) / 3,
+        "complex": np.arange(N) * (1 + 1j),
+        "bool": np.arange(N) % 2 == 0,
+        "Int64": pd.array([1, None, 3, -4, 5, None, 2**62], dtype="Int64"),
+        "UInt16": pd.array([1, None, 3, 4, 5, None, 7], dtype="UInt16"),
+        "Float64": pd.array([1.5, None, 3, 4, 5, None, -0.0], dtype="Float64"),
+        "boolean": pd.array([True, None, False, True, True, False, None], dtype="boolean"),
+        "string": pd.array(["a", None, "c", "", "é✓", "f", "g"], dtype="string"),
+        "string-python": pd.array(
+            ["a", None, "c", "", "é", "f", "g"], dtype=pd.StringDtype("python")
+        ),
+        "str": pd.array(
+            ["a", "b", None, "d", "e", "f", "\x00"], dtype=pd.StringDtype(na_value=np.nan)
+        ),
+        "object-str": np.array(["a", None, "c", "d", "é", "", "x" * 100], dtype=object),
+        "object-none": np.array([None] * N, dtype=object),
+        "object-bytes": np.array([b"a", None, b"", b"\x00\xff", b"e", b"f", b"g"], dtype=object),
+        "category": pd.Categorical(list("abcabca")),
+        "category-ordered": pd.Categorical(
+            ["lo", "hi", None, "lo", "mid", "hi", "lo"],
+            categories=["lo", "mid", "hi", "unused"],
+            ordered=True,
+        ),
+        "category-int": pd.Categorical([3, 1, 2, 3, 1, 2, 3]),
+        "datetime-ns": pd.date_range("2020-01-01", periods=N, freq="h", unit="ns"),
+        "datetime-s": pd.date_range("1900-01-01", periods=N, freq="D", unit="s"),
+        "datetime-nat": pd.array(
+            [pd.Timestamp("2020-01-01"), pd.NaT] * 3 + [pd.NaT], dtype="datetime64[us]"
+        ),
+        "datetime-tz": pd.date_range("2020-03-29", periods=N, freq="h", tz="Europe/Paris"),
+        "datetime-utc": pd.date_range("2020-01-01", periods=N, tz="UTC", unit="ms"),
+        "datetime-fixed-offset": pd.date_range(
+            "2020", periods=N, tz=datetime.timezone(datetime.timedelta(hours=-3, minutes=-30))
+        ),
+        "timedelta": pd.to_timedelta(np.arange(N) - 2, unit="s"),
+        "period-month": pd.period_range("2020-01", periods=N, freq="M"),
+        "period-quarter": pd.period_range("2020Q1", periods=N, freq="Q-DEC"),
+    }
+
+
+KINDS = _column_kinds()
+
+
+def assert_frame_same(got: Any, want: Any) -> None:
+    """Same type, same values (bit for bit), same dtypes, index, names."""
+    assert type(got) is type(want)
+    if isinstance(want, pd.DataFrame):
+        pd.testing.assert_frame_equal(got, want, check_exact=True, check_freq=True)
+        assert list(got.dtypes) == list(want.dtypes)
+        _same_index(got.columns, want.columns)
+        _same_index(got.index, want.index)
+    elif isinstance(want, pd.Series):
+        pd.testing.assert_series_equal(got, want, check_exact=True, check_freq=True)
+        assert got.dtype == want.dtype
+        _same_index(got.index, want.index)
+    else:
+        _same_index(got, want)
+
+
+def _same_index(got: Any, want: Any) -> None:
+    pd.testing.assert_index_equal(got, want, exact=True, check_exact=True)
+    assert type(got) is type(want) and got.names == want.names and got.dtype == want.dtype
+    if isinstance(want, (pd.DatetimeIndex, pd.TimedeltaIndex)):
+        assert got.freq == want.freq
+
+
+def round_trips(value: Any, tmp_path: Path) -> list[Any]:
+    """``value`` decoded from memory, and from an entry file read and mapped."""
+    assert npy.can_encode(value) is True
+    encoded = npy.encode(value)
+    layout = json.loads(json.dumps(encoded.layout))  # the layout is JSON
+    out = [npy.decode(layout, MemorySegments(encoded))]
+    path = tmp_path / "entry"
+    write(npy, value, path)
+    for mode in (None, "r", "c"):
+        out.append(read(npy, path, mode))
+    return out
+
+
+# -- pandas: every column kind -----------------------------------------------------------
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_column_kind_round_trips_exactly(kind: str, tmp_path: Path) -> None:
+    df = pd.DataFrame({kind: KINDS[kind], "n": np.arange(N)})
+    for got in round_trips(df, tmp_path):
+        assert_frame_same(got, df)
+    series = pd.Series(KINDS[kind], name=kind, index=pd.Index(list("abcdefg"), name="key"))
+    for got in round_trips(series, tmp_path):
+        assert_frame_same(got, series)
+
+
+def test_a_frame_of_every_kind_round_trips(tmp_path: Path) -> None:
+    df = pd.DataFrame(KINDS, index=pd.Index(list("abcdefg"), name="key"))
+    for got in round_trips(df, tmp_path):
+        assert_frame_same(got, df)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        pd.RangeIndex(N),
+        pd.RangeIndex(10, 10 + 3 * N, 3, name="step3"),
+        pd.Index(np.arange(N) * 10, name=("a", 1)),
+        pd.Index(list("abcdefg"), dtype=object, name=5),
+        pd.Index([1, "b", 2.5, None, ("t", 1), True, 10**30], dtype=object, tupleize_cols=False),
+        pd.date_range("2021-01-01", periods=N, freq="D", name="day"),
+        pd.date_range("2021-01-01", periods=N, freq="15min", tz="America/New_York"),
+        pd.DatetimeIndex(["2021-01-03", "2021-01-01", "2021-01-02"] * 2 + ["2020-01-01"]),
+        pd.timedelta_range("1 day", periods=N, freq="h"),
+        pd.period_range("2020", periods=N, freq="Y"),
+        pd.CategoricalIndex(list("abcabca"), categories=list("cba"), ordered=True, name="c"),
+        pd.Index(pd.array([1, None, 3, 4, 5, 6, 7], dtype="Int64"), name="nullable"),
+        pd.MultiIndex.from_arrays(
+            [list("aabbccd"), np.arange(N), pd.date_range("2020", periods=N)],
+            names=["letter", None, "when"],
+        ),
+    ],
+    ids=lambda i: f"{type(i).__name__}-{i.dtype}-{i.names}",
+)
+def test_indexes_keep_their_type_names_and_freq(index: Any, tmp_path: Path) -> None:
+    df = pd.DataFrame({"x": np.arange(N, dtype=np.float64)}, index=index)
+    for got in round_trips(df, tmp_path):
+        assert_frame_same(got, df)
+    for got in round_trips(index, tmp_path):
+        assert_frame_same(got, index)
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        pd.Index([0, 1, 2]),
+        pd.Index([2.5, -1.0, 0.0]),
+        pd.Index(["a", "a", "b"]),  # duplicate names
+        pd.Index([("a", 1), ("b", 2), ("c", 3)], tupleize_cols=False),
+        pd.Index(["a", 1, None], dtype=object),
+        pd.MultiIndex.from_tuples([("a", 1), ("a", 2), ("b", 1)], names=["top", "sub"]),
+        pd.RangeIndex(3, name="cols"),
+        pd.date_range("2020", periods=3, freq="D"),
+    ],
+    ids=str,
+)
+def test_column_names_of_any_kind(columns: Any, tmp_path: Path) -> None:
+    df = pd.DataFrame(
+        {i: c for i, c in enumerate([np.arange(N), KINDS["string"], KINDS["category"]])}
+    )
+    df.columns = columns
+    for got in round_trips(df, tmp_path):
+        assert_frame_same(got, df)
+
+
+@pytest.mark.parametrize(
+    "df",
+    [
+        pd.DataFrame(),
+        pd.DataFrame(index=pd.RangeIndex(5)),
+        pd.DataFrame(columns=["a", "b"]),
+        pd.DataFrame(KINDS).iloc[:0],
+        pd.DataFrame({"a": []}, index=pd.Index([], dtype=object, name="empty")),
+    ],
+    ids=["nothing", "rows-only", "columns-only", "no-rows", "empty-object-index"],
+)
+def test_empty_frames(df: Any, tmp_path: Path) -> None:
+    for got in round_trips(df, tmp_path):
+        assert_frame_same(got, df)
+
+
+def test_numeric_columns_are_views_of_the_mapped_entry(tmp_path: Path) -> None:
+    df = pd.DataFrame({k: KINDS[k] for k in ("int64", "float64", "bool", "datetime-ns", "Int64")})
+    write(npy, df, tmp_path / "e")
+    mapped = read(npy, tmp_path / "e", "r")
+    for name in ("int64", "float64", "bool", "datetime-ns"):
+        values = mapped[name].to_numpy()
+        assert is_mapped(values) and not values.flags.writeable, name
+        assert type(values) is np.ndarray  # not a memmap: pandas' own checks compare classes
+    assert is_mapped(mapped["Int64"].to_numpy(dtype="int64", na_value=0)) is False  # a copy
+    in_memory = read(npy, tmp_path / "e", None)
+    assert not is_mapped(in_memory["int64"].to_numpy())
+    copy_on_write = read(npy, tmp_path / "e", "c")
+    assert is_mapped(copy_on_write["float64"].to_numpy())
+    assert_frame_same(copy_on_write, df)
+
+
+def test_a_tree_of_frames_and_arrays_keeps_each_part(tmp_path: Path) -> None:
+    value = {
+        "train": pd.DataFrame({"x": KINDS["float64"], "y": KINDS["category"]}),
+        "labels": pd.Series(KINDS["Int64"], name="y"),
+        "raw": np.arange(6).reshape(2, 3),
+        "meta": ("v1", 3, None),
+        "index": pd.RangeIndex(4),
+        "table": pa.table({"a": [1, 2]}),
+    }
+    for got in round_trips(value, tmp_path):
+        assert list(got) == list(value)
+        assert_frame_same(got["train"], value["train"])
+        assert_frame_same(got["labels"], value["labels"])
+        assert_frame_same(got["index"], value["index"])
+        assert np.array_equal(got["raw"], value["raw"]) and got["meta"] == value["meta"]
+        assert got["table"].equals(value["table"])
+
+
+# -- pandas: hypothesis -------------------------------------------------------------------
+_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=8)
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> Any:
+    n = draw(st.integers(0, 6))
+    makers = {
+        "int": lambda: np.array(draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n)), dtype=np.int64),  # noqa: E501
+        "float": lambda: np.array(draw(st.lists(st.floats(allow_nan=True), min_size=n, max_size=n)), dtype=np.float64),  # noqa: E501
+        "Int64": lambda: pd.array(draw(st.lists(st.none() | st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n)), dtype="Int64"),  # noqa: E501
+        "string": lambda: pd.array(draw(st.lists(st.none() | _text, min_size=n, max_size=n)), dtype="string"),  # noqa: E501
+        "object": lambda: _objects(draw(st.lists(st.none() | _text, min_size=n, max_size=n))),
+        "category": lambda: pd.Categorical(draw(st.lists(st.none() | st.sampled_from("abc"), min_size=n, max_size=n)), categories=list("abcd"), ordered=draw(st.booleans())),  # noqa: E501
+        "datetime-tz": lambda: pd.DatetimeIndex(np.array(draw(st.lists(st.integers(-(2**62), 2**62), min_size=n, max_size=n)), dtype="M8[ns]")).tz_localize("UTC").tz_convert("Asia/Kolkata"),  # noqa: E501
+    }  # fmt: skip
+    kinds = draw(st.lists(st.sampled_from(sorted(makers)), max_size=5))
+    df = pd.DataFrame({i: makers[k]() for i, k in enumerate(kinds)}, index=pd.RangeIndex(n))
+    k = len(kinds)
+    names = draw(st.lists(st.none() | _text | st.integers(-5, 5), min_size=k, max_size=k))
+    df.columns = pd.Index(names, dtype=object)
+    return df
+
+
+def _objects(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(frames())
+def test_random_frames_round_trip(df: Any) -> None:
+    encoded = npy.encode(df)
+    got = npy.decode(json.loads(json.dumps(encoded.layout)), MemorySegments(encoded))
+    assert_frame_same(got, df)
+
+
+# -- pandas: refusals -----------------------------------------------------------------------
+class MyFrame(pd.DataFrame):
+    pass
+
+
+def _refused() -> dict[str, Any]:
+    with_attrs = pd.DataFrame({"a": [1]})
+    with_attrs.attrs["source"] = "x"
+    return {
+        "object-python-objects": pd.DataFrame({"a": pd.Series([object(), "x"], dtype=object)}),
+        "object-nan-and-str": pd.DataFrame({"a": pd.Series(["x", np.nan], dtype=object)}),
+        "object-str-subclass": pd.DataFrame({"a": pd.Series([np.str_("x")], dtype=object)}),
+        "object-mixed-bytes-str": pd.Series([b"x", "y"], dtype=object),
+        "interval": pd.DataFrame({"a": pd.arrays.IntervalArray.from_breaks([0, 1, 2])}),
+        "sparse": pd.DataFrame({"a": pd.arrays.SparseArray([0, 0, 1])}),
+        "dateutil-tz": pd.Series(pd.date_range("2020", periods=2, tz="dateutil/Europe/Paris")),
+        "attrs": with_attrs,
+        "subclass": MyFrame({"a": [1]}),
+        "name-object": pd.Series([1], name=frozenset()),
+        "index-of-objects": pd.Series([1, 2], index=pd.Index([object(), object()])),
+        "interval-index": pd.Series([1, 2], index=pd.interval_range(0, 2)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_refused()))
+def test_what_cannot_be_stored_exactly_is_refused(name: str) -> None:
+    value = _refused()[name]
+    assert npy.can_encode(value) is False
+    assert npy.can_encode({"nested": [value]}) is False
+
+
+# -- pandas: through a real Memory, without pickle -----------------------------------------------
+def test_memory_hit_without_pickle(tmp_path: Path) -> None:
+    mem = Memory(tmp_path, verbose=0, allow_pickle=False)
+    runs = []
+
+    @mem.cache
+    def load(n: int) -> Any:
+        runs.append(n)
+        return pd.DataFrame(KINDS, index=pd.Index(list("abcdefg"), name="key")).iloc[:n]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # stored: no "not stored" warning
+        first = load(N)
+        again = load(N)
+    assert runs == [N]
+    assert_frame_same(again, first)
+    entries = [
+        p
+        for p in tmp_path.rglob("*")
+        if p.is_file() and len(p.name) == 32 and all(c in "0123456789abcdef" for c in p.name)
+    ]
+    assert len(entries) == 1
+    assert EntryReader(str(entries[0])).codec == "npy"  # no pickle in the entry
+
+
+def test_a_damaged_frame_layout_is_a_corrupted_entry(tmp_path: Path) -> None:
+    df = pd.DataFrame({k: KINDS[k] for k in ("int64", "string", "category", "datetime-tz")})
+    path = tmp_path / "e"
+    write(npy, df, path)
+    reader = EntryReader(str(path))
+    leaf = reader.codec_layout["tree"]
+    for column in range(4):
+        for key in list(leaf["data"][column]):
+            for bad in (None, -1, "x", 2**70, [], {"k": "np"}):
+                forged = json.loads(json.dumps(leaf))
+                forged["data"][column][key] = bad
+                try:
+                    got = decode(_Forged(reader, {"tree": forged}), allow_pickle=False)  # type: ignore[arg-type]
+                except EntryCorrupted:
+                    continue
+                assert isinstance(got, pd.DataFrame)  # a harmless field (a name)
+
+
+class _Forged:
+    def __init__(self, reader: EntryReader, layout: dict[str, Any]) -> None:
+        self._reader, self.codec_layout = reader, layout
+        self.codec, self.path = reader.codec, reader.path
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    def buffer(self, index: int) -> memoryview:
+        return self._reader.buffer(index)
+
+    def array(self, *args: Any) -> np.ndarray:
+        return self._reader.array(*args)
+
+
+def test_decoding_never_unpickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    df = pd.DataFrame(KINDS)
+    write(npy, df, tmp_path / "e")
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("unpickled")
+
+    for name in ("loads", "load", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    assert_frame_same(decode(EntryReader(str(tmp_path / "e")), allow_pickle=False), df)
+
+
+# -- pyarrow --------------------------------------------------------------------------------------
+def _tables() -> dict[str, Any]:
+    t = pa.table(
+        {
+            "i": pa.array([1, None, 3], pa.int32()),
+            "s": ["x", None, "é"],
+            "ls": pa.array(["a", "b", None], pa.large_string()),
+            "d": pa.array(["a", "b", "a"]).dictionary_encode(),
+            "l": [[1, 2], None, []],
+            "st": [{"a": 1, "b": "x"}, None, {"a": 3, "b": None}],
+            "ts": pa.array([0, 1, None], pa.timestamp("ns", tz="Europe/Paris")),
+            "dec": pa.array([1, 2, None], pa.decimal128(10, 2)),
+            "dur": pa.array([1, 2, 3], pa.duration("ms")),
+            "bin": [b"\x00", b"", None],
+            "map": pa.array([[("k", 1)], [], None], pa.map_(pa.string(), pa.int64())),
+            "f16": pa.array(np.arange(3, dtype=np.float16)),
+        },
+        metadata={b"origin": b"test"},
+    )
+    return {
+        "table": t,
+        "chunked": pa.concat_tables([t, t.slice(1)]),
+        "empty": t.slice(0, 0),
+        "batch": t.to_batches()[0],
+        "empty-batch": t.to_batches()[0].slice(0, 0),
+        "tensor-ext": pa.table(
+            {"t": pa.FixedShapeTensorArray.from_numpy_ndarray(np.zeros((2, 3, 4), np.float32))}
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", list(_tables()))
+def test_arrow_tables_and_batches_round_trip(name: str, tmp_path: Path) -> None:
+    value = _tables()[name]
+    for got in round_trips(value, tmp_path):
+        assert type(got) is type(value)
+        assert got.equals(value, check_metadata=True)
+        assert got.schema.equals(value.schema, check_metadata=True)
+        if isinstance(value, pa.Table):  # the chunks kept (an empty one is no chunk)
+            assert [len(c) for c in got.column(0).chunks if len(c)] == [
+                len(c) for c in value.column(0).chunks if len(c)
+            ]
+
+
+def test_arrow_columns_are_zero_copy_views_of_the_mapped_entry(tmp_path: Path) -> None:
+    table = pa.table({"x": np.arange(100_000, dtype=np.float64), "s": ["ab"] * 100_000})
+    write(npy, table, tmp_path / "e")
+    reader = EntryReader(str(tmp_path / "e"), "r")
+    segment = np.frombuffer(reader.buffer(0), dtype=np.uint8)
+    assert is_mapped(segment)
+    lo, hi = segment.ctypes.data, segment.ctypes.data + segment.nbytes
+    got = decode(reader, allow_pickle=False)
+    for column in got.columns:
+        for buf in column.chunk(0).buffers():
+            if buf is not None:
+                assert lo <= buf.address and buf.address + buf.size <= hi  # inside the map
+    values = got.column("x").to_numpy()
+    assert is_mapped(values) or lo <= values.ctypes.data < hi
+
+
+def test_arrow_extension_types_that_need_registering_are_refused() -> None:
+    pandas_period = pa.Table.from_pandas(pd.DataFrame({"p": pd.period_range("2020", periods=2)}))
+    assert isinstance(pandas_period.schema.field("p").type, pa.ExtensionType)
+    assert npy.can_encode(pandas_period) is False
+
+
+# -- polars -----------------------------------------------------------------------------------
+def test_polars_frames_and_series_round_trip(tmp_path: Path) -> None:
+    pl = pytest.importorskip("polars")
+    from polars.testing import assert_frame_equal, assert_series_equal
+
+    df = pl.DataFrame(
+        {
+            "i": [1, None, 3],
+            "u8": pl.Series([1, 2, 3], dtype=pl.UInt8),
+            "f": [1.5, float("nan"), None],
+            "s": ["x", None, "é"],
+            "b": [True, None, False],
+            "cat": pl.Series(["a", "b", "a"], dtype=pl.Categorical),
+            "enum": pl.Series(["lo", "hi", "lo"], dtype=pl.Enum(["hi", "lo"])),
+            "l": [[1], [2, 3], None],
+            "st": [{"x": 1}, {"x": None}, None],
+            "dec": pl.Series(["1.25", "2.50", None]).cast(pl.Decimal(10, 2)),
+            "dt": pl.Series([0, 1, None]).cast(pl.Datetime("ms", "Europe/Paris")),
+            "date": pl.Series([1, 2, 3]).cast(pl.Date),
+            "dur": pl.Series([1, 2, 3]).cast(pl.Duration("us")),
+            "arr": pl.Series([[1, 2], [3, 4], [5, 6]], dtype=pl.Array(pl.Int32, 2)),
+            "bin": [b"a", b"", None],
+        }
+    )
+    for got in round_trips(df, tmp_path):
+        assert type(got) is pl.DataFrame and got.schema == df.schema
+        assert_frame_equal(got, df, check_exact=True, check_dtypes=True)
+    for value in (df["enum"], pl.Series("empty", [], dtype=pl.Int16), df["st"]):
+        for got in round_trips(value, tmp_path):
+            assert type(got) is pl.Series and got.name == value.name
+            assert_series_equal(got, value, check_exact=True, check_dtypes=True)
+    for got in round_trips(pl.DataFrame(), tmp_path):
+        assert got.shape == (0, 0)
+
+
+def test_polars_object_columns_are_refused() -> None:
+    pl = pytest.importorskip("polars")
+    assert npy.can_encode(pl.DataFrame({"o": pl.Series([object()], dtype=pl.Object)})) is False
+    assert npy.can_encode(pl.Series([object()], dtype=pl.Object)) is False
