@@ -62,7 +62,6 @@ from .regions import (
     CHECK_EVERY,
     PRIVATE_MAP_MIN,
     Field,
-    Region,
     compile_reader,
     field_regions,
     refuse,
