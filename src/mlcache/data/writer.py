@@ -13,7 +13,9 @@ What a field may hold
 ---------------------
 A field's kind comes from its first value: numbers (Python ``bool``, ``int``,
 ``float``, numpy scalars), numpy arrays of numbers or dates, text (``str``,
-``np.str_``), ``bytes`` (``np.bytes_`` too), or pickles (``allow_pickle=True``).
+``np.str_``), ``bytes`` (``np.bytes_`` too), and, with ``allow_pickle=False``,
+lists of numbers (arrays), lists of ``str`` and dicts of any of these (what a
+JSON or SQL source gives); or pickles (``allow_pickle=True``).
 
 * **Numbers promote as numpy does**: a field's dtype is ``np.result_type`` of
   the dtypes of all its values, counting a Python ``bool``, ``int`` and
@@ -38,6 +40,17 @@ A field's kind comes from its first value: numbers (Python ``bool``, ``int``,
 * Arrays of fixed-width text (``<U3``, ``S3``) or of other non-numeric dtypes
   raise :class:`~mlcache.UnsupportedValue` at the sample holding one (they are
   pickled with ``allow_pickle=True``): pass text as ``str`` (``arr.tolist()``).
+* **Lists and dicts** (with ``allow_pickle=False``; ``allow_pickle=True``
+  pickles them as before, read back exactly): a list of numbers, or a
+  rectangular list of such lists, is the numpy array it makes, under the rules
+  of numbers above, and reads back as that array (``ragged`` when lengths
+  vary); a list of ``str`` reads back as a list of ``str`` (kind ``strs``); an
+  empty list is an empty value of the field's kind and dtype (see
+  :mod:`mlcache.data.values`). A dict (``str`` keys, the same keys in every
+  sample) is a field of kind ``dict`` whose keys are sub-fields under these
+  same rules (errors name one ``"meta.age"``), read back as a dict. Other lists
+  (holding ``None``, bytes, dicts, mixed numbers and text, rows of different
+  lengths) raise :class:`~mlcache.UnsupportedValue`.
 
 A source may also hand over whole columns at once (:class:`ColumnSource`, as
 :func:`~mlcache.data.from_sql` does): the same rules, without a dict per row.
