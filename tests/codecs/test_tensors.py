@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import subprocess
@@ -319,3 +320,69 @@ def test_a_state_dict_through_memory_without_pickle(tmp_path: Path) -> None:
     ]
     assert len(entries) == 1
     assert EntryReader(str(entries[0])).codec == "npy"  # no pickle in the entry
+
+
+# -- OrderedDict (a state_dict) -----------------------------------------------------
+def test_a_state_dict_stays_an_ordered_dict_with_its_metadata(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    sd = model.state_dict()
+    assert type(sd) is collections.OrderedDict and "_metadata" in vars(sd)
+    value = {"head": np.arange(4), "sd": sd, "after": [random_tensor(torch.int8, (3,))]}
+    assert npy.can_encode(value)
+    write(npy, value, tmp_path / "e")
+    for mode in (None, "r", "c"):
+        got = read(npy, tmp_path / "e", mode)
+        assert type(got["sd"]) is collections.OrderedDict
+        assert list(got["sd"]) == list(sd)  # in order
+        for k in sd:
+            assert_same_tensor(got["sd"][k], sd[k])
+        assert vars(got["sd"]) == vars(sd)  # _metadata: the modules' versions
+        # segments after the ordered dict's are still found
+        assert np.array_equal(got["head"], np.arange(4))
+        assert_same_tensor(got["after"][0], value["after"][0])
+    model.load_state_dict(read(npy, tmp_path / "e", None)["sd"])
+
+
+def test_ordered_dicts_of_plain_values_nest_and_keep_their_order() -> None:
+    inner = collections.OrderedDict([("z", b"bytes"), ((1, "k"), [1.5, None])])
+    value = collections.OrderedDict([("b", inner), ("a", np.ones(2)), (3, "three")])
+    value.move_to_end("b")
+    encoded = npy.encode(value)
+    got = npy.decode(json.loads(json.dumps(encoded.layout)), MemorySegments(encoded))
+    assert type(got) is collections.OrderedDict and list(got) == ["a", 3, "b"]
+    assert type(got["b"]) is collections.OrderedDict and list(got["b"]) == ["z", (1, "k")]
+    assert got["b"] == inner and np.array_equal(got["a"], np.ones(2))
+
+
+def test_ordered_dicts_it_cannot_fully_represent_are_refused() -> None:
+    loop: collections.OrderedDict[str, Any] = collections.OrderedDict()
+    loop["me"] = loop
+    assert npy.can_encode(loop) is False
+    odd = collections.OrderedDict(a=1)
+    odd.note = object()  # an attribute pickle alone would store
+    assert npy.can_encode(odd) is False
+
+    class Mine(collections.OrderedDict):  # type: ignore[type-arg]
+        pass
+
+    assert npy.can_encode(Mine(a=1)) is False
+    assert npy.can_encode(collections.OrderedDict(a=object())) is False
+
+
+def test_an_ordered_state_dict_through_memory_without_pickle(tmp_path: Path) -> None:
+    mem = Memory(tmp_path, verbose=0, allow_pickle=False)
+    runs = []
+
+    @mem.cache
+    def fit(seed: int) -> Any:
+        runs.append(seed)
+        torch.manual_seed(seed)
+        return torch.nn.Linear(4, 3).state_dict()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first, again = fit(1), fit(1)
+    assert runs == [1] and type(again) is collections.OrderedDict
+    assert list(again) == list(first) and vars(again) == vars(first)
+    for k in first:
+        assert_same_tensor(again[k], first[k])

@@ -5,7 +5,8 @@ order), numpy scalars, ``None``, ``bool``, ``int``, ``float``, ``complex``,
 ``str``, ``bytes``, and ``tuple`` / ``list`` / ``dict`` of those (dict keys may
 be any tree value). Arrays and bytes become raw segments, so every array comes
 back memory-mapped when the reader maps; the rest is JSON in the layout.
-Exact types only: a subclass (``OrderedDict``, ``np.matrix``) goes to pickle.
+Exact types only: a subclass (``defaultdict``, ``np.matrix``) goes to pickle
+(``OrderedDict`` is a leaf: :mod:`mlcache.codecs.ordered`).
 
 A value of another type is a *leaf* when a registered
 :class:`~mlcache.codecs.leaves.Leaf` handles its exact type (pandas, pyarrow
