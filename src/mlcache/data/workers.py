@@ -1,79 +1,213 @@
 """Building a :class:`~mlcache.data.CachedDataset` with ``num_workers``: its items
 loaded in worker processes, in order, and how those are started.
 
+Two entry points: :func:`load_many` yields ``(index, sample)`` for every item of
+a list (``index`` its position in the list), in that order, and
+:func:`load_in_workers` the samples alone (the up-front build's
+``load_source()``). Either one can be given any list of items (the ones that
+still need loading, for a pack that fills as it is read); each starts its
+workers at most once per call, and stays in this process when workers would
+not pay (``workers`` below 2, fewer than 2 items, a daemonic process such as a
+DataLoader worker, which cannot have children, or items too quick to load).
+
+How a call goes:
+
+1. **Probe.** The first items are loaded here, timed (up to
+   :data:`_PROBE_ITEMS` items or :data:`_PROBE_SECONDS`), and so is the cost of
+   sending their samples back (a pickle round trip). The first item is left
+   out of the per-item cost when there are more: it often pays for imports
+   (pandas on first use) that forked workers inherit.
+2. **Decide.** Workers are used when the rest is predicted to take at most
+   :data:`_WORTH` of its time here: its load time shared among
+   ``min(workers, CPUs)``, plus starting the workers (:data:`_START_SECONDS`:
+   a fork is cheap; a spawned child imports the main module and the
+   dataset's again, while this process goes on loading), plus sending each
+   sample back. 2,000 tiny JSON items
+   (tens of microseconds each) stay here; 8,000 small CSV files parsed by
+   pandas (about a millisecond each) go to workers.
+3. **Load in workers, write here.** The workers are started once, the
+   dataset reaching each of them once (inherited under fork, pickled once
+   under spawn). This process goes on loading, in order, until one is ready;
+   then only chunks of items go out and lists of samples come back. A
+   chunk is about :data:`_CHUNK_SECONDS` of loading by the probe's timing
+   (so that a round trip, about 0.2 ms, is noise, and the last chunks leave
+   no core idle for long), with at least four chunks per worker and
+   :data:`_IN_FLIGHT` per worker queued, so that a worker never waits for the
+   building process, which only writes.
+
 On Linux the workers are forked, so nothing is run again (no script without a
 main guard re-run, no import of the dataset's module while it is being
-imported); the dataset reaches each worker once, then only chunks of items
-travel. With other threads running (fork would be unsafe) the workers are
+imported). With other threads running (fork would be unsafe) the workers are
 spawned when the main script has an ``if __name__ == "__main__":`` guard;
 without one the build runs in this process with a warning. A spawned child that
 re-runs a script and reaches a build raises a clear error
 (:func:`refuse_in_bootstrap`); workers that die make the build finish in this
-process: a build never hangs.
+process, with one warning: a build never hangs. An error raised by
+``load_item`` in a worker is raised here, as it would be in a serial build, and
+a caller that stops early (closes the iterator) stops the workers without
+waiting for the chunks still queued.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
+import pickle
 import re
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import warn
 
-__all__ = ["Counted", "load_in_workers", "refuse_in_bootstrap", "start_method"]
+__all__ = [
+    "Counted",
+    "WorkerError",
+    "load_in_workers",
+    "load_many",
+    "refuse_in_bootstrap",
+    "start_method",
+]
 
-#: a parallel build first loads up to this many items (or this many seconds of
-#: them) in the building process, and stays there when the rest would take less
-#: than _SERIAL_BELOW seconds (2,000 tiny JSON files: 0.25 s serial, 0.37 s in 2
-#: forked workers on a 2-core machine)
+#: the probe loads up to this many items here, or items for this many seconds
 _PROBE_ITEMS = 32
-_PROBE_SECONDS = 0.2
-_SERIAL_BELOW = 1.0
+_PROBE_SECONDS = 0.1
+#: workers are used when the rest would take at most this share of its time here
+_WORTH = 0.75
+#: what starting the workers costs this process, by start method: it goes on
+#: loading until one is ready, but shares the CPUs with them meanwhile, and
+#: stops them at the end (on a 2-core VM: 15-50 ms to fork two and get their
+#: first results; 0.5-2 s to spawn two, each a new interpreter importing numpy,
+#: mlcache, the main module and the dataset's)
+_START_SECONDS = {"fork": 0.05, "spawn": 0.3}
+#: the loading time a chunk of items is sized to, by the probe's timing
+_CHUNK_SECONDS = 0.05
+#: chunks queued or running per worker
+_IN_FLIGHT = 3
 
 
-def load_in_workers(dataset: Any, items: list[Any], workers: int) -> Iterator[Mapping[str, Any]]:
-    """``dataset.load_item`` over ``items`` in ``workers`` processes, in order.
+def load_in_workers(
+    dataset: Any, items: Sequence[Any], workers: int
+) -> Iterator[Mapping[str, Any]]:
+    """``dataset.load_item`` over ``items``, in ``workers`` processes when they
+    pay, in order: the samples of :func:`load_many`."""
+    for _, sample in load_many(dataset, items, workers):
+        yield sample
 
-    The first items are loaded here, timed: when the rest would take less
-    than :data:`_SERIAL_BELOW` seconds in this process, workers would cost
-    more than they save (starting them, sending items and samples), and the
-    build stays here. Otherwise the dataset reaches each worker once
-    (inherited under fork, pickled once under spawn); then only chunks of
-    items go out and lists of samples come back, a bounded number of chunks
-    in flight. Workers that cannot start (a spawned child that fails while
-    re-importing the main script) make the rest of the build run in this
-    process, with a warning: it never waits for ever.
+
+def load_many(
+    dataset: Any, items: Sequence[Any], workers: int
+) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """``(i, dataset.load_item(items[i]))`` for every item, in order, loaded in
+    ``workers`` processes when they pay (see the module's docstring).
+
+    Parameters
+    ----------
+    dataset:
+        The object whose ``load_item(item)`` makes a sample (a
+        :class:`~mlcache.data.CachedDataset`); under spawn it is pickled once
+        per worker.
+    items:
+        The items to load (a list: its length and slices are used).
+    workers:
+        The most worker processes to use; 0 or 1 loads here.
+
+    Yields
+    ------
+    tuple
+        The index of the item in ``items`` and its sample, for every item,
+        in the order of ``items``.
+
+    >>> class Squares:
+    ...     def load_item(self, i):
+    ...         return {"sq": i * i}
+    >>> [(i, s["sq"]) for i, s in load_many(Squares(), [3, 4], workers=2)]
+    [(0, 9), (1, 16)]
     """
+    items = list(items)
+    n = len(items)
+    if workers <= 1 or n < 2 or multiprocessing.current_process().daemon:
+        for i, item in enumerate(items):
+            yield i, dataset.load_item(item)
+        return
+    times: list[float] = []
+    transfer = 0.0  # seconds to pickle and unpickle the probe's samples
+    started = time.perf_counter()
+    for i, item in enumerate(items[:_PROBE_ITEMS]):
+        t0 = time.perf_counter()
+        sample = dataset.load_item(item)
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        transfer += _round_trip(sample)
+        yield i, sample
+        if t1 - started > _PROBE_SECONDS:  # slow items: no need to time more of them
+            break
+    done = len(times)
+    if done == n:
+        return
+    # the first item often pays for imports the others (and forked workers) do not
+    per_item = sum(times[1:]) / (done - 1) if done > 2 else sum(times) / done
+    rest = n - done
+    method = _method_if_worth(dataset, rest, per_item, transfer / done, workers)
+    if method is None:
+        for i in range(done, n):
+            yield i, dataset.load_item(items[i])
+        return
+    yield from _in_pool(dataset, items, done, workers, method, per_item)
+
+
+def _round_trip(sample: Any) -> float:
+    """Seconds to send ``sample`` back from a worker, as measured here: a pickle
+    and an unpickle (a sample that cannot be pickled counts as free: it fails in
+    the worker, and the error is raised here)."""
+    t0 = time.perf_counter()
+    try:
+        pickle.loads(pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        return 0.0
+    return time.perf_counter() - t0
+
+
+def _method_if_worth(
+    dataset: Any, rest: int, per_item: float, per_transfer: float, workers: int
+) -> str | None:
+    """The start method of the workers when they pay for the ``rest`` items,
+    else None: their share of the load time, their start and the transfer of
+    every sample against the load time here."""
+    here = rest * per_item
+    cores = min(workers, os.cpu_count() or 1)
+    if cores < 2:
+        return None
+    # the cheapest start: a spawn-only machine must save even more
+    start = _START_SECONDS["fork"] if sys.platform.startswith("linux") else _START_SECONDS["spawn"]
+    if here / cores + start + rest * per_transfer > _WORTH * here:
+        return None
+    method = start_method(type(dataset).__qualname__)
+    if method is None or method == "fork":
+        return method
+    there = here / cores + _START_SECONDS[method] + rest * per_transfer
+    return method if there <= _WORTH * here else None
+
+
+def _in_pool(
+    dataset: Any, items: list[Any], first: int, workers: int, method: str, per_item: float
+) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """``(i, sample)`` for the items from ``first`` on, loaded in a pool of
+    ``workers`` processes started with ``method``.
+
+    While the workers start (a fork: milliseconds; a spawn: a new interpreter
+    importing the main module), this process goes on loading, in order; from
+    the moment one is ready, it only writes, and the rest goes out in chunks
+    sized by ``per_item``, the probe's time per item."""
     from concurrent.futures import Future, ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    spent, probe = 0.0, min(len(items), _PROBE_ITEMS)
-    for i, item in enumerate(items[:probe]):
-        t0 = time.perf_counter()
-        sample = dataset.load_item(item)
-        spent += time.perf_counter() - t0
-        yield sample
-        if spent > _PROBE_SECONDS:  # slow items: no need to time more of them
-            probe = i + 1
-            break
-    items = items[probe:]
-    if not items:
-        return
-    method = None
-    if spent / probe * len(items) >= _SERIAL_BELOW:
-        method = start_method(type(dataset).__qualname__)
-    if method is None:
-        yield from map(dataset.load_item, items)
-        return
-    size = _chunk_size(len(items), workers)
-    chunks = deque(items[i : i + size] for i in range(0, len(items), size))
-    done = 0  # items yielded so far
+    n = len(items)
+    done = first  # items yielded so far
     pool = ProcessPoolExecutor(
         workers,
         mp_context=multiprocessing.get_context(method),
@@ -81,21 +215,31 @@ def load_in_workers(dataset: Any, items: list[Any], workers: int) -> Iterator[Ma
         initargs=(dataset,),
     )
     try:
-        pending: deque[Future[list[Mapping[str, Any]]]] = deque()
-        while chunks or pending:
-            while chunks and len(pending) < 4 * workers:
-                pending.append(pool.submit(_worker_load, chunks.popleft()))
-            for sample in pending.popleft().result():
-                yield sample
+        ready = [pool.submit(_worker_ready) for _ in range(workers)]
+        while done < n and not any(f.done() for f in ready):
+            yield done, dataset.load_item(items[done])
+            done += 1
+        size = _chunk_size(n - done, per_item, workers)
+        starts = deque(range(done, n, size))
+        pending: deque[Future[_Loaded]] = deque()
+        while starts or pending:
+            while starts and len(pending) < _IN_FLIGHT * workers:
+                at = starts.popleft()
+                pending.append(pool.submit(_worker_load, items[at : at + size]))
+            samples, error = pending.popleft().result()
+            for sample in samples:
+                yield done, sample
                 done += 1
+            if error is not None:  # as a serial build: every sample before it, then it
+                raise error[0] from WorkerError(error[1])
     except BrokenProcessPool as exc:
         warn(
             f"mlcache: the {workers} {method} workers building {type(dataset).__qualname__} "
-            f"stopped ({exc}); loading the remaining {len(items) - done} items in this "
-            "process",
-            stacklevel=3,
+            f"stopped ({exc}); loading the remaining {n - done} items in this process",
+            stacklevel=4,
         )
-        yield from map(dataset.load_item, items[done:])
+        for i in range(done, n):
+            yield i, dataset.load_item(items[i])
     finally:
         # a build stopped early (a sample that does not fit) does not wait for
         # the chunks still queued
@@ -118,15 +262,44 @@ def _worker_start(dataset: Any) -> None:
             torch.set_num_threads(1)
 
 
-def _worker_load(items: list[Any]) -> list[Mapping[str, Any]]:
-    return [_WORKER_DATASET.load_item(item) for item in items]
+#: a chunk's samples, and the error that stopped it (with its traceback's text)
+_Loaded = tuple[list[Mapping[str, Any]], "tuple[Exception, str] | None"]
 
 
-def _chunk_size(n: int, workers: int) -> int:
-    """Items per task: enough that a tiny item's sample is not outweighed by the
-    round trip of a task (about 0.2 ms), small enough that every worker gets
-    several tasks and the first samples come back early."""
-    return max(1, min(256, n // (8 * workers)))
+class WorkerError(Exception):
+    """The traceback, in the worker, of an error ``load_item`` raised there (the
+    ``__cause__`` of that error when it is raised in the building process)."""
+
+
+def _worker_ready() -> None:
+    """Nothing: its result says a worker has started."""
+
+
+def _worker_load(items: list[Any]) -> _Loaded:
+    """The samples of ``items`` up to the first error, and that error: the
+    building process yields the samples before raising it, as a serial build."""
+    samples = []
+    try:
+        for item in items:
+            samples.append(_WORKER_DATASET.load_item(item))
+    except Exception as exc:
+        import traceback
+
+        text = "".join(traceback.format_exception(exc))
+        try:
+            pickle.dumps(exc)
+        except Exception:  # it would not reach the building process: its text does
+            exc = RuntimeError(f"{type(exc).__qualname__}: {exc}")
+        return samples, (exc, text)
+    return samples, None
+
+
+def _chunk_size(rest: int, per_item: float, workers: int) -> int:
+    """Items per chunk: about :data:`_CHUNK_SECONDS` of loading (a round trip,
+    about 0.2 ms, is then noise, and the last chunks leave no core idle for
+    long), and at least four chunks per worker."""
+    by_time = int(_CHUNK_SECONDS / max(per_item, 1e-7))
+    return max(1, min(by_time, -(-rest // (4 * workers))))
 
 
 _GUARD = re.compile(

@@ -1,0 +1,181 @@
+"""mlcache.data.workers: items loaded in worker processes, in order, only when
+workers pay, and never a hang or a wrong sample when one fails."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mlcache.data import CachedDataset
+from mlcache.data.workers import WorkerError, load_in_workers, load_many
+from mlcache.errors import CacheWarning
+
+PARENT = os.getpid()
+
+
+class Slow:
+    """Items of 5 ms each (a sleep: they pay for workers even on a busy machine)."""
+
+    def __init__(self, seconds: float = 0.005) -> None:
+        self.seconds = seconds
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        time.sleep(self.seconds)
+        return {"i": i, "pid": os.getpid(), "x": np.full(3, i, np.float32)}
+
+
+class Quick:
+    """Items of microseconds each: workers would cost more than they save."""
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        return {"i": i, "pid": os.getpid()}
+
+
+class Failing(Slow):
+    """Raises on one item, in whichever process loads it."""
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        if i == 150:
+            raise LookupError(f"no item {i}")
+        return super().load_item(i)
+
+
+class Dying(Slow):
+    """A worker that loads item 120 dies (this process loads it fine)."""
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        if i == 120 and os.getpid() != PARENT:
+            os._exit(3)
+        return super().load_item(i)
+
+
+def test_slow_items_are_loaded_in_workers_in_order() -> None:
+    items = list(range(200, 400))
+    got = list(load_many(Slow(), items, 2))
+    assert [i for i, _ in got] == list(range(200))
+    assert [s["i"] for _, s in got] == items
+    np.testing.assert_array_equal(got[199][1]["x"], np.full(3, 399, np.float32))
+    pids = {s["pid"] for _, s in got}
+    assert len(pids - {os.getpid()}) == 2  # both workers loaded
+    # the probe ran here, then only the workers loaded: the building process writes
+    here = [i for i, s in got if s["pid"] == os.getpid()]
+    assert here == list(range(len(here))) and 0 < len(here) <= 32
+
+
+def test_load_in_workers_yields_the_samples_alone() -> None:
+    samples = list(load_in_workers(Slow(), range(100), 2))
+    assert [s["i"] for s in samples] == list(range(100))
+
+
+def test_quick_items_stay_in_this_process() -> None:
+    """2,000 items of microseconds: the probe keeps them here."""
+    got = list(load_many(Quick(), range(2000), 2))
+    assert [s["i"] for _, s in got] == list(range(2000))
+    assert {s["pid"] for _, s in got} == {os.getpid()}
+
+
+@pytest.mark.parametrize(("workers", "n"), [(0, 50), (1, 50), (2, 1), (4, 0)])
+def test_no_workers_when_none_are_asked_for_or_one_item(workers: int, n: int) -> None:
+    got = list(load_many(Slow(0.001), range(n), workers))
+    assert [i for i, _ in got] == list(range(n))
+    assert {s["pid"] for _, s in got} <= {os.getpid()}
+
+
+def _in_a_daemon(queue: Any) -> None:
+    queue.put(sorted({s["pid"] for _, s in load_many(Slow(), range(120), 2)} | {-os.getpid()}))
+
+
+def test_a_daemonic_process_loads_by_itself() -> None:
+    """A DataLoader worker is daemonic: it cannot have children, so it loads alone."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    p = ctx.Process(target=_in_a_daemon, args=(queue,), daemon=True)
+    p.start()
+    pids = queue.get(timeout=30)
+    p.join(30)
+    assert p.exitcode == 0
+    assert len(pids) == 2 and pids[0] == -pids[1]  # only the daemon itself loaded
+
+
+def test_an_error_in_a_worker_is_raised_here() -> None:
+    seen = []
+    with pytest.raises(LookupError, match="no item 150") as raised:
+        for i, s in load_many(Failing(), range(300), 2):
+            seen.append((i, s["i"]))
+    assert seen == [(i, i) for i in range(150)]  # every sample before it, in order
+    assert isinstance(raised.value.__cause__, WorkerError)
+    assert "in load_item" in str(raised.value.__cause__)  # the worker's traceback
+
+
+class Unpicklable(Exception):
+    def __reduce__(self) -> Any:
+        raise TypeError("not this one")
+
+
+class FailingOddly(Slow):
+    def load_item(self, i: int) -> dict[str, Any]:
+        if i == 100 and os.getpid() != PARENT:
+            raise Unpicklable("odd")
+        return super().load_item(i)
+
+
+def test_an_error_that_does_not_pickle_is_named() -> None:
+    seen = []
+    with pytest.raises(RuntimeError, match="Unpicklable: odd") as raised:
+        for i, _ in load_many(FailingOddly(), range(200), 2):
+            seen.append(i)
+    assert seen == list(range(100))
+    assert "in load_item" in str(raised.value.__cause__)
+
+
+def test_dead_workers_leave_the_rest_to_this_process() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = list(load_many(Dying(), range(300), 2))
+    assert [s["i"] for _, s in got] == list(range(300))
+    said = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(said) == 1 and "loading the remaining" in said[0] and "Dying" in said[0]
+    assert got[120][1]["pid"] == os.getpid()
+
+
+def test_stopping_early_does_not_wait_for_the_queued_chunks() -> None:
+    """A caller that stops (a sample that does not fit) closes the iterator: the
+    workers stop; it does not wait for the hundreds of items still queued."""
+    it = load_many(Slow(0.01), range(600), 2)  # 6 s of items in this process
+    got = [next(it) for _ in range(60)]
+    t0 = time.perf_counter()
+    it.close()
+    closed = time.perf_counter() - t0
+    assert [i for i, _ in got] == list(range(60))
+    assert closed < 3.0  # the chunks left are 2.4 s of work per worker at the least
+
+
+class Numbers(CachedDataset):
+    """A dataset over numbered items, built with num_workers."""
+
+    def __init__(self, n: int, **kw: Any) -> None:
+        self.n = n
+        super().__init__(**kw)
+
+    def source_items(self) -> range:
+        return range(self.n)
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        time.sleep(0.004)
+        return {"i": i, "sq": np.arange(i % 7, dtype=np.int64) ** 2, "pid": os.getpid()}
+
+
+def test_a_parallel_build_is_the_serial_build(tmp_path: Any) -> None:
+    serial = Numbers(250, cache_dir=tmp_path / "a", progress=False)
+    parallel = Numbers(250, cache_dir=tmp_path / "b", progress=False, num_workers=2)
+    assert len(serial) == len(parallel) == 250
+    for i in range(250):
+        assert parallel[i]["i"] == serial[i]["i"] == i
+        np.testing.assert_array_equal(parallel[i]["sq"], serial[i]["sq"])
+    assert {parallel[i]["pid"] for i in range(250)} - {os.getpid()}  # workers built it
