@@ -113,6 +113,7 @@ def select_codec(value: Any, *, allow_pickle: bool) -> Codec:
 def _register_builtin() -> None:
     from .arrow import ArrowLeaf
     from .npy import NumpyCodec
+    from .ordered import OrderedDictLeaf
     from .pandas import DataFrameLeaf, IndexLeaf, SeriesLeaf
     from .pickle import PickleCodec
     from .polars import PolarsLeaf
@@ -123,6 +124,7 @@ def _register_builtin() -> None:
     register_codec(PickleCodec())
     register_leaf(TensorLeaf())  # torch and scipy are imported only when such a value is met
     register_leaf(SparseLeaf())
+    register_leaf(OrderedDictLeaf())  # a state_dict()
     # pandas, pyarrow and polars likewise
     for leaf in (DataFrameLeaf(), SeriesLeaf(), IndexLeaf(), ArrowLeaf(), PolarsLeaf()):
         register_leaf(leaf)
