@@ -23,6 +23,8 @@ SCRIPTS = [
     "bench_data.py",
     "bench_data_memory.py",
     "bench_cached_open.py",
+    "bench_build.py",
+    "bench_fill.py",
     "bench_chain.py",
     "bench_remote.py",
 ]
