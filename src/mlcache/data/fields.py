@@ -29,7 +29,7 @@ _PYTHON = frozenset(_PY_NAMES.values())
 _NUMERIC = "biufcmM"  # the dtype kinds a pack stores (and its reader accepts)
 _NONE = type(None)
 _INT64 = (-(1 << 63), 1 << 63)
-_PLAIN = frozenset((bool, int, float, str, bytes, np.ndarray))
+_PLAIN = frozenset((bool, int, float, str, bytes, np.ndarray, list, dict))
 
 
 class _Drain(Protocol):

@@ -93,6 +93,15 @@ def list_value(value: list[Any], label: str, index: int) -> np.ndarray | Strs:
     a :class:`Strs`, or :data:`EMPTY`; raise if it is none of these."""
     if not value:
         return EMPTY
+    first = type(value[0])
+    if first is int or first is bool:  # the common case (token ids, flags): numpy's
+        # own conversion, kept when it gives what the rules give (int64 or bool)
+        try:
+            arr = np.array(value)
+        except (ValueError, OverflowError):
+            arr = None
+        if arr is not None and (arr.dtype == _PY_DTYPES[int] or arr.dtype == _PY_DTYPES[bool]):
+            return arr
     types = set(map(type, value))
     if types == {str}:
         return Strs(value)
