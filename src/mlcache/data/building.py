@@ -13,28 +13,35 @@ import contextlib
 import fcntl
 import json
 import logging
+import multiprocessing
 import os
+import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
+import numpy as np
+
 from .._atomic import open_folder, open_regular, write_bytes_atomic
+from .._util import progress as _progress
 from ..errors import PackCorrupted, warn
 from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
 from ..keys.state import learnable, watched_digests
 from ..store.local import mark_cache_folder
 from .fetch import publish, remote_lease
+from .filling import Filler, same_items, table_digest
 from .reader import PackedDataset
 from .sources import (
     GRACE_SECONDS,
     DeclaredSource,
+    SourceRecord,
     read_state,
     remove_older_versions,
     warn_if_new_every_run,
     write_state,
 )
-from .workers import refuse_in_bootstrap
+from .workers import load_in_workers, refuse_in_bootstrap
 from .writer import write_pack
 
 __all__ = ["PackBuilder"]
@@ -61,6 +68,9 @@ class PackBuilder:
     _allow_pickle: bool
     _remote: tuple[str, dict[str, Any] | None] | None
     _declared: DeclaredSource | None
+    _record: SourceRecord
+    _fill: str
+    _num_workers: int
 
     def load_source(self) -> Any:
         raise NotImplementedError  # CachedDataset's
@@ -73,12 +83,7 @@ class PackBuilder:
         ``damaged`` is the ``file_id`` of a pack found damaged while reading: it is
         rebuilt unless another process already replaced it.
         """
-        folder = os.path.dirname(self.pack_path)
-        # the pack's folder is reached without following a link planted in place of
-        # it (one warning; a real folder is made), so a build never writes elsewhere
-        mark_cache_folder(self._root)
-        os.makedirs(self._root, mode=0o700, exist_ok=True)
-        os.close(open_folder(self._root, os.path.relpath(folder, self._root)))
+        self._make_folder()
         lock: Callable[[], contextlib.AbstractContextManager[None]]
         if self._remote is None:
             # a pack found damaged is not looked at before the lock: under it,
@@ -89,6 +94,14 @@ class PackBuilder:
             look_first, build = True, self._build_and_publish
             look, lock = self._fetch_remote, self._remote_lease
         return self._build_under_lock(look, lock, build, force, progress, damaged, look_first)
+
+    def _make_folder(self) -> None:
+        """The pack's folder, reached without following a link planted in place of
+        it (one warning; a real folder is made), so a build never writes elsewhere."""
+        folder = os.path.dirname(self.pack_path)
+        mark_cache_folder(self._root)
+        os.makedirs(self._root, mode=0o700, exist_ok=True)
+        os.close(open_folder(self._root, os.path.relpath(folder, self._root)))
 
     def _build_under_lock(
         self,
@@ -174,33 +187,31 @@ class PackBuilder:
         # while), and packs of other attributes once unused for long
         return os.path.join(self._folder, f"{self._args_id}-{version[:16]}.pack")
 
-    def _build(self, progress: bool) -> PackedDataset:
-        """Build the pack; a module-level value the build changed (a memo the
-        loading code fills) is state from now on, and the pack is named for it."""
+    def _build(
+        self,
+        progress: bool,
+        samples: Iterable[Mapping[str, Any]] | None = None,
+        items: bytes | None = None,
+        before: dict[str, Any] | None = None,
+    ) -> PackedDataset:
+        """Build the pack (of ``load_source()``, or of ``samples`` with their item
+        table ``items``); a module-level value the build changed since ``before``
+        (its digests when the loading began; default: now), such as a memo the
+        loading code fills, is state from now on, and the pack is named for it."""
         logger.info("mlcache: building %s", self.pack_path)
-        before = watched_digests(self._watched)
+        if before is None:
+            before = watched_digests(self._watched)
         built = write_pack(
-            self.load_source(),
+            self.load_source() if samples is None else samples,
             self.pack_path,
             progress=progress,
             allow_pickle=self._allow_pickle,
             desc=type(self).__qualname__,  # not the pack's hash name
+            items=items,
         )
-        after = watched_digests(self._watched)
-        # as for functions: a dict's key or an object's attribute the build writes,
-        # or an accumulator, is state; the keys it only reads stay input, and an
-        # object that changes whole (a generator) keeps counting
-        changed = {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
-        changed &= learnable(self._watched, expanded=False)
-        if not changed:
+        named = self._learned(before)
+        if named is None:
             return built
-        logger.info(
-            "mlcache: building %s changes %s: state, not input; left out of its key from now on",
-            type(self).__qualname__,
-            ", ".join(sorted(changed)),
-        )
-        self._state = read_state(self._folder, self._shape) | self._state | changed
-        named = self._name_pack()
         if named != self.pack_path:  # first: a process told the state finds the pack
             os.replace(self.pack_path, named)
         write_state(self._root, self._folder, self._shape, self._state)
@@ -209,9 +220,49 @@ class PackBuilder:
         self.pack_path = named
         return PackedDataset(named, allow_pickle=self._allow_pickle)
 
+    def _learned(self, before: dict[str, Any]) -> str | None:
+        """The pack's name once the module-level values changed since ``before``
+        count as state (``self._state`` then holds them; the caller records it), or
+        None when none changed."""
+        after = watched_digests(self._watched)
+        # as for functions: a dict's key or an object's attribute the build writes,
+        # or an accumulator, is state; the keys it only reads stay input, and an
+        # object that changes whole (a generator) keeps counting
+        changed = {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+        changed &= learnable(self._watched, expanded=False)
+        if not changed - self._state:
+            return None
+        logger.info(
+            "mlcache: building %s changes %s: state, not input; left out of its key from now on",
+            type(self).__qualname__,
+            ", ".join(sorted(changed)),
+        )
+        self._state = read_state(self._folder, self._shape) | self._state | changed
+        return self._name_pack()
+
+    def _learn_while_filling(self) -> str | None:
+        """After a first sample is loaded: module-level values it changed are
+        state, and the pack being filled is renamed for it (its records too); the
+        new name, or None."""
+        named = self._learned(self._watched_before)
+        if named is None:
+            return None
+        if named != self.pack_path:  # first: a process told the state finds the records
+            with contextlib.suppress(OSError):
+                os.rename(self.pack_path + ".fill", named + ".fill")
+        write_state(self._root, self._folder, self._shape, self._state)
+        self.pack_path = named
+        return named
+
     def _after_build(self) -> None:
         """Housekeeping after a local build (never fails it): record the digests
         of the attributes, say if one is new at every run, remove unused packs."""
+        self._record_attributes()
+        remove_older_versions(self.pack_path, self._args_id)
+
+    def _record_attributes(self) -> None:
+        """Record the digests of the attributes (a new pack is started); say if one
+        is new at every run."""
         try:
             mine = {n: hash_value(getattr(self, n))[:16] for n in self._key_names}
             write_bytes_atomic(
@@ -223,7 +274,6 @@ class PackBuilder:
             warn_if_new_every_run(type(self), self._folder, self._args_id, mine)
         except Exception as exc:  # housekeeping: never fail the build for it
             logger.debug("mlcache: could not record the attributes of %s: %s", self.pack_path, exc)
-        remove_older_versions(self.pack_path, self._args_id)
 
     def _remote_name(self) -> str:
         """The pack's name under the remote folder."""
@@ -283,3 +333,132 @@ class PackBuilder:
         except PackCorrupted as exc:
             warn(f"mlcache: {exc}; rebuilding it", stacklevel=5)
             return None
+
+    # -- filling: source_items() and load_item() (see mlcache.data.filling) ---------------
+    def _items_now(self) -> tuple[list[Any], np.ndarray]:
+        raise NotImplementedError  # CachedDataset's
+
+    def load_item(self, item: Any) -> Mapping[str, Any]:
+        raise NotImplementedError  # CachedDataset's
+
+    def _open_filled(
+        self, force: bool, progress: bool, check: str, damaged: bool = False
+    ) -> PackedDataset | None:
+        """The sealed pack of the items as they are now; or None, and
+        ``self._filler`` serves the samples, filling the pack as they are read.
+
+        A pack whose items all match is opened as is (with ``check`` ``"never"``,
+        or ``"background"`` checking in a thread, without listing them first).
+        Otherwise its unchanged samples are kept, and the rest are loaded now
+        (all of them for ``fill="up-front"``, or with ``num_workers``; a handful,
+        at most 1% of them, after an edit: the pack is sealed again at once) or
+        as they are read."""
+        self._make_folder()
+        self._filler: Filler | None = None
+        #: module-level values before any load: what filling changes is state
+        self._watched_before = watched_digests(self._watched)
+        if self._remote is not None:
+            return self._fill_remote(force, progress)
+        base = None if force or damaged else self._try_open(False)
+        if base is not None and check != "open":
+            try:
+                recorded = base.item_table()
+            except PackCorrupted:
+                recorded = None
+            if recorded is not None:
+                if check == "background":
+                    opened = table_digest(recorded)
+                    self._record.check_in_background(
+                        self, opened, lambda: table_digest(self._items_now()[1])
+                    )
+                return base
+        items, table = self._items_now()
+        if base is not None and same_items(base, table):
+            return base
+        # a spawned child re-running the script must not fill (nor, with
+        # force_recache, remove the records of) the pack its parent fills
+        refuse_in_bootstrap(type(self))
+        if force:  # records of earlier runs are not used either
+            shutil.rmtree(self.pack_path + ".fill", ignore_errors=True)
+        filler = Filler(
+            self.pack_path,
+            items,
+            table,
+            base,
+            self.load_item,
+            self._local_lock,
+            self._seal_filled,
+            self._allow_pickle,
+            self._learn_while_filling,
+        )
+        if filler.sealed is not None:
+            return filler.sealed
+        if not filler.present:
+            self._record_attributes()  # a new pack
+        missing = len(filler.missing)
+        few = filler.present > 0 and missing <= max(8, filler.n // 100)
+        eager = self._fill == "up-front" or (self._fill == "auto" and self._num_workers > 0)
+        if not missing or few or eager:
+            return self._fill_now(filler, progress)
+        logger.info(
+            "mlcache: %s fills %s as it is read (%d of %d samples to load)",
+            type(self).__qualname__,
+            self.pack_path,
+            missing,
+            filler.n,
+        )
+        self._filler = filler
+        return None
+
+    def _fill_now(self, filler: Filler, progress: bool) -> PackedDataset:
+        """Load every missing item now (in ``num_workers`` processes), then seal."""
+        missing = filler.missing
+        if missing:
+            refuse_in_bootstrap(type(self))
+            items = [filler.items[i] for i in missing]
+            workers = self._num_workers
+            samples: Iterable[Mapping[str, Any]]
+            if workers <= 1 or multiprocessing.current_process().daemon or len(items) < 2:
+                samples = map(self.load_item, items)
+            else:
+                samples = load_in_workers(self, items, workers)
+            desc = type(self).__qualname__
+            shown = _progress(samples, desc, total=len(items), unit=" samples", enabled=progress)
+            filler.fill(zip(missing, shown, strict=True))
+        return filler.seal()
+
+    def _fill_remote(self, force: bool, progress: bool) -> PackedDataset:
+        """A pack in a remote folder is filled up front, on one machine at a time,
+        and published when sealed."""
+        base = None if force else self._fetch_remote(False)
+        items, table = self._items_now()
+        if base is not None and same_items(base, table):
+            return base
+        refuse_in_bootstrap(type(self))
+        with self._remote_lease():
+            if not force:
+                base = self._fetch_remote(True) or base
+                if base is not None and same_items(base, table):
+                    return base
+            filler = Filler(
+                self.pack_path,
+                items,
+                table,
+                base,
+                self.load_item,
+                self._local_lock,
+                self._seal_filled,
+                self._allow_pickle,
+            )
+            return self._fill_now(filler, progress)
+
+    def _seal_filled(self, samples: Iterable[Mapping[str, Any]], items: bytes) -> PackedDataset:
+        """Write the sealed pack (published, for a remote folder); what filling
+        changed of module-level values since the open is state."""
+        built = self._build(False, samples, items, self._watched_before)
+        if self._remote is None:
+            remove_older_versions(self.pack_path, self._args_id)
+        else:
+            root, options = self._remote
+            publish(self.pack_path, f"{root}/{self._remote_name()}", options)
+        return built

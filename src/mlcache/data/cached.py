@@ -62,6 +62,8 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
+
 from .._util import slug
 from ..errors import PackCorrupted, warn
 from ..keys.code_version import code_version
@@ -69,6 +71,7 @@ from ..keys.hashing import hash_value
 from ..store.local import cache_folder, default_location
 from .building import PackBuilder
 from .fetch import is_url
+from .filling import FILLS, Filler, default_fingerprint, item_table
 from .reader import PackedDataset, spawning_worker
 from .replaced import remove_replaced
 from .sequence import Many, describe
@@ -165,9 +168,13 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         source_glob: str | None = None,
         source_paths: Sequence[str | os.PathLike[str]] | None = None,
         check_source: str = "open",
+        fill: str = "auto",
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
+        if fill not in FILLS:
+            choices = ", ".join(map(repr, FILLS))
+            raise ValueError(f"fill must be one of {choices}, got {fill!r}")
         check_mode(check_source)
         cls, base = type(self), CachedDataset
         declared = DeclaredSource.of(
@@ -208,27 +215,43 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         self._record = SourceRecord(self._root, self._folder, self._args_id_full, self._declared)
         self.transform, self._allow_pickle, self._num_workers = transform, allow_pickle, num_workers
         self._pack: PackedDataset | None = None
+        self._filler: Filler | None = None
+        by_item = cls.load_item is not base.load_item and cls.load_source is base.load_source
+        self._fill = fill if by_item else ""
         # what builds change is recorded by the code's shape (its version with
         # mutable values by type): editing the code learns anew
         self._shape = code_version(cls).shape[:16]
         self._state = read_state(self._folder, self._shape)
         trusted = check_source != "open" and not force_recache and self._remote is None
-        recorded = self._record.read() if trusted else None
+        recorded = self._record.read() if trusted and not self._fill else None
         with attributes_first(self):  # the user's methods run from here on
-            self._source = recorded if recorded is not None else self.source_fingerprint()
-            self.pack_path = self._name_pack()
-            if recorded is not None:
-                self._pack = self._try_open(False)
-                if self._pack is None:  # no pack of the recorded source: fingerprint it now
-                    recorded, self._source = None, self.source_fingerprint()
-                    self.pack_path = self._name_pack()
-            if self._pack is None:
-                self._pack = self._open_or_build(force_recache, progress)
+            if self._fill:  # per item: the source counts item by item
+                own = cls.source_fingerprint is not base.source_fingerprint
+                self._source = self.source_fingerprint() if own else "by item"
+                self.pack_path = self._name_pack()
+                self._pack = self._open_filled(force_recache, progress, check_source)
+            else:
+                recorded = self._open_whole(recorded, force_recache, progress)
         if self._remote is None:  # the versions it replaces, once nobody reads them
             remove_replaced(self.pack_path)
         self._record.write(self._source)
         if recorded is not None and check_source == "background":
             self._record.check_in_background(self, self._source)
+
+    def _open_whole(self, recorded: str | None, force: bool, progress: bool) -> str | None:
+        """Open (or build) the pack of ``load_source()``, named by the source's
+        fingerprint: ``recorded`` by the last open (returned when its pack is
+        there), or taken now (then None is returned)."""
+        self._source = recorded if recorded is not None else self.source_fingerprint()
+        self.pack_path = self._name_pack()
+        if recorded is not None:
+            self._pack = self._try_open(False)
+            if self._pack is None:  # no pack of the recorded source: fingerprint it now
+                recorded, self._source = None, self.source_fingerprint()
+                self.pack_path = self._name_pack()
+        if self._pack is None:
+            self._pack = self._open_or_build(force, progress)
+        return recorded
 
     # -- to override ---------------------------------------------------------------
     def load_source(self) -> Iterable[Mapping[str, Any]]:
@@ -280,12 +303,39 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         files = self.source_files()
         if plain:
             return source_fingerprint(files, None)  # the items are source_files()
-        bases = [
+        return source_fingerprint(files, self.source_items, self._folder_attributes())
+
+    def item_fingerprint(self, item: Any) -> Any:
+        """What ``item`` holds now, compared by value at each open to tell which
+        items changed (only those are loaded again). The default: a file's size and
+        modification time; a folder's files'; the files a tuple or list names
+        (``(path, label)``), or names relative to a folder the dataset holds as an
+        attribute; nothing for any other item (its value is its identity). Override
+        it for items whose content the default cannot see (a row id: its
+        ``updated_at``; a URL: its ETag)."""
+        return default_fingerprint(item, self._folder_attributes())
+
+    def _folder_attributes(self) -> list[str]:
+        """The dataset's attributes that are folders (items may name files in them)."""
+        return [
             os.fspath(v)
             for v in vars(self).values()
             if isinstance(v, (str, os.PathLike)) and os.path.isdir(v)
         ][:4]
-        return source_fingerprint(files, self.source_items, bases)
+
+    def _items_now(self) -> tuple[list[Any], np.ndarray]:
+        """The items as they are now, and their table: the key and the fingerprint
+        of each (:func:`mlcache.data.filling.item_table`)."""
+        cls, base, declared = type(self), CachedDataset, self._declared
+        own = cls.item_fingerprint is not base.item_fingerprint
+        if cls.source_items is base.source_items and declared is not None and not own:
+            paths, stats = declared.listed()
+            if declared.paths is None:  # a folder listed: each file stat'ed once
+                return paths, item_table(paths, stats=stats.tobytes())
+        items = list(self.source_items())
+        if own:
+            return items, item_table(items, self.item_fingerprint)
+        return items, item_table(items, bases=self._folder_attributes())
 
     # -- reading ----------------------------------------------------------------------
     def __mlcache_token__(self) -> tuple[Any, ...]:
@@ -295,7 +345,12 @@ class CachedDataset(PackBuilder, Sequence[Any]):
 
     @property
     def packed(self) -> PackedDataset:
-        """The underlying :class:`PackedDataset` (opened on first use in a new process)."""
+        """The underlying :class:`PackedDataset` (opened on first use in a new process;
+        a pack being filled is completed first: its missing items are loaded now)."""
+        filler = self._filler
+        if self._pack is None and filler is not None:
+            self._pack = filler.sealed or self._fill_now(filler, False)
+            self._filler = None
         if self._pack is None:
             try:
                 self._pack = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
@@ -304,11 +359,24 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         return self._pack
 
     def __len__(self) -> int:
+        if self._pack is None and self._filler is not None:
+            return len(self._filler)
         return len(self.packed)
+
+    def _reading(self) -> PackedDataset | Filler:
+        """What ``ds[i]`` reads when the pack is not open: the pack being filled, or
+        the pack (the sealed one, once the filling is complete)."""
+        filler = self._filler
+        if filler is None:
+            return self.packed
+        if filler.sealed is None:
+            return filler
+        self._pack, self._filler = filler.sealed, None
+        return self._pack
 
     def __getitem__(self, i: int | Many) -> Any:
         try:  # the pack without the property's call: this is the training loop
-            sample = (self._pack if self._pack is not None else self.packed)[i]
+            sample = (self._pack if self._pack is not None else self._reading())[i]
         except PackCorrupted as exc:
             sample = self._rebuilt(exc)[i]
         if self.transform is None:
@@ -323,6 +391,9 @@ class CachedDataset(PackBuilder, Sequence[Any]):
             n, fields = (len(pack), pack.field_names) if pack is not None else (None, None)
         except PackCorrupted:
             n = fields = None
+        filler = self._filler if pack is None else None
+        if filler is not None:
+            n = len(filler)
         if declared is not None:
             paths, folder = declared.paths, declared.folder
             source = f"{len(paths)} files" if paths is not None else f"{folder}/{declared.pattern}"
@@ -337,6 +408,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
             pack=self.pack_path,
             remote=None if self._remote is None else f"{self._remote[0]}/{self._remote_name()}",
             source=source,
+            filled=None if filler is None else f"{filler.present} of {filler.n} samples",
             stale=self.is_stale,
         )
 
@@ -345,12 +417,16 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         try:
             return self.packed.get_batch(indices)
         except PackCorrupted as exc:
-            return self._rebuilt(exc).get_batch(indices)
+            self._rebuilt(exc)
+            return self.packed.get_batch(indices)
 
-    def _rebuilt(self, exc: PackCorrupted) -> PackedDataset:
+    def _rebuilt(self, exc: PackCorrupted) -> PackedDataset | Filler:
         """Damage found while reading: log it, rebuild the pack (or open the one
-        another process rebuilt meanwhile) and read from that."""
+        another process rebuilt meanwhile; or fill it again) and read from that."""
         warn(f"mlcache: {exc}; rebuilding it", stacklevel=4)
+        if self._fill:
+            self._pack = self._open_filled(False, False, "open", damaged=True)
+            return self._reading()
         damaged = self._pack.file_id if self._pack is not None else None
         self._pack = self._open_or_build(False, False, damaged=damaged)
         return self._pack

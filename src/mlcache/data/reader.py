@@ -62,6 +62,7 @@ from .regions import (
     CHECK_EVERY,
     PRIVATE_MAP_MIN,
     Field,
+    Region,
     compile_reader,
     field_regions,
     refuse,
@@ -224,6 +225,21 @@ class PackedDataset(Pack):
         """What identifies this pack's content: its sample count, and its index's
         length and checksum (which covers the checksum of every block)."""
         return (self._n, self._index_len, self._index_sum)
+
+    def item_table(self) -> np.ndarray | None:
+        """What a filled pack's samples were loaded from: per sample, the key and
+        the fingerprint of its item (an ``(n, 4)`` int64 table, verified now; see
+        :mod:`mlcache.data.filling`), or None for a pack written without."""
+        spec = self.pack_index.get("items")
+        if spec is None:
+            return None
+        try:
+            region = Region(spec, self._mm, self.pack_index["block"], self.path)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, PackCorrupted):
+                raise
+            raise PackCorrupted(f"{self.path}: bad items region ({exc})") from None
+        return np.array(region.table(self._n, 4))
 
     @property
     def index_sum(self) -> int:

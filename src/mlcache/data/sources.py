@@ -34,8 +34,10 @@ __all__ = [
     "UNUSED_PACKS_KEPT_FOR",
     "DeclaredSource",
     "SourceRecord",
+    "add_stats",
     "attributes_first",
     "check_mode",
+    "existing_path",
     "files_digest",
     "items_digest",
     "read_state",
@@ -164,7 +166,7 @@ class DeclaredSource:
         """The declaration itself (not the files): what a recorded fingerprint is for."""
         return hash_value(("declared", self.folder, self.pattern, self.paths))
 
-    def _listed(self) -> tuple[list[str], array]:
+    def listed(self) -> tuple[list[str], array]:
         """The files and, for a folder, their sizes and modification times.
 
         The folder is listed by ``os.listdir`` and each name that matches is
@@ -198,11 +200,11 @@ class DeclaredSource:
 
     def files(self) -> list[str]:
         """The declared files, as absolute paths."""
-        return self._listed()[0]
+        return self.listed()[0]
 
     def digest(self) -> str:
         """Paths, sizes and modification times of the files, as :func:`files_digest`."""
-        paths, stats = self._listed()
+        paths, stats = self.listed()
         if self.paths is not None:
             return files_digest(paths)
         digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
@@ -239,15 +241,19 @@ class SourceRecord:
         except OSError as exc:  # the next open fingerprints the source again
             logger.debug("mlcache: could not record the source fingerprint: %s", exc)
 
-    def check_in_background(self, dataset: Any, opened: str) -> None:
-        """Fingerprint ``dataset``'s source in a daemon thread; if it is not ``opened``:
-        set its ``is_stale``, record the new fingerprint (the next open rebuilds) and
-        log a warning."""
+    def check_in_background(
+        self, dataset: Any, opened: str, fingerprint: Callable[[], str] | None = None
+    ) -> None:
+        """Fingerprint ``dataset``'s source (``fingerprint()``, default its
+        ``source_fingerprint()``) in a daemon thread; if it is not ``opened``: set
+        its ``is_stale``, record the new fingerprint (the next open rebuilds, or
+        re-reads the changed items) and log a warning."""
         what = f"{type(dataset).__qualname__} ({dataset.pack_path})"
+        fingerprint = fingerprint or dataset.source_fingerprint
 
         def check() -> None:
             try:
-                now = dataset.source_fingerprint()
+                now = fingerprint()
             except Exception as exc:  # a source gone: the next open says so
                 logger.warning("mlcache: could not check the source of %s: %s", what, exc)
                 return
@@ -306,18 +312,18 @@ def items_digest(items: Iterable[Any], bases: Sequence[str] = ()) -> str:
     paths, stats = [], array("q")
     for item in items:
         for part in item if isinstance(item, (tuple, list)) else (item,):
-            path = _existing_path(part, bases)
+            path = existing_path(part, bases)
             if path is None:
                 continue
             paths.append(path)
-            _add_stats(path, paths, stats)
+            add_stats(path, paths, stats)
     digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
     digest.update(stats.tobytes())
     digest.update(hash_value(items).encode())
     return digest.hexdigest()
 
 
-def _existing_path(part: Any, bases: Sequence[str]) -> str | None:
+def existing_path(part: Any, bases: Sequence[str]) -> str | None:
     """``part`` as the absolute path of an existing file or folder, or None."""
     if not isinstance(part, (str, os.PathLike)):
         return None
@@ -333,7 +339,7 @@ def _existing_path(part: Any, bases: Sequence[str]) -> str | None:
     return None
 
 
-def _add_stats(path: str, paths: list[str], stats: array) -> None:
+def add_stats(path: str, paths: list[str], stats: array) -> None:
     """Size and modification time of ``path``; of a folder, of each file in it too."""
     st = os.stat(path)
     stats.extend((st.st_size, st.st_mtime_ns))

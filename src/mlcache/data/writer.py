@@ -358,6 +358,7 @@ def write_pack(
     storage_options: dict[str, Any] | None = None,
     local_cache_dir: str | None = None,
     desc: str | None = None,
+    items: bytes | None = None,
 ) -> PackedDataset:
     """Write ``samples`` (dicts of named fields) into the pack file ``path``; return
     the :class:`~mlcache.data.PackedDataset` opened on it.
@@ -368,7 +369,10 @@ def write_pack(
     the pack is written where its local copy goes (``local_cache_dir``, as for
     :class:`~mlcache.data.PackedDataset`), uploaded with ``storage_options``, and
     the dataset returned reads it by its URL (from that copy: nothing is fetched).
-    ``desc`` labels the progress bar (default: the file's name).
+    ``desc`` labels the progress bar (default: the file's name). ``items``: what
+    the samples were loaded from, 32 bytes a sample (an item's key and
+    fingerprint, see :mod:`mlcache.data.filling`), kept as the region ``items``
+    of the index (:meth:`PackedDataset.item_table` reads it).
 
     >>> import numpy as np, tempfile, os
     >>> ds = write_pack(({"x": np.arange(i), "y": i} for i in range(3)),
@@ -388,6 +392,7 @@ def write_pack(
                 allow_pickle=allow_pickle,
                 block_size=block_size,
                 desc=desc or url.rsplit("/", 1)[-1],
+                items=items,
             )
         return PackedDataset(
             url,
@@ -419,6 +424,11 @@ def write_pack(
                 "block": block_size,
                 "fields": [_index_entry(f, out, block_size) for f in build.fields.values()],
             }
+            if items is not None:
+                if len(items) != 32 * build.count:
+                    raise ValueError(f"{len(items)} bytes of items for {build.count} samples")
+                table = np.frombuffer(items, dtype=np.uint8)
+                index["items"] = _write_region(out, table, block_size)
             index_off = _align(out)
             index_b = json.dumps(index, separators=(",", ":")).encode()
             out.write(index_b)

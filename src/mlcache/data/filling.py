@@ -1,0 +1,585 @@
+"""Write-through filling: the pack of a :class:`~mlcache.data.CachedDataset` built
+from ``source_items()`` and ``load_item()`` fills as its samples are read.
+
+Opening such a dataset lists its items and gives each a *key* (what it is: its
+path or its value) and a *fingerprint* (what it holds now: a file's size and
+modification time, a folder's files', or the dataset's
+``item_fingerprint(item)``): :func:`item_table`. A sealed pack records both for
+every sample (its ``items`` region); when they all match, the pack is read as any
+other (an O(1) open). Otherwise a :class:`Filler` serves the dataset:
+
+- a sample whose item is unchanged comes from the old pack (the *base*);
+- one a filling process recorded comes from its record;
+- any other is loaded (``load_item``), recorded and returned.
+
+Records go to append-only *segment* files in ``<pack>.fill/``, one per process
+(DataLoader workers, forked or spawned, each write their own: no lock is taken
+to record). A record is one ``write``: a 64-byte header (:data:`RECORD`: magic,
+length, the item's key and fingerprint, the checksums of the payload and of the
+header), then the sample as an entry of the function cache's format
+(:mod:`mlcache.entry`: the npy codec, or pickle when the dataset allows it). The
+kernel keeps what a process wrote when it is killed; a record torn by a kill (or
+a crash of the machine) fails its length or its checksums and is ignored: the
+next run loads that item again, and nothing else.
+
+When every item is present the pack is *sealed*: written anew in item order
+(from the base, the records, and new loads of records found damaged), with its
+item table, under the pack's build lock; then the segments are removed. A
+process that meets a missing item looks again (for the sealed pack, and for
+other processes' records) at most once per :data:`LOOK_AGAIN_AFTER` seconds,
+and at once in a new process; so a DataLoader's new workers read the sealed
+pack from their first sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import secrets
+import shutil
+import struct
+import threading
+import time
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from stat import S_ISREG
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from ..codecs import select_codec
+from ..entry import EntryReader, decode, write_entry
+from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn
+from ..keys.hashing import hash_value
+from .reader import PackedDataset
+from .sequence import sample_index, sample_indices
+from .sources import add_stats, existing_path
+
+__all__ = [
+    "FILLS",
+    "LOOK_AGAIN_AFTER",
+    "RECORD",
+    "Filler",
+    "default_fingerprint",
+    "item_table",
+    "same_items",
+    "table_digest",
+]
+
+logger = logging.getLogger("mlcache")
+
+#: a record's header: magic, flags (0), payload length, item key, item
+#: fingerprint, xxh3-64 of the payload, xxh3-64 of the 56 bytes before it
+RECORD = struct.Struct("<4sIQ16s16sQQ")
+assert RECORD.size == 64
+_MAGIC = b"MLCR"
+_STAT = struct.Struct("<qq")
+#: a process meeting a missing item looks for the sealed pack and for other
+#: processes' records at most this often (and at once in a new process)
+LOOK_AGAIN_AFTER = 1.0
+#: after recording a sample, a process looks whether every item is now in (and
+#: seals the pack) at most this often
+_SEAL_CHECK_EVERY = 0.25
+_SCAN_CHUNK = 1 << 20
+_MISSING, _BASE = -2, -1
+#: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
+#: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
+FILLS = ("auto", "as-read", "up-front")
+
+
+# -- items: what each sample is loaded from ---------------------------------------------
+def _key(item: Any) -> bytes:
+    """What an item is: its path (a ``str`` or path), else its value."""
+    if isinstance(item, (str, os.PathLike)):
+        name = os.fspath(item)
+        raw = name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
+        return xxhash.xxh3_128_digest(b"p" + raw)
+    return xxhash.xxh3_128_digest(b"v" + hash_value(item).encode())
+
+
+def default_fingerprint(item: Any, bases: Sequence[str] = ()) -> bytes:
+    """What an item holds now: a file by its size and modification time (one
+    ``stat``); a folder by its files'; a tuple or list by the files it names
+    (relative to ``bases`` too); any other item by nothing (its value is its key)."""
+    if isinstance(item, (str, os.PathLike)):
+        try:
+            st = os.stat(item)
+        except (OSError, ValueError, TypeError):
+            pass
+        else:
+            if S_ISREG(st.st_mode):
+                return _STAT.pack(st.st_size, st.st_mtime_ns)
+    paths: list[str] = []
+    stats = array("q")
+    for part in item if isinstance(item, (tuple, list)) else (item,):
+        path = existing_path(part, bases)
+        if path is None:
+            continue
+        paths.append(path)
+        with contextlib.suppress(OSError):  # removed meanwhile: its absence counts
+            add_stats(path, paths, stats)
+    if not paths:
+        return bytes(16)
+    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
+    digest.update(stats.tobytes())
+    return digest.digest()
+
+
+def item_table(
+    items: Sequence[Any],
+    fingerprint: Callable[[Any], Any] | None = None,
+    bases: Sequence[str] = (),
+    stats: bytes | None = None,
+) -> np.ndarray:
+    """The key and the fingerprint of each item, an ``(n, 4)`` int64 table (16
+    bytes each). ``fingerprint(item)``, when given, says what an item holds (by
+    value); ``stats``, the sizes and modification times of items that are the
+    files of a folder just listed (16 bytes each), spares their ``stat``."""
+    n = len(items)
+    table = bytearray(32 * n)
+    view = memoryview(table)
+    if stats is not None and len(stats) != 16 * n:
+        raise ValueError(f"{len(stats)} bytes of stats for {n} items")
+    for i, item in enumerate(items):
+        view[32 * i : 32 * i + 16] = _key(item)
+        if stats is not None:
+            fp = stats[16 * i : 16 * i + 16]
+        elif fingerprint is not None:
+            fp = xxhash.xxh3_128_digest(hash_value(fingerprint(item)).encode())
+        else:
+            fp = default_fingerprint(item, bases)
+        view[32 * i + 16 : 32 * i + 32] = fp
+    return np.frombuffer(bytes(table), dtype="<i8").reshape(n, 4)
+
+
+def same_items(pack: PackedDataset, table: np.ndarray) -> bool:
+    """Whether ``pack`` was filled from exactly these items, as they are now."""
+    try:
+        old = pack.item_table()
+    except PackCorrupted:
+        return False
+    return old is not None and old.shape == table.shape and bool(np.array_equal(old, table))
+
+
+def table_digest(table: np.ndarray | None) -> str:
+    """An item table in a few bytes (what a background check compares)."""
+    return "" if table is None else xxhash.xxh3_128_hexdigest(table.tobytes())
+
+
+# -- records ---------------------------------------------------------------------------
+def encode_sample(sample: Mapping[str, Any], allow_pickle: bool) -> bytes:
+    """A sample as the payload of a record: an entry of the function cache's format."""
+    codec = select_codec(dict(sample), allow_pickle=allow_pickle)
+    out = io.BytesIO()
+    write_entry(out, codec.name, codec.encode(dict(sample)), {})
+    return out.getvalue()
+
+
+def decode_sample(payload: bytes, allow_pickle: bool) -> dict[str, Any]:
+    """The sample a record's payload holds (arrays writable, private to the caller)."""
+    value = decode(EntryReader(io.BytesIO(payload)), allow_pickle=allow_pickle)
+    if not isinstance(value, dict):
+        raise EntryCorrupted("a record holds no sample")
+    return {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in value.items()}
+
+
+def _record(key: bytes, fp: bytes, payload: bytes) -> bytes:
+    first = struct.pack(
+        "<4sIQ16s16sQ", _MAGIC, 0, len(payload), key, fp, xxhash.xxh3_64_intdigest(payload)
+    )
+    return first + struct.pack("<Q", xxhash.xxh3_64_intdigest(first)) + payload
+
+
+class _Segment:
+    """One process's append-only file of records, as another process reads it."""
+
+    __slots__ = ("broken", "fd", "path", "scanned")
+
+    def __init__(self, path: str) -> None:
+        self.path, self.fd, self.scanned, self.broken = path, -1, 0, False
+
+    def open(self) -> int:
+        if self.fd < 0:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+
+# -- the filler --------------------------------------------------------------------------
+class Filler:
+    """The samples of a pack being filled (see the module docstring).
+
+    Parameters
+    ----------
+    path:
+        The pack's path: its segments are in ``<path>.fill/``; sealing writes it.
+    items, table:
+        The dataset's items and their :func:`item_table`.
+    base:
+        The pack as it was (its unchanged samples are read from it), or None.
+    load:
+        ``load_item``: one sample from one item.
+    lock:
+        The pack's build lock (sealing holds it).
+    seal:
+        ``seal(samples, table)`` writes the sealed pack of the samples in item
+        order with the item table (its bytes) and returns it opened.
+    allow_pickle:
+        Records of samples that need pickle are pickled.
+    first_load:
+        Called once, after the first sample this filler loads; returns the pack's
+        new path when that moved it (module-level values the loading changed are
+        state, not input: see :mod:`mlcache.data.building`), else None.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        items: Sequence[Any],
+        table: np.ndarray,
+        base: PackedDataset | None,
+        load: Callable[[Any], Mapping[str, Any]],
+        lock: Callable[[], contextlib.AbstractContextManager[None]],
+        seal: Callable[[Iterable[Mapping[str, Any]], bytes], PackedDataset],
+        allow_pickle: bool,
+        first_load: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.path, self.folder = path, path + ".fill"
+        self._first_load = first_load
+        self.items, self.table, self.n = list(items), table, len(items)
+        self._load, self._lock, self._seal, self.allow_pickle = load, lock, seal, allow_pickle
+        #: where each item's sample is: _MISSING, _BASE (pos: its index in the base)
+        #: or a segment's number (pos: the record's offset)
+        self.src = np.full(self.n, _MISSING, dtype=np.int32)
+        self.pos = np.zeros(self.n, dtype=np.int64)
+        self.present = 0
+        self.sealed: PackedDataset | None = None
+        self.loaded = 0  # items this process loaded (tests and benchmarks count them)
+        raw = table.tobytes()
+        self._keys: dict[bytes, int] = {}
+        self._twins: dict[int, list[int]] = {}  # an item listed more than once
+        for i in range(self.n):
+            key = raw[32 * i : 32 * i + 16]
+            first = self._keys.setdefault(key, i)
+            if first != i:
+                self._twins.setdefault(first, []).append(i)
+        self._ks = [raw[32 * i : 32 * i + 16] for i in range(self.n)]
+        self._fps = [raw[32 * i + 16 : 32 * i + 32] for i in range(self.n)]
+        self.base = base
+        if base is not None:
+            self._match_base(base)
+        self._segments: list[_Segment] = []
+        self._named: dict[str, int] = {}
+        self._mine: tuple[int, int, int, int] | None = None  # pid, fd, segment, size
+        self._write_lock = threading.Lock()
+        self._unrecorded = False
+        self._looked, self._looked_in = -1e9, -1
+        self._seal_checked = time.monotonic()
+        self._seen_file: tuple[int, int] | None = base.file_id if base is not None else None
+        self.look_again()
+
+    # -- what is present ----------------------------------------------------------------
+    @property
+    def missing(self) -> list[int]:
+        """The items no process has recorded yet, in order."""
+        return np.flatnonzero(self.src == _MISSING).tolist()
+
+    def _match_base(self, base: PackedDataset) -> None:
+        """The items whose key and fingerprint the base records: read from it."""
+        try:
+            old = base.item_table()
+        except PackCorrupted as exc:
+            logger.info("mlcache: %s; its samples are loaded again", exc)
+            old = None
+        if old is None:
+            return
+        if old.shape == self.table.shape and np.array_equal(old, self.table):
+            self.src[:] = _BASE
+            self.pos[:] = np.arange(self.n)
+            self.present = self.n
+            return
+        raw = old.tobytes()
+        rows = {raw[32 * j : 32 * j + 32]: j for j in range(len(old) - 1, -1, -1)}
+        mine = self.table.tobytes()
+        for i in range(self.n):
+            j = rows.get(mine[32 * i : 32 * i + 32])
+            if j is not None:
+                self.src[i], self.pos[i] = _BASE, j
+                self.present += 1
+
+    def _found(self, key: bytes, fp: bytes, segment: int, offset: int) -> None:
+        first = self._keys.get(key)
+        if first is None:
+            return  # an item no longer listed
+        for i in (first, *self._twins.get(first, ())):
+            if self.src[i] == _MISSING and self._fps[i] == fp:
+                self.src[i], self.pos[i] = segment, offset
+                self.present += 1
+
+    def look_again(self) -> bool:
+        """Look for the sealed pack, and for the records of other processes; True
+        when the pack is sealed (then :attr:`sealed` reads it)."""
+        self._looked, self._looked_in = time.monotonic(), os.getpid()
+        if self.sealed is not None or self._find_sealed():
+            return True
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            if name.endswith(".seg") and name not in self._named:
+                self._named[name] = len(self._segments)
+                self._segments.append(_Segment(os.path.join(self.folder, name)))
+        for number, segment in enumerate(self._segments):
+            if not segment.broken:
+                self._scan(number, segment)
+        return False
+
+    def _find_sealed(self) -> bool:
+        """Whether the file at :attr:`path` is now a sealed pack of these items."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        if (st.st_dev, st.st_ino) == self._seen_file:
+            return False
+        self._seen_file = (st.st_dev, st.st_ino)
+        try:
+            pack = PackedDataset(self.path, allow_pickle=self.allow_pickle)
+            table = pack.item_table()
+        except (FileNotFoundError, PackCorrupted):
+            return False
+        if (
+            table is None
+            or table.shape != self.table.shape
+            or not np.array_equal(table, self.table)
+        ):
+            return False
+        self._adopt(pack)
+        return True
+
+    def _scan(self, number: int, segment: _Segment) -> None:
+        """The records appended to ``segment`` since it was last scanned (a record
+        still being written is left for the next look; a torn one ends the file)."""
+        mine = self._mine
+        if mine is not None and mine[2] == number and mine[0] == os.getpid():
+            return  # this process's own: known as written
+        try:
+            fd = segment.open()
+            size = os.fstat(fd).st_size
+        except FileNotFoundError:
+            segment.broken = True
+            return
+        off, buf, buf_off = segment.scanned, b"", 0
+        while off + RECORD.size <= size:
+            if not buf_off <= off <= buf_off + len(buf) - RECORD.size:
+                buf, buf_off = os.pread(fd, min(_SCAN_CHUNK, size - off), off), off
+                if len(buf) < RECORD.size:
+                    break
+            head = buf[off - buf_off : off - buf_off + RECORD.size]
+            magic, _flags, length, key, fp, _psum, hsum = RECORD.unpack(head)
+            if magic != _MAGIC or xxhash.xxh3_64_intdigest(head[:56]) != hsum:
+                segment.broken = True  # a torn record: its writer was killed
+                break
+            end = off + RECORD.size + length
+            if end > size:
+                break  # being written (or torn: then the file grows no more)
+            self._found(key, fp, number, off)
+            off = end
+        segment.scanned = off
+
+    # -- reading and filling ------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.n
+
+    def get(self, i: int) -> Mapping[str, Any]:
+        """Sample ``i`` (an index in ``[0, n)``): read if present, else loaded and
+        recorded."""
+        if self.sealed is not None:
+            return self.sealed[i]
+        src = int(self.src[i])
+        if src == _BASE and self.base is not None:
+            try:
+                return self.base[int(self.pos[i])]
+            except PackCorrupted as exc:
+                self._drop_base(exc)
+        elif src >= 0:
+            sample = self._read(i)
+            if sample is not None:
+                return sample
+        new_process = self._looked_in != os.getpid()
+        if new_process or time.monotonic() - self._looked > LOOK_AGAIN_AFTER:
+            if self.look_again():
+                assert self.sealed is not None
+                return self.sealed[i]
+            if self.src[i] != _MISSING:
+                return self.get(i)
+        loaded = self._load(self.items[i])
+        self.loaded += 1
+        if self._first_load is not None:
+            first, self._first_load = self._first_load, None
+            moved = first()
+            if moved is not None:
+                self._moved(moved)
+        if not isinstance(loaded, Mapping):
+            raise TypeError(f"sample {i} is a {type(loaded).__name__}, not a dict of fields")
+        self.record(i, loaded)
+        now = time.monotonic()
+        if self.present < self.n and now - self._seal_checked > _SEAL_CHECK_EVERY:
+            self._seal_checked = now
+            self.look_again()
+        if self.present == self.n and self.sealed is None:
+            self.seal()
+        return loaded
+
+    def __getitem__(self, i: Any) -> Any:
+        if i.__class__ is int and 0 <= i < self.n:
+            return self.get(i)
+        many = sample_indices(i, self.n)
+        if many is None:
+            return self.get(sample_index(i, self.n))
+        return [self.get(j) for j in many]
+
+    def _read(self, i: int) -> dict[str, Any] | None:
+        """Item ``i``'s record, or None when it is damaged (then it is missing)."""
+        segment = self._segments[int(self.src[i])]
+        off = int(self.pos[i])
+        try:
+            fd = segment.open()
+            head = os.pread(fd, RECORD.size, off)
+            _m, _f, length, _k, _fp, psum, _h = RECORD.unpack(head)
+            payload = os.pread(fd, length, off + RECORD.size)
+            if len(payload) != length or xxhash.xxh3_64_intdigest(payload) != psum:
+                raise EntryCorrupted("checksum mismatch")
+            return decode_sample(payload, self.allow_pickle)
+        except (OSError, struct.error, EntryCorrupted, UnknownFormat) as exc:
+            logger.info(
+                "mlcache: a record of %s is unreadable (%s): loading it again", self.path, exc
+            )
+            self.src[i] = _MISSING
+            self.present -= 1
+            return None
+
+    def _drop_base(self, exc: PackCorrupted) -> None:
+        """The base is damaged: its samples are loaded again."""
+        warn(f"mlcache: {exc}; loading its samples again", stacklevel=5)
+        based = self.src == _BASE
+        self.present -= int(based.sum())
+        self.src[based] = _MISSING
+        self.base = None
+
+    def record(self, i: int, sample: Mapping[str, Any]) -> None:
+        """Append item ``i``'s sample to this process's segment. A sample that cannot
+        be recorded (a full disk, a folder removed meanwhile) is loaded again by a
+        later read: one warning, and the read goes on."""
+        data = _record(self._ks[i], self._fps[i], encode_sample(sample, self.allow_pickle))
+        try:
+            with self._write_lock:
+                fd, number, off = self._writer()
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                self._mine = (os.getpid(), fd, number, off + len(data))
+                self._found(self._ks[i], self._fps[i], number, off)
+        except OSError as exc:
+            if not self._unrecorded:
+                self._unrecorded = True
+                warn(
+                    f"mlcache: cannot record samples of {self.path} ({exc}); they are "
+                    "loaded again when read again",
+                    stacklevel=4,
+                )
+
+    def _writer(self) -> tuple[int, int, int]:
+        """This process's segment (made on its first record): descriptor, number, size."""
+        mine = self._mine
+        if mine is not None and mine[0] == os.getpid():
+            return mine[1], mine[2], mine[3]
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        name = f"{os.getpid()}-{secrets.token_hex(4)}.seg"
+        path = os.path.join(self.folder, name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
+        fd = os.open(path, flags, 0o600)
+        self._named[name] = number = len(self._segments)
+        self._segments.append(_Segment(path))
+        return fd, number, 0
+
+    # -- sealing ------------------------------------------------------------------------------
+    def fill(self, samples: Iterable[tuple[int, Mapping[str, Any]]]) -> None:
+        """Record ``(index, sample)`` pairs loaded elsewhere (an up-front build)."""
+        for i, sample in samples:
+            if self.src[i] == _MISSING:
+                if not isinstance(sample, Mapping):
+                    raise TypeError(
+                        f"sample {i} is a {type(sample).__name__}, not a dict of fields"
+                    )
+                self.record(i, sample)
+                self.loaded += 1
+
+    def seal(self) -> PackedDataset:
+        """Write the sealed pack (or adopt the one another process sealed)."""
+        with self._lock():
+            if self.sealed is None and not self._find_sealed():
+                self.look_again()
+                self._adopt(self._seal(self._in_order(), self.table.tobytes()))
+        assert self.sealed is not None
+        return self.sealed
+
+    def _in_order(self) -> Iterable[Mapping[str, Any]]:
+        for i in range(self.n):
+            src = int(self.src[i])
+            if src == _BASE and self.base is not None:
+                try:
+                    yield self.base[int(self.pos[i])]
+                    continue
+                except PackCorrupted as exc:
+                    self._drop_base(exc)
+            elif src >= 0:
+                recorded = self._read(i)
+                if recorded is not None:
+                    yield recorded
+                    continue
+            self.loaded += 1
+            yield self._load(self.items[i])
+
+    def _moved(self, path: str) -> None:
+        """The pack (and its records' folder) is now ``path``."""
+        old = self.folder
+        self.path, self.folder, self._seen_file = path, path + ".fill", None
+        for segment in self._segments:
+            if segment.path.startswith(old + os.sep):
+                segment.path = self.folder + segment.path[len(old) :]
+
+    def _adopt(self, pack: PackedDataset) -> None:
+        """Read ``pack`` from now on; the segments go."""
+        self.sealed, self.base = pack, None
+        for segment in self._segments:
+            segment.close()
+        mine = self._mine
+        if mine is not None and mine[0] == os.getpid():
+            with contextlib.suppress(OSError):
+                os.close(mine[1])
+        self._mine = None
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # to a spawned worker: what is known, not this process's files
+        state = self.__dict__.copy()
+        state["_segments"] = [_Segment(s.path) for s in self._segments]
+        state["_mine"] = None
+        state["_write_lock"] = None
+        state["_looked"] = -1e9
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._write_lock = threading.Lock()
