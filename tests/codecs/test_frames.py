@@ -482,3 +482,23 @@ def test_polars_object_columns_are_refused() -> None:
     pl = pytest.importorskip("polars")
     assert npy.can_encode(pl.DataFrame({"o": pl.Series([object()], dtype=pl.Object)})) is False
     assert npy.can_encode(pl.Series([object()], dtype=pl.Object)) is False
+
+
+def test_long_string_columns_go_through_arrow_segments(tmp_path: Path) -> None:
+    n = 1000  # past the short lists kept in the layout
+    words = np.array([f"w{i % 300}" if i % 11 else None for i in range(n)], dtype=object)
+    df = pd.DataFrame(
+        {
+            "str": pd.array(words, dtype="str"),
+            "string": pd.array(words, dtype="string"),
+            "python": pd.array(words, dtype=pd.StringDtype("python")),
+            "object": words,
+            "bytes": np.array([None if w is None else w.encode() for w in words], dtype=object),
+            "cat": pd.Categorical(words),  # 300 categories: a segment too
+        },
+        index=pd.Index([f"row{i}" for i in range(n)], dtype=object),
+    )
+    encoded = npy.encode(df)
+    assert len(encoded.segments) >= 7  # each column, the categories and the index
+    for got in round_trips(df, tmp_path):
+        assert_frame_same(got, df)

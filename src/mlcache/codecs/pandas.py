@@ -218,13 +218,39 @@ def _encode_column(pd: Any, values: Any, add: Add) -> dict[str, Any]:
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
         na = _na_code(values.dtype.na_value)
-        storage = values.dtype.storage
-        return {"k": "str", "s": _arrow_segment(add, array), "storage": storage, "na": na, "n": n}
+        node = {"k": "str", "storage": values.dtype.storage, "na": na, "n": n}
+        return {**node, **_strings(add, array)}
     if kind == "obj":
         binary = any(type(v) is bytes for v in values)
         array = pa.array(values, type=pa.large_binary() if binary else pa.large_string())
-        return {"k": "obj", "s": _arrow_segment(add, array), "n": n}
+        return {"k": "obj", "n": n, **_strings(add, array)}
     raise TypeError(f"pandas column of dtype {values.dtype} cannot be stored without pickle")
+
+
+#: string arrays up to this long go in the layout (column names, categories):
+#: opening an Arrow stream costs more than parsing a short JSON list
+_SMALL_STRINGS = 256
+
+
+def _strings(add: Add, array: Any) -> dict[str, Any]:
+    """A string (or binary) Arrow array: a JSON list when short and text, else
+    an IPC stream segment."""
+    import pyarrow as pa
+
+    if len(array) <= _SMALL_STRINGS and pa.types.is_large_string(array.type):
+        return {"v": array.to_pylist()}
+    return {"s": _arrow_segment(add, array)}
+
+
+def _strings_back(node: dict[str, Any], segments: Segments) -> Any:
+    import pyarrow as pa
+
+    if "v" in node:
+        v = node["v"]
+        if type(v) is not list or not all(x is None or type(x) is str for x in v):
+            raise ValueError("bad string list")
+        return pa.array(v, type=pa.large_string())
+    return _arrow_array(segments, node["s"])
 
 
 def _decode_column(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
@@ -262,7 +288,7 @@ def _decode_column(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
         dtype = pd.CategoricalDtype(cats, ordered=node["ordered"] is True)
         return pd.Categorical.from_codes(codes, dtype=dtype)
     if kind == "str":
-        array = _arrow_array(segments, node["s"])
+        array = _strings_back(node, segments)
         na = {"nan": np.nan, "NA": pd.NA}[node["na"]]
         dtype = pd.StringDtype(storage=node["storage"], na_value=na)
         out = dtype.__from_arrow__(array)
@@ -270,7 +296,7 @@ def _decode_column(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
             raise ValueError("bad string column length")
         return out
     if kind == "obj":
-        out = _arrow_array(segments, node["s"]).to_numpy(zero_copy_only=False)
+        out = _strings_back(node, segments).to_numpy(zero_copy_only=False)
         if out.dtype != object or len(out) != n:
             raise ValueError("bad object column")
         return out
