@@ -15,6 +15,26 @@ Subclass it, set your attributes, call ``super().__init__(...)``::
 
 (or ``source_paths = [...]``, or define ``source_files()`` yourself).
 
+Or say how one sample is loaded, and the pack fills itself as it is read::
+
+    class PatientSeries(CachedDataset):
+        source_glob = "*.csv"
+
+        def __init__(self, root, **kw):
+            self.source_dir = root
+            super().__init__(**kw)
+
+        def load_item(self, path):  # one of source_items() (default: the files)
+            return read_patient(path)
+
+Such a dataset opens after listing its items: the first epoch reads the source
+(``ds[i]`` loads item ``i``, stores it and returns it; DataLoader workers too),
+and the pack is sealed when every item is in, so the next epochs read the pack.
+An edited, added or removed file costs its own load at the next open, nothing
+else; a run killed half way keeps what it loaded (see
+:mod:`mlcache.data.filling`). ``fill="up-front"`` (or ``num_workers``) loads
+the missing items at the open instead.
+
 What the pack is keyed by (any change is a rebuild; so is ``force_recache=True``):
 
 - the class: its qualified name and its code version, by the function cache's
@@ -33,7 +53,11 @@ What the pack is keyed by (any change is a rebuild; so is ``force_recache=True``
 - the source fingerprint (:meth:`CachedDataset.source_fingerprint`): the paths,
   sizes and modification times of ``source_files()`` and of the items of
   ``source_items()`` that are paths of existing files, the value of the other
-  items; or whatever your ``source_fingerprint()`` returns.
+  items; or whatever your ``source_fingerprint()`` returns. A dataset filled
+  item by item (``load_item()``) is not rebuilt when an item changes: each
+  item's key and fingerprint (:meth:`CachedDataset.item_fingerprint`) are
+  compared, and only the changed items are loaded again (a
+  ``source_fingerprint()`` of your own still names the pack).
 
 Several processes opening the same dataset at once: one builds (holding a lock
 on ``<pack>.lock``), the others wait and open its result. A damaged pack is
@@ -126,6 +150,14 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         or the list ``source_paths``. ``source_files()`` returns them; they are listed
         by one ``os.listdir`` and fingerprinted by one ``stat`` each, where
         ``sorted(Path(root).glob("*.csv"))`` costs three times that.
+    fill:
+        For a dataset that defines ``load_item()`` (and not ``load_source()``):
+        ``"as-read"`` fills the pack as samples are read (the open only lists the
+        items); ``"up-front"`` loads the missing ones at the open (with
+        ``num_workers`` processes), a resumable build; ``"auto"`` (default) is
+        ``"up-front"`` with ``num_workers`` or a remote ``cache_dir``, else
+        ``"as-read"``. Either way a handful of changed items (at most 1% of
+        them, or 8) are loaded at the open and the pack sealed again at once.
     check_source:
         When the source is checked for changes. ``"open"`` (default): at each open,
         before the pack is opened (a changed source is never served). ``"background"``:
