@@ -586,6 +586,39 @@ def test_packs_unused_for_a_long_time_go(tmp_path: Path) -> None:
     assert len(Numbers(1, cache_dir=cache, progress=False)) == 1  # rebuilt when asked again
 
 
+class Counting(CachedDataset):
+    """Filled item by item (load_item)."""
+
+    def __init__(self, n, **kw):
+        self.n = n
+        super().__init__(**kw)
+
+    def source_items(self):
+        return list(range(self.n))
+
+    def load_item(self, i):
+        return {"i": i}
+
+
+def test_records_of_a_pack_never_sealed_go_when_unused(tmp_path: Path) -> None:
+    """The records of a pack filled half way (another attribute's, not opened for
+    UNUSED_PACKS_KEPT_FOR) go when a pack of the class is sealed; recent ones stay."""
+    from mlcache.data.cached import UNUSED_PACKS_KEPT_FOR
+
+    cache = tmp_path / "cache"
+    half, recent = Counting(4, cache_dir=cache), Counting(5, cache_dir=cache)
+    half[0], recent[0]  # one record each, never sealed
+    old = Path(half.pack_path + ".fill")
+    assert old.is_dir() and not os.path.exists(half.pack_path)
+    long_ago = time.time() - UNUSED_PACKS_KEPT_FOR - 3600
+    os.utime(old, (long_ago, long_ago))
+    sealed = Counting(3, cache_dir=cache)
+    for i in range(3):
+        sealed[i]
+    assert os.path.exists(sealed.pack_path) and not os.path.exists(sealed.pack_path + ".fill")
+    assert not old.exists() and Path(recent.pack_path + ".fill").is_dir()
+
+
 TORCH_BUILD = """
 import time
 import torch

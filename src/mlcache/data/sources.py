@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from array import array
@@ -428,12 +429,14 @@ def warn_if_new_every_run(cls: type, folder: str, args_id: str, mine: dict[str, 
 
 # -- which packs are kept ------------------------------------------------------------
 def remove_pack(path: str) -> None:
-    """Delete a pack (a reader that has it mapped keeps its map). Its lock file
-    stays: a builder may hold it, and a new lock file would let a second build in."""
+    """Delete a pack (a reader that has it mapped keeps its map), and the records
+    of its filling (``<pack>.fill/``). Its lock file stays: a builder may hold
+    it, and a new lock file would let a second build in."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    shutil.rmtree(path + ".fill", ignore_errors=True)
 
 
 def remove_older_versions(pack_path: str, args_id: str) -> None:
@@ -447,7 +450,9 @@ def remove_older_versions(pack_path: str, args_id: str) -> None:
     for name in os.listdir(folder):
         ours = name.startswith(args_id + "-")
         sidecar = name.startswith(".") and name.endswith((".args", ".source"))
-        if not (name.endswith(".pack") or sidecar) or name == mine:
+        # the records of a version being filled go with it (or alone, if never sealed)
+        pack = name.removesuffix(".fill")
+        if not (pack.endswith(".pack") or sidecar) or pack == mine:
             continue
         if sidecar and name.startswith(f".{args_id}"):
             continue
@@ -459,7 +464,9 @@ def remove_older_versions(pack_path: str, args_id: str) -> None:
             if sidecar:
                 os.unlink(path)
                 continue
-            remove_pack(path)
+            if pack != name and os.path.exists(os.path.join(folder, pack)):
+                continue  # the pack's own age decides for both
+            remove_pack(os.path.join(folder, pack))
         except OSError as exc:  # housekeeping: never fail the build for it
             logger.debug("mlcache: could not remove %s: %s", name, exc)
         else:
