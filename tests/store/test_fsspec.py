@@ -372,3 +372,56 @@ def test_a_store_that_refuses_writes_does_not_block_a_miss(tmp_path, monkeypatch
     monkeypatch.setattr(store.fs, "pipe_file", refuse)
     with pytest.raises(PermissionError), store.lock("f/v/k", 600):
         pass
+
+
+class _Versions(dict):  # the source of a filled dataset: item -> version
+    pass
+
+
+def _filled_dataset():
+    from mlcache.data import CachedDataset
+
+    class RemoteRows(CachedDataset):
+        """Filled item by item; a row's version says when it changed."""
+
+        cache_ignore = ("versions", "loads")
+
+        def __init__(self, versions, loads, **kw):
+            self.versions, self.loads = versions, loads
+            super().__init__(**kw)
+
+        def source_items(self):
+            return sorted(self.versions)
+
+        def item_fingerprint(self, item):
+            return self.versions[item]
+
+        def load_item(self, item):
+            self.loads.append(item)
+            return {"x": np.full(4, item * 10 + self.versions[item], dtype=np.int64)}
+
+    return RemoteRows
+
+
+def test_a_filled_dataset_on_s3_is_published_sealed_and_refilled_item_by_item(
+    s3_bucket, tmp_path, monkeypatch
+):
+    """A dataset filled item by item with a remote cache_dir: one machine loads every
+    item up front and publishes the sealed pack; another machine loads nothing; after
+    one item changes, the next machine loads that item alone and publishes again."""
+    url, options = s3_bucket
+    rows = _filled_dataset()
+    versions = _Versions({i: 0 for i in range(20)})
+
+    def machine(name):
+        monkeypatch.setenv("MLCACHE_DIR", str(tmp_path / name))  # its own local copies
+        loads = []
+        ds = rows(versions, loads, cache_dir=f"{url}/datasets", storage_options=options)
+        return [int(ds[i]["x"][0]) for i in range(len(ds))], loads
+
+    expected = [i * 10 for i in range(20)]
+    assert machine("a") == (expected, list(range(20)))
+    assert machine("b") == (expected, [])
+    versions[7] = 1
+    assert machine("c") == ([*expected[:7], 71, *expected[8:]], [7])
+    assert machine("d")[1] == []
