@@ -342,7 +342,11 @@ class PackBuilder:
         raise NotImplementedError  # CachedDataset's
 
     def _open_filled(
-        self, force: bool, progress: bool, check: str, damaged: bool = False
+        self,
+        force: bool,
+        progress: bool,
+        check: str,
+        damaged: tuple[int, int] | None = None,
     ) -> PackedDataset | None:
         """The sealed pack of the items as they are now; or None, and
         ``self._filler`` serves the samples, filling the pack as they are read.
@@ -352,14 +356,21 @@ class PackBuilder:
         Otherwise its unchanged samples are kept, and the rest are loaded now
         (all of them for ``fill="up-front"``, or with ``num_workers``; a handful,
         at most 1% of them, after an edit: the pack is sealed again at once) or
-        as they are read."""
+        as they are read. ``damaged``: the ``file_id`` of the pack found damaged
+        while reading, removed (unless another process replaced it already) and
+        filled again."""
         self._make_folder()
         self._filler: Filler | None = None
         #: module-level values before any load: what filling changes is state
         self._watched_before = watched_digests(self._watched)
         if self._remote is not None:
             return self._fill_remote(force, progress)
-        base = None if force or damaged else self._try_open(False)
+        if damaged is not None:
+            with self._local_lock(), contextlib.suppress(OSError):
+                st = os.stat(self.pack_path)
+                if (st.st_dev, st.st_ino) == damaged:
+                    os.unlink(self.pack_path)  # its readers keep their maps
+        base = None if force else self._try_open(False)
         if base is not None and check != "open":
             try:
                 recorded = base.item_table()

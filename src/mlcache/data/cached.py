@@ -456,10 +456,11 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         """Damage found while reading: log it, rebuild the pack (or open the one
         another process rebuilt meanwhile; or fill it again) and read from that."""
         warn(f"mlcache: {exc}; rebuilding it", stacklevel=4)
+        pack = self._pack or (self._filler.sealed if self._filler is not None else None)
+        damaged = pack.file_id if pack is not None else None
         if self._fill:
-            self._pack = self._open_filled(False, False, "open", damaged=True)
+            self._pack = self._open_filled(False, False, "open", damaged=damaged)
             return self._reading()
-        damaged = self._pack.file_id if self._pack is not None else None
         self._pack = self._open_or_build(False, False, damaged=damaged)
         return self._pack
 
