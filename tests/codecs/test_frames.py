@@ -76,7 +76,24 @@ def _column_kinds() -> dict[str, Any]:
         "timedelta": pd.to_timedelta(np.arange(N) - 2, unit="s"),
         "period-month": pd.period_range("2020-01", periods=N, freq="M"),
         "period-quarter": pd.period_range("2020Q1", periods=N, freq="Q-DEC"),
+        "arrow-int64": pd.array([1, None, 3, 4, 5, 6, 7], dtype="int64[pyarrow]"),
+        "arrow-string": pd.array(["a", None, "c", "", "e", "f", "g"], dtype=_arrow(pa.string())),
+        "arrow-timestamp-tz": pd.array(
+            pd.date_range("2020", periods=N, tz="Asia/Tokyo"),
+            dtype=_arrow(pa.timestamp("us", "Asia/Tokyo")),
+        ),
+        "arrow-list": pd.array(
+            [[1], [], None, [2, 3], [4], [5], [6]], dtype=_arrow(pa.list_(pa.int32()))
+        ),
+        "arrow-dictionary": pd.array(
+            pa.array(list("abcabca")).dictionary_encode(),
+            dtype=_arrow(pa.dictionary(pa.int32(), pa.string())),
+        ),
     }
+
+
+def _arrow(t: Any) -> Any:
+    return pd.ArrowDtype(t)
 
 
 KINDS = _column_kinds()
@@ -502,3 +519,15 @@ def test_long_string_columns_go_through_arrow_segments(tmp_path: Path) -> None:
     assert len(encoded.segments) >= 7  # each column, the categories and the index
     for got in round_trips(df, tmp_path):
         assert_frame_same(got, df)
+
+
+def test_importing_mlcache_imports_no_frame_library() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mlcache, mlcache.codecs\n"
+        "print(sorted(m for m in ('pandas', 'pyarrow', 'polars') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -20,6 +20,8 @@ kind (``"k"``)            stored as
                           + storage and ``na_value``: the ``string``/``str`` dtypes
 ``obj``                   an Arrow IPC stream segment: an ``object`` column
                           holding only ``str`` (or only ``bytes``) and ``None``
+``arrow``                 an Arrow IPC stream segment: a ``pd.ArrowDtype``
+                          column (``dtype_backend="pyarrow"``), as it is
 ========================  ===================================================
 
 An index node is a ``RangeIndex`` (start, stop, step), a ``MultiIndex`` (its
@@ -118,6 +120,12 @@ def _kind(pd: Any, values: Any) -> str | None:
         return "masked" if str(dtype) in _MASKED else None
     if isinstance(dtype, pd.CategoricalDtype):
         return "cat" if _index_ok(pd, dtype.categories) else None
+    if type(values) is pd.arrays.ArrowExtensionArray and isinstance(dtype, pd.ArrowDtype):
+        import pyarrow as pa
+
+        from .arrow import schema_ok
+
+        return "arrow" if schema_ok(pa.schema([("v", dtype.pyarrow_dtype)])) else None
     if isinstance(dtype, pd.StringDtype):
         return "str" if _has_arrow() and _na_code(dtype.na_value) is not None else None
     if isinstance(dtype, (pd.DatetimeTZDtype, pd.PeriodDtype)):
@@ -213,6 +221,11 @@ def _encode_column(pd: Any, values: Any, add: Add) -> dict[str, Any]:
         }
     import pyarrow as pa
 
+    if kind == "arrow":  # an ArrowDtype column (dtype_backend="pyarrow"): as it is
+        array = pa.array(values)
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        return {"k": "arrow", "s": _arrow_segment(add, array), "n": n}
     if kind == "str":
         array = pa.array(values, type=pa.large_string())
         if isinstance(array, pa.ChunkedArray):
@@ -251,6 +264,13 @@ def _strings_back(node: dict[str, Any], segments: Segments) -> Any:
             raise ValueError("bad string list")
         return pa.array(v, type=pa.large_string())
     return _arrow_array(segments, node["s"])
+
+
+def _one_chunk(array: Any) -> Any:
+    """``array`` as a one-chunk ChunkedArray (what ArrowExtensionArray holds)."""
+    import pyarrow as pa
+
+    return pa.chunked_array([array], type=array.type)
 
 
 def _decode_column(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
@@ -295,6 +315,11 @@ def _decode_column(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
         if len(out) != n:
             raise ValueError("bad string column length")
         return out
+    if kind == "arrow":
+        array = _arrow_array(segments, node["s"])
+        if len(array) != n:
+            raise ValueError("bad arrow column length")
+        return pd.arrays.ArrowExtensionArray(_one_chunk(array))
     if kind == "obj":
         out = _strings_back(node, segments).to_numpy(zero_copy_only=False)
         if out.dtype != object or len(out) != n:
