@@ -58,6 +58,9 @@ def test_demo_quick_prints_timings_writes_a_chart_and_a_report(tmp_path):
     for n in ("300", "3,000", "30,000"):  # plain text or rich's table
         assert re.search(rf"^\W*{n}\b.*x (faster|slower).* MB", text, re.MULTILINE), n
     assert "chart at every size (reopen, memory): " in text
+    # the first epochs: a line each (files, pickled list, mlcache), the chart, its section
+    assert re.search(r"^  epoch 3: reading the files .* mlcache .*files parsed", text, re.M)
+    assert "chart of the first epochs: " in text and (out / "mlcache-demo-epochs.png").exists()
     # the charts are real images of some size
     import matplotlib.image
 
@@ -71,6 +74,7 @@ def test_demo_quick_prints_timings_writes_a_chart_and_a_report(tmp_path):
     assert printed and all(p in report for p in printed)
     assert "![timings](mlcache-demo.png)" in report
     assert "![reopen and memory at every size](mlcache-demo-scaling.png)" in report
+    assert "![per-epoch time](mlcache-demo-epochs.png)" in report
     assert "| 30,000 |" in report
     # caches went to a temporary folder, removed: nothing in the user's cache
     assert not (tmp_path / "never-used").exists()

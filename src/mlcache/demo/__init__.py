@@ -4,7 +4,10 @@
    patient), then times loading it for training three ways: reading the files
    at every run, the hand-written "pickle the whole list into one file" cache,
    and ``mlcache.data.CachedDataset``; the first run, a repeated run, and one
-   epoch through a PyTorch DataLoader when torch is installed.
+   epoch through a PyTorch DataLoader when torch is installed. Then the first
+   epochs of one training run (:mod:`mlcache.demo.epochs`): the time of epochs
+   1, 2 and 3 reading the files, with the pickled list and with a dataset that
+   loads one file an item (``load_item``) on an empty cache, one line per epoch.
 2. **Function results.** A preprocessing function over a large float64 array:
    no cache, the first call (compute and store), a repeated call, a repeated
    call with ``mmap_mode="r"``, and ``joblib.Memory`` beside it if installed.
@@ -21,8 +24,9 @@
    measured, and how: :mod:`mlcache.demo.scaling`.
 
 Prints a table per part, and writes a bar chart (``mlcache-demo.png``, with
-matplotlib), the chart of part 4 (``mlcache-demo-scaling.png``: reopen time and
-per-worker memory against size, log axes) and a Markdown report
+matplotlib), the chart of per-epoch time (``mlcache-demo-epochs.png``), the
+chart of part 4 (``mlcache-demo-scaling.png``: reopen time and per-worker
+memory against size, log axes) and a Markdown report
 (``mlcache-demo.md``) into ``out``. Everything it caches lives in a temporary
 folder unless ``location`` is given.
 """
@@ -46,6 +50,7 @@ import numpy as np
 from .._util import progress, slug
 from ..data import CachedDataset
 from ..memo.memory import Memory
+from . import epochs as epochs
 from . import report as report
 from . import scaling as scaling
 from .synthetic import read_patient, write_patients
@@ -79,6 +84,23 @@ class Patients(CachedDataset):
             yield read_patient(path)
 
 
+class PatientsByItem(CachedDataset):
+    """The same files as a dataset of items: the declared source (``*.csv`` of
+    ``root``) and ``load_item`` one file, which write-through filling (issue 17)
+    loads as an epoch reads it. Each load is counted in the file ``counter``."""
+
+    source_glob = "*.csv"
+    cache_ignore = ("counter",)
+
+    def __init__(self, root: str, counter: str | None = None, **kw: Any) -> None:
+        self.source_dir, self.counter = root, counter
+        super().__init__(**kw)
+
+    def load_item(self, item: str) -> dict[str, Any]:
+        epochs.count(self.counter)
+        return read_patient(item)
+
+
 @dataclass
 class Row:
     """One timed step: ``group`` (a section), ``name``, seconds, and the baseline
@@ -101,6 +123,7 @@ class DemoResult:
     chart: str | None = None
     report: str | None = None
     scaling: scaling.Scaling | None = None
+    epochs: epochs.Epochs | None = None
 
 
 def _timed(fn: Callable[[], Any], repeat: int = 1) -> float:
@@ -209,6 +232,25 @@ def _datasets(
     rows.append(Row(group, "pickled list", _epoch(pickle_again(), 2, "epoch, pickled list"), base))
     rows.append(Row(group, "mlcache.data", _epoch(ds, 2, "epoch, mlcache"), base))
     return rows, ds
+
+
+def _epochs(root: str, out: Callable[[str], None]) -> epochs.Epochs | None:
+    """The first epochs of one run over part 1's files (``root/patients``); the
+    dataset's pack in ``root`` too (a ``location`` keeps part 1's packs only). A
+    failure is said, and the other parts go on."""
+    files, cache = os.path.join(root, "patients"), os.path.join(root, "epochs-cache")
+    paths = sorted(os.path.join(files, n) for n in os.listdir(files) if n.endswith(".csv"))
+    try:
+        return epochs.measure(
+            paths,
+            read_patient,
+            lambda counter: PatientsByItem(files, counter, cache_dir=cache, progress=False),
+            os.path.join(root, "epochs"),
+            out=out,
+        )
+    except (OSError, RuntimeError) as exc:
+        out(f"the first epochs failed: {exc}")
+        return None
 
 
 # -- 2. function results ----------------------------------------------------------------
@@ -349,6 +391,7 @@ def run_demo(
         out(f"mlcache demo: generated data in {tmp}, mlcache's caches in {functions}")
         rows, ds = _datasets(tmp, datasets, patients, out)
         result.rows += rows
+        result.epochs = _epochs(tmp, out)
         rows, (cached, x) = _functions(tmp, functions, size, out)
         result.rows += rows
         result.changes = _changes(cached, x, ds, os.path.join(tmp, "patients.pkl"))
@@ -362,15 +405,21 @@ def run_demo(
         log.setLevel(level)
         shutil.rmtree(tmp, ignore_errors=True)
     report.show(result.rows, result.changes, out)
+    if result.epochs is not None:
+        result.epochs.show(out)
     if result.scaling is not None:
         result.scaling.show(out)
     os.makedirs(out_dir, exist_ok=True)
     result.chart = report.chart(result.rows, os.path.join(out_dir, "mlcache-demo.png"), out)
     sections: list[str] = []
+    if result.epochs is not None:
+        where = os.path.join(out_dir, "mlcache-demo-epochs.png")
+        result.epochs.chart = epochs.chart(result.epochs, where, out)
+        sections += result.epochs.markdown()
     if result.scaling is not None:
         where = os.path.join(out_dir, "mlcache-demo-scaling.png")
         result.scaling.chart = scaling.chart(result.scaling, where, out)
-        sections = result.scaling.markdown()
+        sections += result.scaling.markdown()
     result.report = report.markdown(
         result.rows,
         result.changes,
@@ -381,6 +430,8 @@ def run_demo(
     out(f"\nreport: {os.path.abspath(result.report)}")
     if result.chart:
         out(f"chart:  {os.path.abspath(result.chart)}")
+    if result.epochs is not None and result.epochs.chart:
+        out(f"chart of the first epochs: {os.path.abspath(result.epochs.chart)}")
     if result.scaling is not None and result.scaling.chart:
         out(f"chart at every size (reopen, memory): {os.path.abspath(result.scaling.chart)}")
     return result
