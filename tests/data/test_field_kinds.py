@@ -188,6 +188,83 @@ def test_allow_pickle_keeps_pickling_lists_and_dicts_exactly(tmp_path):
     assert [ds[0], ds[1]] == samples
 
 
+# -- torch tensors -----------------------------------------------------------------------
+def test_tensors_round_trip_as_tensors(tmp_path):
+    torch = pytest.importorskip("torch")
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    samples = [
+        {
+            "x": torch.arange(i + 1, dtype=torch.int64),  # lengths vary: ragged
+            "img": base.T * i,  # not contiguous
+            "b": (torch.ones(2, 3) * i).to(torch.bfloat16),  # no numpy dtype: bits
+            "f8": torch.full((2,), float(i)).to(torch.float8_e4m3fn),
+            "z": (torch.ones(2, dtype=torch.complex64) * 1j).conj(),  # a lazy conj
+            "g": torch.ones(2, requires_grad=True) * i,
+            "s": torch.tensor(i),  # 0-d
+            "m": torch.ones(2, dtype=torch.bool) if i % 2 else None,
+        }
+        for i in range(4)
+    ]
+    ds = _pack(samples, tmp_path / "t.pack")
+    assert set(_kinds(ds).values()) == {"tensor"}
+    for i, want in enumerate(samples):
+        got = ds[i]
+        for name, value in want.items():
+            if value is None:
+                assert got[name] is None
+                continue
+            out = got[name]
+            assert type(out) is torch.Tensor and out.dtype == value.dtype, name
+            assert out.shape == value.shape and not out.requires_grad
+            assert torch.equal(out, value.detach().resolve_conj()), name
+    read = ds[3]["img"]
+    read += 1  # private to the read
+    assert torch.equal(ds[3]["img"], base.T * 3)
+    frozen = PackedDataset(ds.path, writable=False)[3]["img"]
+    frozen += 1  # a copy of the read-only view: the map is never written
+    assert torch.equal(PackedDataset(ds.path, writable=False)[3]["img"], base.T * 3)
+    assert [t.tolist() for t in ds.get_batch([0, 1])["x"]] == [[0], [0, 1]]
+    ds.verify()
+
+
+def test_tensor_rules(tmp_path):
+    torch = pytest.importorskip("torch")
+    ds = _pack(
+        [{"t": torch.ones(2, dtype=torch.float16)}, {"t": torch.ones(2)}], tmp_path / "p.pack"
+    )
+    assert ds[0]["t"].dtype == torch.float32  # promoted as arrays are
+    with pytest.raises(TypeError, match=r"sample 1, field 't': a tensor of float32 where"):
+        _pack([{"t": torch.ones(2, dtype=torch.bfloat16)}, {"t": torch.ones(2)}], tmp_path / "k")
+    with pytest.raises(TypeError, match=r"sample 1, field 't': a tensor of int64 where sample 0"):
+        _pack([{"t": 1}, {"t": torch.ones(2, dtype=torch.int64)}], tmp_path / "k")
+    with pytest.raises(TypeError, match=r"sample 1, field 't': int where sample 0 has a tensor"):
+        _pack([{"t": torch.ones(2)}, {"t": 1}], tmp_path / "k")
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(UnsupportedValue, match=r"sample 0, field 't': a tensor of float32.*"):
+        _pack([{"t": sparse}], tmp_path / "k")
+    pickled = _pack([{"t": sparse}], tmp_path / "q.pack", allow_pickle=True)
+    assert _kinds(pickled) == {"t": "pickle"}
+    assert torch.equal(pickled[0]["t"].to_dense(), torch.eye(3))
+
+
+@pytest.mark.parametrize(
+    ("where", "change"),
+    [
+        ("holds tensors of float9", lambda f: f.update(view="float9")),
+        ("holds tensors of bfloat16", lambda f: f.update(view="bfloat16")),  # 4-byte values
+        ("bad index", lambda f: f["fields"].append(f["fields"][0])),
+        ("holds tensors of", lambda f: f["fields"][0].update(py="float")),
+        ("unknown kind", lambda f: f["fields"][0].update(kind="tensor2")),
+    ],
+)
+def test_a_forged_tensor_field_only_raises_pack_corrupted(tmp_path, where, change):
+    torch = pytest.importorskip("torch")
+    ds = _pack([{"t": torch.ones(2)}, {"t": torch.zeros(2)}], tmp_path / "t.pack")
+    p = _forged(ds, tmp_path, lambda ix: change(ix["fields"][0]))
+    with pytest.raises(PackCorrupted, match=where):
+        PackedDataset(p)[0]
+
+
 # -- sources -----------------------------------------------------------------------------
 def test_a_json_lines_source_packs_without_pickle(tmp_path):
     lines = [

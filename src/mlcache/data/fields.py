@@ -17,7 +17,20 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import UnsupportedValue
-from .values import EMPTY, Strs, exact_limit, is_na, is_nan, list_value, magnitude, may_exceed
+from .values import (
+    EMPTY,
+    Strs,
+    exact_limit,
+    is_na,
+    is_nan,
+    is_tensor,
+    kind_name,
+    list_value,
+    magnitude,
+    may_exceed,
+    merged_py,
+    tensor_array,
+)
 
 __all__ = ["FieldWriter", "Spill"]
 
@@ -25,7 +38,6 @@ _COPY = 1 << 20  # bytes converted at a time
 _FLUSH = 4096  # scalars buffered per field before they go to the spill
 _PY_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype("<i8"), float: np.dtype("<f8")}
 _PY_NAMES = {"b": "bool", "i": "int", "f": "float"}
-_PYTHON = frozenset(_PY_NAMES.values())
 _NUMERIC = "biufcmM"  # the dtype kinds a pack stores (and its reader accepts)
 _NONE = type(None)
 _INT64 = (-(1 << 63), 1 << 63)
@@ -58,7 +70,9 @@ class FieldWriter:
     shape, then written as ``ragged``), ``"str"``, ``"bytes"``, ``"strs"`` (lists
     of str: ``offsets`` count strings, ``ends`` are their byte ends), ``"dict"``
     (dicts: one sub-field in ``children`` per key, ``label`` naming it
-    ``"meta.age"`` in messages) or ``"pickle"``. ``py`` is a Python
+    ``"meta.age"`` in messages), ``"tensor"`` (torch tensors: their elements in
+    the array sub-field ``values``; ``view`` the torch dtype they are the bits
+    of, when numpy has none) or ``"pickle"``. ``py`` is a Python
     type name (``"int"``...) for a field of Python numbers, ``"scalar"`` for
     numpy scalars, None for arrays. ``segments`` lists where in the spill the
     dtype changed (promotion): (byte offset, dtype of the bytes from there).
@@ -90,6 +104,7 @@ class FieldWriter:
         self.ends = array("q", [0])  # a strs field: the byte end of every string
         self.children: dict[str, FieldWriter] = {}  # a dict field: one per key
         self.empties = array("q")  # empty lists met before the kind is known
+        self.view: str | None = None  # a tensor field: the torch dtype of its bits
 
     # -- one value ---------------------------------------------------------------------
     def _describe(
@@ -142,6 +157,9 @@ class FieldWriter:
         if type(value) is dict and not self.allow_pickle:
             self._add_dict(value, index)
             return
+        if not self.allow_pickle and is_tensor(value):
+            self._add_tensor(value, index)
+            return
         if type(value) is list and not self.allow_pickle:
             value = list_value(value, self.label, index)
             if value is EMPTY and not self._empty_fits(index):
@@ -164,8 +182,8 @@ class FieldWriter:
                 self._missing(1)
                 return
             raise TypeError(
-                f"sample {index}, field {self.label!r}: {_what(kind, py, dtype)} where sample "
-                f"{self.first} has {_what(self.kind, self.py, self.dtype)}"
+                f"sample {index}, field {self.label!r}: {kind_name(kind, py, dtype)} where sample "
+                f"{self.first} has {kind_name(self.kind, self.py, self.dtype)}"
             )
         elif kind == "column":
             self._merge(py, dtype, index)
@@ -210,7 +228,7 @@ class FieldWriter:
             return False
         raise TypeError(
             f"sample {index}, field {self.label!r}: an empty list where sample "
-            f"{self.first} has {_what(self.kind, self.py, self.dtype)}"
+            f"{self.first} has {kind_name(self.kind, self.py, self.dtype)}"
         )
 
     def _add_dict(self, value: dict[Any, Any], index: int) -> None:
@@ -220,7 +238,7 @@ class FieldWriter:
         elif self.kind != "dict":
             raise TypeError(
                 f"sample {index}, field {self.label!r}: a dict where sample {self.first} "
-                f"has {_what(self.kind, self.py, self.dtype)}"
+                f"has {kind_name(self.kind, self.py, self.dtype)}"
             )
         elif value.keys() != self.children.keys():
             missing = sorted(set(self.children) - set(value))
@@ -236,23 +254,44 @@ class FieldWriter:
         self.count += 1
 
     def _start_dict(self, value: dict[Any, Any], index: int) -> None:
-        if self.empties:
-            raise TypeError(
-                f"sample {index}, field {self.label!r}: a dict where sample "
-                f"{self.empties[0]} has an empty list"
-            )
-        for k, key in enumerate(value):
+        for key in value:
             if type(key) is not str:
                 raise TypeError(
                     f"sample {index}, field {self.label!r}: the keys of a dict must be str "
                     f"to be stored without pickle, got {key!r}"
                 )
-            child = FieldWriter(
-                key, self.spill.sibling(str(k)), self.allow_pickle, f"{self.label}.{key}"
+        self._start_children("dict", list(value), index)
+
+    def _start_children(self, kind: str, keys: list[str], index: int) -> None:
+        """The field becomes a ``dict`` (or ``tensor``) of sub-fields ``keys``."""
+        if self.empties:
+            raise TypeError(
+                f"sample {index}, field {self.label!r}: {kind_name(kind, None, self.dtype)} "
+                f"where sample {self.empties[0]} has an empty list"
             )
+        for k, key in enumerate(keys):
+            label = f"{self.label}.{key}" if kind == "dict" else self.label
+            child = FieldWriter(key, self.spill.sibling(str(k)), self.allow_pickle, label)
             child._missing(self.count)  # the samples before: None
             self.children[key] = child
-        self.kind, self.first = "dict", index
+        self.kind, self.first = kind, index
+
+    def _add_tensor(self, value: Any, index: int) -> None:
+        """A tensor: its elements go to the sub-field ``values`` (an array field)."""
+        arr, view = tensor_array(value, self.label, index)
+        if self.kind == "none":
+            self._start_children("tensor", ["values"], index)
+            self.view = view
+        elif self.kind != "tensor" or view != self.view:
+            had = f"tensors of {self.view}" if self.kind == "tensor" else None
+            raise TypeError(
+                f"sample {index}, field {self.label!r}: a tensor of {view or arr.dtype} where "
+                f"sample {self.first} has {had or kind_name(self.kind, self.py, self.dtype)}"
+            )
+        self.children["values"].add(arr, index)
+        if self.valid is not None:
+            self.valid.append(1)
+        self.count += 1
 
     def _add_array(self, value: np.ndarray, shape: tuple[int, ...], index: int) -> None:
         if len(shape) != len(self.shape):
@@ -278,13 +317,13 @@ class FieldWriter:
         if nans and self.nan_dtype is not None:
             try:
                 dtype = np.result_type(dtype, self.nan_dtype)
-                py = _merged_py(self.nan_py, py, dtype)
+                py = merged_py(self.nan_py, py, dtype)
             except TypeError:  # numbers that do not mix with floats (dates): missing
                 nans = array("q")
         empties = self.empties
         if empties and not (kind == "strs" or (kind == "column" and py is None and shape)):
             raise TypeError(
-                f"sample {index}, field {self.label!r}: {_what(kind, py, dtype)} where "
+                f"sample {index}, field {self.label!r}: {kind_name(kind, py, dtype)} where "
                 f"sample {empties[0]} has an empty list"
             )
         self.kind, self.py, self.dtype, self.shape = kind, py, dtype, shape
@@ -316,7 +355,7 @@ class FieldWriter:
             self.nan_dtype, self.nan_py = dtype, py
         else:
             self.nan_dtype = np.result_type(self.nan_dtype, dtype)
-            self.nan_py = _merged_py(self.nan_py, py, self.nan_dtype)
+            self.nan_py = merged_py(self.nan_py, py, self.nan_dtype)
         self.nans.append(index)
         self._missing(1)
 
@@ -328,8 +367,8 @@ class FieldWriter:
                 new = np.result_type(self.dtype, dtype)
             except TypeError:
                 raise TypeError(
-                    f"sample {index}, field {self.label!r}: {_what('column', py, dtype)} where "
-                    f"sample {self.first} has {_what('column', self.py, self.dtype)}, "
+                    f"sample {index}, field {self.label!r}: {kind_name('column', py, dtype)} where "
+                    f"sample {self.first} has {kind_name('column', self.py, self.dtype)}, "
                     "and they have no common dtype"
                 ) from None
         if new != self.dtype:
@@ -339,7 +378,7 @@ class FieldWriter:
             self._flush()
             self.segments.append((self.spill.size, new))
             self.dtype = new
-        self.py = _merged_py(self.py, py, new)
+        self.py = merged_py(self.py, py, new)
 
     def _check_written(
         self, limit: int, new: np.dtype, py: str | None, dtype: np.dtype, index: int
@@ -354,7 +393,7 @@ class FieldWriter:
                 big = max(big, magnitude(np.asarray(self.buf, dtype=seg)))
             if big > limit:
                 raise ValueError(
-                    f"sample {index}, field {self.label!r}: {_what('column', py, dtype)} "
+                    f"sample {index}, field {self.label!r}: {kind_name('column', py, dtype)} "
                     f"makes the field {new}, which cannot hold the integer {big} of an "
                     f"earlier sample exactly (beyond 2**{limit.bit_length() - 1}); "
                     "cast the field yourself if rounding is what you want"
@@ -396,7 +435,7 @@ class FieldWriter:
         shape, empty values otherwise."""
         if not k:
             return
-        if self.kind == "dict":
+        if self.kind in ("dict", "tensor"):
             for child in self.children.values():
                 child._missing(k)
             return
@@ -545,30 +584,3 @@ class FieldWriter:
                         yield memoryview(converted.view(np.uint8))  # type: ignore[arg-type]
         finally:
             drain.close()
-
-
-def _merged_py(mine: str | None, other: str | None, dtype: np.dtype) -> str | None:
-    """What a field of scalars reads back as once it holds both: Python numbers of
-    ``dtype``'s kind if both are Python numbers, else numpy scalars (None: arrays)."""
-    if mine is None or other is None:
-        return None
-    if mine in _PYTHON and other in _PYTHON:
-        return _PY_NAMES.get(dtype.kind, "scalar")
-    return "scalar"
-
-
-def _what(kind: str, py: str | None, dtype: np.dtype) -> str:
-    if py in ("int", "float", "bool"):
-        return str(py)
-    if kind == "column" and py is not None:
-        return f"a numpy {dtype} scalar"
-    if kind == "column":
-        return f"an array of {dtype}"
-    return {
-        "none": "None",
-        "str": "str",
-        "bytes": "bytes",
-        "strs": "a list of str",
-        "dict": "a dict",
-        "pickle": "a pickled object",
-    }[kind]

@@ -47,10 +47,14 @@ where every ``R`` is a region ``{"off": absolute offset, "len": bytes,
 * ``dict``: a dict per sample, the same keys in each: no ``data``; ``fields``
   lists one entry per key (``name`` the key), of any kind, ``dict`` too (at
   most 32 deep), read back as ``{name: value, ...}``.
+* ``tensor``: a ``torch.Tensor`` per sample: ``fields`` holds one entry, an
+  array field (``column`` or ``ragged``) of the elements; ``view``, when
+  present, names the torch dtype (``bfloat16``, ``float8_*``) of which those
+  (same-size integers) are the bits.
 * ``pickle``: ragged bytes holding pickles (only with ``allow_pickle=True``).
 
 A list of numbers is stored as the array it makes (``column`` or ``ragged``).
-``strs`` and ``dict`` came after the first release of version 1: a reader
+``strs``, ``dict`` and ``tensor`` came after the first release of version 1: a reader
 that predates them refuses such a pack (``PackCorrupted``, unknown kind),
 and every pack without them reads as before.
 
@@ -171,10 +175,12 @@ def _check_field(field: dict[str, Any], size: int, depth: int) -> None:
         raise ValueError(f"field {field['name']} has a bad ndim or shape")
     if not all(_count(d) for d in shape) or math.prod(shape) >= MAX_COUNT:
         raise ValueError(f"field {field['name']} has a bad shape {shape}")
-    if field.get("kind") == "dict":
+    if field.get("kind") in ("dict", "tensor"):
         children = field["fields"]
         if not isinstance(children, list) or depth >= MAX_DEPTH:
             raise ValueError(f"field {field['name']} has bad sub-fields")
+        if field["kind"] == "tensor" and len(children) != 1:
+            raise ValueError(f"tensor field {field['name']} has {len(children)} sub-fields")
         for child in children:
             _check_field(child, size, depth + 1)
 

@@ -36,6 +36,7 @@ import xxhash
 
 from ..errors import PackChanged, PackCorrupted, UnsupportedValue
 from .format import REGION_KEYS
+from .values import TORCH_BITS
 
 __all__ = [
     "CHECK_EVERY",
@@ -181,7 +182,7 @@ def field_regions(spec: dict[str, Any], mm: mmap.mmap, block: int, path: str) ->
     of its sub-fields too, as ``"<i>/<key>"`` (so that whoever checks, fetches or
     verifies a field's regions covers its sub-fields)."""
     regions = {key: Region(spec[key], mm, block, path) for key in REGION_KEYS if key in spec}
-    if spec["kind"] == "dict":  # nesting bounded by format.parse_index
+    if spec["kind"] in ("dict", "tensor"):  # nesting bounded by format.parse_index
         for i, child in enumerate(spec["fields"]):
             for key, region in field_regions(child, mm, block, path).items():
                 regions[f"{i}/{key}"] = region
@@ -189,7 +190,7 @@ def field_regions(spec: dict[str, Any], mm: mmap.mmap, block: int, path: str) ->
 
 
 #: the field kinds this reader knows (an older one refuses the newer kinds)
-KINDS = ("none", "column", "ragged", "str", "bytes", "strs", "dict", "pickle")
+KINDS = ("none", "column", "ragged", "str", "bytes", "strs", "dict", "tensor", "pickle")
 
 
 class Field:
@@ -240,7 +241,7 @@ class Field:
         #: a dict field's sub-fields, each with its regions (keys "<i>/..." of ours)
         self.children = [
             Field(child, _under(regions, f"{i}/"), path)
-            for i, child in enumerate(spec["fields"] if self.kind == "dict" else ())
+            for i, child in enumerate(spec["fields"] if self.kind in ("dict", "tensor") else ())
         ]
 
     def prepare(self, n: int, path: str) -> None:
@@ -250,7 +251,7 @@ class Field:
         kind, data = self.kind, self.regions.get("data")
         for child in self.children:
             child.prepare(n, path)
-        if kind == "none" or (data is None and kind != "dict"):
+        if kind == "none" or (data is None and kind not in ("dict", "tensor")):
             return
         bad = f"{path}: field {self.name!r}"
         valid = self.regions.get("valid")
@@ -258,7 +259,9 @@ class Field:
             valid.check(0, valid.len)
             if valid.len != n:
                 raise PackCorrupted(f"{bad} has a validity table of the wrong size")
-        if data is None:  # a dict: its sub-fields hold the data
+        if kind == "tensor":
+            self._check_tensor(bad)
+        if data is None:  # a dict or a tensor: its sub-fields hold the data
             return
         if kind == "column":
             shape = tuple(self.spec["shape"])  # checked ints (format.parse_index)
@@ -306,6 +309,26 @@ class Field:
             if row and (shapes[:, 1:] == inner).all():
                 self.inner, self.row = tuple(inner.tolist()), row
 
+    def _check_tensor(self, bad: str) -> None:
+        """A tensor field's one sub-field is an array field of a dtype torch takes
+        (the same size as ``view``'s, when it is the bits of one)."""
+        (values,) = self.children
+        view = self.spec.get("view")
+        dtype = values.dtype
+        if (
+            values.kind not in ("column", "ragged")
+            or values.spec.get("py") is not None
+            or dtype.kind not in "biufc"
+            or not dtype.isnative
+            or (
+                view is not None
+                and (
+                    view not in TORCH_BITS or dtype.itemsize != np.dtype(TORCH_BITS[view]).itemsize
+                )
+            )
+        ):
+            raise PackCorrupted(f"{bad} holds tensors of {view or dtype} as {values.kind}")
+
     def code(
         self,
         k: int | str,
@@ -320,7 +343,11 @@ class Field:
         objects they use go into ``ns`` under names suffixed with ``k``. With
         ``private``, arrays are made private to the read (``fd`` is the pack's
         file, for their maps); else they are read-only views of the shared map."""
-        if self.kind == "dict":
+        if self.kind == "tensor":  # its values, then the tensor over them
+            lines = self.children[0].code(f"{k}_0", n, ns, unpickle, fd, path, private)
+            ns[f"q{k}"] = _tensor_maker(self.spec.get("view"), path, self.name)
+            lines.append(f"v{k} = q{k}(v{k}_0)")
+        elif self.kind == "dict":
             lines = self._dict_code(k, n, ns, unpickle, fd, path, private)
         else:
             lines = self._value_code(k, n, ns, unpickle)
@@ -442,6 +469,25 @@ class Field:
         else:
             lines.append(f"v{k} = {value}")
         return lines
+
+
+def _tensor_maker(view: str | None, path: str, name: str) -> Callable[[Any], Any]:
+    """The function making a sample's tensor of its array (its own memory when the
+    array is writable, a read's default; a copy of a read-only view)."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            f"{path}: field {name!r} holds torch tensors: pip install torch to read it"
+        ) from None
+    as_view = getattr(torch, view) if view is not None else None
+
+    def make(values: Any) -> Any:
+        arr = np.asarray(values)  # a 0-d column's value is a numpy scalar
+        tensor = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+        return tensor if as_view is None else tensor.view(as_view)
+
+    return make
 
 
 def _under(regions: dict[str, Region], prefix: str) -> dict[str, Region]:

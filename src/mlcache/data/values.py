@@ -30,17 +30,23 @@ from ..errors import UnsupportedValue
 
 __all__ = [
     "EMPTY",
+    "TORCH_BITS",
     "Strs",
     "exact_limit",
     "is_na",
     "is_nan",
+    "kind_name",
     "list_value",
     "magnitude",
     "may_exceed",
+    "merged_py",
+    "tensor_array",
 ]
 
 _PY_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype("<i8"), float: np.dtype("<f8")}
 _NUMERIC = "biufcmM"
+_PY_NAMES = {"b": "bool", "i": "int", "f": "float"}
+_PYTHON = frozenset(_PY_NAMES.values())
 _INT64 = (-(1 << 63), 1 << 63)
 _EXACT = 1 << 53  # the largest int magnitude float64 holds exactly
 
@@ -149,3 +155,67 @@ def _numbers(values: list[Any], types: set[type], label: str, index: int) -> np.
                 "list yourself if rounding is what you want"
             )
     return np.array(values, dtype=dtype)
+
+
+#: torch dtypes numpy has none for: stored as the bits of a same-size integer
+TORCH_BITS = {
+    "bfloat16": "int16",
+    "float8_e4m3fn": "uint8",
+    "float8_e5m2": "uint8",
+    "float8_e4m3fnuz": "uint8",
+    "float8_e5m2fnuz": "uint8",
+}
+
+
+def is_tensor(value: Any) -> bool:
+    """A ``torch.Tensor`` (not a subclass), found without importing torch."""
+    t = type(value)
+    return t.__qualname__ == "Tensor" and t.__module__ == "torch"
+
+
+def tensor_array(value: Any, label: str, index: int) -> tuple[np.ndarray, str | None]:
+    """A tensor's own elements as a numpy array on the CPU, and the torch dtype they
+    are the bits of (None when numpy has the tensor's dtype)."""
+    import torch  # the value is a tensor: torch is imported already
+
+    name = str(value.dtype).removeprefix("torch.")
+    bits = TORCH_BITS.get(name)
+    try:
+        if value.layout != torch.strided or value.is_quantized:
+            raise TypeError(f"its layout is {value.layout}")
+        t = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        arr = (t.view(getattr(torch, bits)) if bits else t).numpy()
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise UnsupportedValue(
+            f"sample {index}, field {label!r}: a tensor of {name} cannot be stored in a "
+            f"pack ({exc}); pass allow_pickle=True to pickle it"
+        ) from None
+    return arr, (name if bits else None)
+
+
+def merged_py(mine: str | None, other: str | None, dtype: np.dtype) -> str | None:
+    """What a field of scalars reads back as once it holds both: Python numbers of
+    ``dtype``'s kind if both are Python numbers, else numpy scalars (None: arrays)."""
+    if mine is None or other is None:
+        return None
+    if mine in _PYTHON and other in _PYTHON:
+        return _PY_NAMES.get(dtype.kind, "scalar")
+    return "scalar"
+
+
+def kind_name(kind: str, py: str | None, dtype: np.dtype) -> str:
+    if py in ("int", "float", "bool"):
+        return str(py)
+    if kind == "column" and py is not None:
+        return f"a numpy {dtype} scalar"
+    if kind == "column":
+        return f"an array of {dtype}"
+    return {
+        "none": "None",
+        "str": "str",
+        "bytes": "bytes",
+        "strs": "a list of str",
+        "dict": "a dict",
+        "tensor": "a tensor",
+        "pickle": "a pickled object",
+    }[kind]

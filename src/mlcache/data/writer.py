@@ -15,7 +15,7 @@ A field's kind comes from its first value: numbers (Python ``bool``, ``int``,
 ``float``, numpy scalars), numpy arrays of numbers or dates, text (``str``,
 ``np.str_``), ``bytes`` (``np.bytes_`` too), and, with ``allow_pickle=False``,
 lists of numbers (arrays), lists of ``str`` and dicts of any of these (what a
-JSON or SQL source gives); or pickles (``allow_pickle=True``).
+JSON or SQL source gives), torch tensors; or pickles (``allow_pickle=True``).
 
 * **Numbers promote as numpy does**: a field's dtype is ``np.result_type`` of
   the dtypes of all its values, counting a Python ``bool``, ``int`` and
@@ -51,6 +51,11 @@ JSON or SQL source gives); or pickles (``allow_pickle=True``).
   same rules (errors name one ``"meta.age"``), read back as a dict. Other lists
   (holding ``None``, bytes, dicts, mixed numbers and text, rows of different
   lengths) raise :class:`~mlcache.UnsupportedValue`.
+* **Tensors** (with ``allow_pickle=False``): a ``torch.Tensor`` is a field of
+  kind ``tensor`` over an array field of its elements (a CPU copy, contiguous;
+  ``requires_grad`` dropped), promoted as arrays are, read back as a tensor; a
+  dtype numpy lacks (``bfloat16``, ``float8_*``) is kept as its bits, the same
+  in every sample. Sparse and quantized tensors raise ``UnsupportedValue``.
 
 A source may also hand over whole columns at once (:class:`ColumnSource`, as
 :func:`~mlcache.data.from_sql` does): the same rules, without a dict per row.
@@ -199,8 +204,10 @@ def _index_entry(field: FieldWriter, out: BinaryIO, block: int) -> dict[str, Any
     entry: dict[str, Any] = {"name": field.name, "kind": field.kind}
     if field.kind == "none":
         return entry
-    if field.kind == "dict":  # its sub-fields hold the values (format.py)
+    if field.kind in ("dict", "tensor"):  # its sub-fields hold the values (format.py)
         entry["fields"] = [_index_entry(f, out, block) for f in field.children.values()]
+        if field.view is not None:  # a tensor's dtype, of which its values are the bits
+            entry["view"] = field.view
         if field.valid is not None and field.valid.count(0):
             entry["valid"] = _write_region(out, np.frombuffer(field.valid, np.uint8), block)
         return entry
