@@ -453,3 +453,28 @@ def test_later_uncached_calls_are_logged_not_silent(mem, caplog):
         warnings.simplefilter("error")  # one warning per function
         assert g(ForwardingProxy()) == 1
     assert any("cannot hash argument 'x'" in r.getMessage() for r in caplog.records)
+
+
+def test_a_library_not_imported_yet_is_versioned_without_the_map_of_every_distribution():
+    """Code that names a library it imports later (``pandas`` inside a function) is
+    keyed by that library's version from its own distribution, one lookup; the map
+    of every installed distribution (a second or more to build) is only for a
+    module named otherwise than its distribution (``dateutil``: python-dateutil)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from importlib import metadata\n"
+        "from mlcache.keys import origin\n"
+        "assert 'pandas' not in sys.modules\n"
+        "v = origin.library_version('pandas')\n"
+        "assert v == 'pandas==' + metadata.version('pandas'), v\n"
+        "assert origin._distributions.cache_info().currsize == 0\n"
+        "d = origin.library_version('dateutil')\n"
+        "assert d == 'dateutil==' + metadata.version('python-dateutil'), d\n"
+        "print('ok')\n"
+    )
+    run = [sys.executable, "-c", script]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
