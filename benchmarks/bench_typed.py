@@ -100,7 +100,7 @@ def mixed_frame(quick: bool) -> Any:
             "when": pd.date_range("2020", periods=n, freq="min", tz="Europe/Paris"),
             "td": pd.to_timedelta(rng.integers(0, 10**9, n), unit="ns"),
             "str": pd.array(pick, dtype="str"),
-            "obj": pd.array(pick, dtype=object),
+            "obj": pd.Series(pick, dtype=object),  # (an object array would become "str")
         }
     )
 

@@ -99,6 +99,20 @@ def _arrow(t: Any) -> Any:
 KINDS = _column_kinds()
 
 
+def frame(columns: dict[Any, Any], index: Any = None) -> Any:
+    """A DataFrame of exactly these columns: each keeps its dtype (pandas 3 would
+    make an ``object`` array of strings a ``str`` column)."""
+    index = pd.RangeIndex(N) if index is None else index
+    return pd.DataFrame(
+        {k: pd.Series(v, index=index, dtype=v.dtype) for k, v in columns.items()}, index=index
+    )
+
+
+def series(values: Any, **kwargs: Any) -> Any:
+    """A Series of exactly ``values``' dtype."""
+    return pd.Series(values, dtype=values.dtype, **kwargs)
+
+
 def assert_frame_same(got: Any, want: Any) -> None:
     """Same type, same values (bit for bit), same dtypes, index, names."""
     assert type(got) is type(want)
@@ -138,16 +152,18 @@ def round_trips(value: Any, tmp_path: Path) -> list[Any]:
 # -- pandas: every column kind -----------------------------------------------------------
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_each_column_kind_round_trips_exactly(kind: str, tmp_path: Path) -> None:
-    df = pd.DataFrame({kind: KINDS[kind], "n": np.arange(N)})
+    df = frame({kind: KINDS[kind], "n": np.arange(N)})
+    assert df[kind].dtype == KINDS[kind].dtype
     for got in round_trips(df, tmp_path):
         assert_frame_same(got, df)
-    series = pd.Series(KINDS[kind], name=kind, index=pd.Index(list("abcdefg"), name="key"))
-    for got in round_trips(series, tmp_path):
-        assert_frame_same(got, series)
+    one = series(KINDS[kind], name=kind, index=pd.Index(list("abcdefg"), name="key"))
+    assert one.dtype == KINDS[kind].dtype
+    for got in round_trips(one, tmp_path):
+        assert_frame_same(got, one)
 
 
 def test_a_frame_of_every_kind_round_trips(tmp_path: Path) -> None:
-    df = pd.DataFrame(KINDS, index=pd.Index(list("abcdefg"), name="key"))
+    df = frame(KINDS, index=pd.Index(list("abcdefg"), name="key"))
     for got in round_trips(df, tmp_path):
         assert_frame_same(got, df)
 
@@ -211,7 +227,7 @@ def test_column_names_of_any_kind(columns: Any, tmp_path: Path) -> None:
         pd.DataFrame(),
         pd.DataFrame(index=pd.RangeIndex(5)),
         pd.DataFrame(columns=["a", "b"]),
-        pd.DataFrame(KINDS).iloc[:0],
+        frame(KINDS).iloc[:0],
         pd.DataFrame({"a": []}, index=pd.Index([], dtype=object, name="empty")),
     ],
     ids=["nothing", "rows-only", "columns-only", "no-rows", "empty-object-index"],
@@ -222,7 +238,7 @@ def test_empty_frames(df: Any, tmp_path: Path) -> None:
 
 
 def test_numeric_columns_are_views_of_the_mapped_entry(tmp_path: Path) -> None:
-    df = pd.DataFrame({k: KINDS[k] for k in ("int64", "float64", "bool", "datetime-ns", "Int64")})
+    df = frame({k: KINDS[k] for k in ("int64", "float64", "bool", "datetime-ns", "Int64")})
     write(npy, df, tmp_path / "e")
     mapped = read(npy, tmp_path / "e", "r")
     for name in ("int64", "float64", "bool", "datetime-ns"):
@@ -239,8 +255,8 @@ def test_numeric_columns_are_views_of_the_mapped_entry(tmp_path: Path) -> None:
 
 def test_a_tree_of_frames_and_arrays_keeps_each_part(tmp_path: Path) -> None:
     value = {
-        "train": pd.DataFrame({"x": KINDS["float64"], "y": KINDS["category"]}),
-        "labels": pd.Series(KINDS["Int64"], name="y"),
+        "train": frame({"x": KINDS["float64"], "y": KINDS["object-str"]}),
+        "labels": series(KINDS["Int64"], name="y"),
         "raw": np.arange(6).reshape(2, 3),
         "meta": ("v1", 3, None),
         "index": pd.RangeIndex(4),
@@ -272,7 +288,9 @@ def frames(draw: st.DrawFn) -> Any:
         "datetime-tz": lambda: pd.DatetimeIndex(np.array(draw(st.lists(st.integers(-(2**62), 2**62), min_size=n, max_size=n)), dtype="M8[ns]")).tz_localize("UTC").tz_convert("Asia/Kolkata"),  # noqa: E501
     }  # fmt: skip
     kinds = draw(st.lists(st.sampled_from(sorted(makers)), max_size=5))
-    df = pd.DataFrame({i: makers[k]() for i, k in enumerate(kinds)}, index=pd.RangeIndex(n))
+    index = pd.RangeIndex(n)
+    columns = {i: makers[k]() for i, k in enumerate(kinds)}
+    df = pd.DataFrame({i: pd.Series(c, index=index, dtype=c.dtype) for i, c in columns.items()})
     k = len(kinds)
     names = draw(st.lists(st.none() | _text | st.integers(-5, 5), min_size=k, max_size=k))
     df.columns = pd.Index(names, dtype=object)
@@ -332,7 +350,7 @@ def test_memory_hit_without_pickle(tmp_path: Path) -> None:
     @mem.cache
     def load(n: int) -> Any:
         runs.append(n)
-        return pd.DataFrame(KINDS, index=pd.Index(list("abcdefg"), name="key")).iloc[:n]
+        return frame(KINDS, index=pd.Index(list("abcdefg"), name="key")).iloc[:n]
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # stored: no "not stored" warning
@@ -350,7 +368,7 @@ def test_memory_hit_without_pickle(tmp_path: Path) -> None:
 
 
 def test_a_damaged_frame_layout_is_a_corrupted_entry(tmp_path: Path) -> None:
-    df = pd.DataFrame({k: KINDS[k] for k in ("int64", "string", "category", "datetime-tz")})
+    df = frame({k: KINDS[k] for k in ("int64", "object-str", "category", "datetime-tz")})
     path = tmp_path / "e"
     write(npy, df, path)
     reader = EntryReader(str(path))
@@ -383,7 +401,7 @@ class _Forged:
 
 
 def test_decoding_never_unpickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    df = pd.DataFrame(KINDS)
+    df = frame(KINDS)
     write(npy, df, tmp_path / "e")
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
@@ -531,3 +549,21 @@ def test_importing_mlcache_imports_no_frame_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_repeated_object_strings_are_stored_once(tmp_path: Path) -> None:
+    n = 3000
+    words = [f"w{i % 300}" if i % 11 else None for i in range(n)]
+    df = pd.DataFrame(
+        {
+            "object": pd.Series(words, dtype=object),  # (an object array would become "str")
+            "bytes": np.array([None if w is None else w.encode() for w in words], dtype=object),
+            "unique": pd.Series([f"u{i}" for i in range(n)], dtype=object),
+        }
+    )
+    layout = npy.encode(df).layout["tree"]
+    assert ["codes" in c for c in layout["data"]] == [True, True, False]  # "unique": not repeated
+    for got in round_trips(df, tmp_path):
+        assert_frame_same(got, df)
+        column = got["object"].to_numpy()
+        assert column[1] is column[301]  # one object per distinct string, as pickle gives

@@ -236,6 +236,12 @@ def _encode_column(pd: Any, values: Any, add: Add) -> dict[str, Any]:
     if kind == "obj":
         binary = any(type(v) is bytes for v in values)
         array = pa.array(values, type=pa.large_binary() if binary else pa.large_string())
+        if n >= _DICT_MIN:
+            encoded = array.dictionary_encode()
+            if len(encoded.dictionary) <= n // 4:  # repeated: each string stored once
+                codes = encoded.indices.fill_null(-1).to_numpy().astype(np.int32, copy=False)
+                words = _strings(add, encoded.dictionary)
+                return {"k": "obj", "n": n, "codes": add(_contiguous(codes)), "words": words}
         return {"k": "obj", "n": n, **_strings(add, array)}
     raise TypeError(f"pandas column of dtype {values.dtype} cannot be stored without pickle")
 
@@ -243,6 +249,9 @@ def _encode_column(pd: Any, values: Any, add: Add) -> dict[str, Any]:
 #: string arrays up to this long go in the layout (column names, categories):
 #: opening an Arrow stream costs more than parsing a short JSON list
 _SMALL_STRINGS = 256
+#: object columns at least this long whose distinct strings are at most a quarter
+#: of them store each string once (as pickle does) plus int32 codes
+_DICT_MIN = 1024
 
 
 def _strings(add: Add, array: Any) -> dict[str, Any]:
@@ -320,6 +329,14 @@ def _decode_column(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
         if len(array) != n:
             raise ValueError("bad arrow column length")
         return pd.arrays.ArrowExtensionArray(_one_chunk(array))
+    if kind == "obj" and "codes" in node:  # repeated strings: one object per distinct one
+        words = _strings_back(node["words"], segments).to_numpy(zero_copy_only=False)
+        codes = _array(segments, node["codes"], np.dtype(np.int32), (n,), "C")
+        if n and (codes.min() < -1 or codes.max() >= len(words)):
+            raise ValueError("bad string codes")
+        table = np.empty(len(words) + 1, dtype=object)
+        table[:-1] = words
+        return table[codes]  # code -1 is the last entry: None
     if kind == "obj":
         out = _strings_back(node, segments).to_numpy(zero_copy_only=False)
         if out.dtype != object or len(out) != n:
