@@ -79,6 +79,13 @@ def _column(values: list[Any]) -> Any:
     if _stackable(values):
         return _stack(values)
     first = values[0]
+    if type(first) is dict and all(type(v) is dict and v.keys() == first.keys() for v in values):
+        return collate(values)  # a pack's dict field: a dict of batches
+    if isinstance(first, torch.Tensor) and all(  # a pack's tensor field
+        isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype
+        for v in values
+    ):
+        return torch.stack(values)
     if isinstance(first, (bool, int, float, np.bool_, np.number)) and all(
         type(v) is type(first) for v in values
     ):
@@ -92,7 +99,8 @@ def _column(values: list[Any]) -> Any:
 def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A ``collate_fn`` for datasets of dicts of fields (packs, ``CachedDataset``):
     each field's arrays of one shape stacked into one tensor ``[batch, ...]``, its
-    numbers into a 1-d tensor, anything else (text, ``None``, arrays of several
+    numbers into a 1-d tensor, its tensors of one shape stacked, a dict field
+    into a dict of such batches, anything else (text, ``None``, arrays of several
     shapes, those as tensors) into a list. No per-sample copy, no warning, whether
     the samples are writable or read-only views (``writable=False``).
 
@@ -116,12 +124,14 @@ def as_tensors(sample: dict[str, Any]) -> dict[str, Any]:
     first: a tensor over read-only memory crashes the process on an in-place
     operation.
     """
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in sample.items():
         if isinstance(value, np.ndarray):
             if not value.flags.writeable:
                 value = value.copy()
             out[key] = torch.from_numpy(value)
+        elif type(value) is dict:  # a pack's dict field
+            out[key] = as_tensors(value)
         else:
             out[key] = value
     return out

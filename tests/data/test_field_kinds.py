@@ -247,6 +247,25 @@ def test_tensor_rules(tmp_path):
     assert torch.equal(pickled[0]["t"].to_dense(), torch.eye(3))
 
 
+def test_a_dataloader_batches_dict_and_tensor_fields(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from mlcache.torch import TorchDataset, collate
+
+    samples = [
+        {"t": torch.full((2,), float(i)), "m": {"a": i, "w": [i, i + 1], "s": ["x"] * i}}
+        for i in range(4)
+    ]
+    ds = _pack(samples, tmp_path / "l.pack")
+    assert isinstance(TorchDataset(ds)[1]["m"]["w"], torch.Tensor)  # arrays in a dict too
+    batch = next(iter(DataLoader(TorchDataset(ds), batch_size=3, collate_fn=collate)))
+    assert torch.equal(batch["t"], torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]))
+    assert batch["m"]["a"].tolist() == [0, 1, 2]
+    assert batch["m"]["w"].tolist() == [[0, 1], [1, 2], [2, 3]]
+    assert batch["m"]["s"] == [[], ["x"], ["x", "x"]]
+
+
 @pytest.mark.parametrize(
     ("where", "change"),
     [
