@@ -323,6 +323,29 @@ def test_a_column_source_gives_lists_and_dicts(tmp_path):
     assert [ds[i]["m"] for i in range(4)] == [{"a": "x"}, {"a": "y"}, None, {"a": "z"}]
 
 
+def test_from_sql_with_json_columns_packs_without_pickle(tmp_path):
+    """sqlite3 gives lists and dicts for a column declared ``json`` once a converter
+    is registered (as psycopg does for json and array columns)."""
+    import sqlite3
+
+    from mlcache.data import from_sql
+
+    sqlite3.register_converter("json", json.loads)  # process-wide: removed below
+    con = sqlite3.connect(tmp_path / "db.sqlite", detect_types=sqlite3.PARSE_DECLTYPES)
+    try:
+        con.execute("CREATE TABLE notes (id INTEGER, tokens json, meta json)")
+        rows = [(i, json.dumps([i] * (i % 3)), json.dumps({"tags": ["a"] * i})) for i in range(5)]
+        con.executemany("INSERT INTO notes VALUES (?, ?, ?)", rows)
+        con.commit()
+        ds = _pack(from_sql("SELECT * FROM notes ORDER BY id", con), tmp_path / "q.pack")
+    finally:
+        con.close()
+        sqlite3.converters.pop("JSON", None)
+    assert _kinds(ds) == {"id": "column", "tokens": "ragged", "meta": "dict"}
+    assert ds[4]["tokens"].tolist() == [4] and ds[3]["tokens"].size == 0
+    assert ds[2]["meta"] == {"tags": ["a", "a"]}
+
+
 def test_sharded_packs_hold_the_new_kinds(tmp_path):
     samples = [{"t": [i] * (i % 3), "m": {"s": [str(i)]}} for i in range(10)]
     ds = pack(samples, tmp_path / "sh.shards", progress=False, shard_size=3)
