@@ -343,8 +343,11 @@ def test_what_cannot_be_stored_exactly_is_refused(name: str) -> None:
 
 
 # -- pandas: through a real Memory, without pickle -----------------------------------------------
-def test_memory_hit_without_pickle(tmp_path: Path) -> None:
-    mem = Memory(tmp_path, verbose=0, allow_pickle=False)
+@pytest.mark.parametrize("allow_pickle", [False, True])
+def test_memory_hit_without_pickle(allow_pickle: bool, tmp_path: Path) -> None:
+    """Frames are stored typed whatever allow_pickle says: the default store path
+    uses no pickle for them."""
+    mem = Memory(tmp_path, verbose=0, allow_pickle=allow_pickle)
     runs = []
 
     @mem.cache
