@@ -13,14 +13,14 @@ other (an O(1) open). Otherwise a :class:`Filler` serves the dataset:
 - any other is loaded (``load_item``), recorded and returned.
 
 Records go to append-only *segment* files in ``<pack>.fill/``, one per process
-(DataLoader workers, forked or spawned, each write their own: no lock is taken
-to record). A record is one ``write``: a 64-byte header (:data:`RECORD`: magic,
-length, the item's key and fingerprint, the checksums of the payload and of the
-header), then the sample as an entry of the function cache's format
-(:mod:`mlcache.entry`: the npy codec, or pickle when the dataset allows it). The
-kernel keeps what a process wrote when it is killed; a record torn by a kill (or
-a crash of the machine) fails its length or its checksums and is ignored: the
-next run loads that item again, and nothing else.
+(DataLoader workers, forked or spawned, each write their own: no lock is taken to
+record). A record is one ``write``: a 64-byte header (magic, length, the item's key
+and fingerprint, the checksums of the payload and of the header: see
+:mod:`mlcache.data.records`, which owns the bytes), then the sample as an entry of
+the function cache's format (:mod:`mlcache.entry`: the npy codec, or pickle when the
+dataset allows it). The kernel keeps what a process wrote when it is killed; a
+record torn by a kill (or a crash of the machine) fails its length or its checksums
+and is ignored: the next run loads that item again, and nothing else.
 
 When every item is present the pack is *sealed*: written anew in item order
 (from the base, the records, and new loads of records found damaged), with its
@@ -34,7 +34,6 @@ pack from their first sample.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import secrets
@@ -50,11 +49,10 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..codecs import select_codec
-from ..entry import EntryReader, decode, write_entry
 from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn
 from ..keys.hashing import hash_value
 from .reader import PackedDataset
+from .records import MAGIC, RECORD, Segment, decode_sample, encode_sample, record_bytes
 from .sequence import sample_index, sample_indices
 from .sources import add_stats, existing_path
 
@@ -71,11 +69,6 @@ __all__ = [
 
 logger = logging.getLogger("mlcache")
 
-#: a record's header: magic, flags (0), payload length, item key, item
-#: fingerprint, xxh3-64 of the payload, xxh3-64 of the 56 bytes before it
-RECORD = struct.Struct("<4sIQ16s16sQQ")
-assert RECORD.size == 64
-_MAGIC = b"MLCR"
 _STAT = struct.Struct("<qq")
 #: a process meeting a missing item looks for the sealed pack and for other
 #: processes' records at most this often (and at once in a new process)
@@ -169,50 +162,6 @@ def table_digest(table: np.ndarray | None) -> str:
     return "" if table is None else xxhash.xxh3_128_hexdigest(table.tobytes())
 
 
-# -- records ---------------------------------------------------------------------------
-def encode_sample(sample: Mapping[str, Any], allow_pickle: bool) -> bytes:
-    """A sample as the payload of a record: an entry of the function cache's format."""
-    codec = select_codec(dict(sample), allow_pickle=allow_pickle)
-    out = io.BytesIO()
-    write_entry(out, codec.name, codec.encode(dict(sample)), {})
-    return out.getvalue()
-
-
-def decode_sample(payload: bytes, allow_pickle: bool) -> dict[str, Any]:
-    """The sample a record's payload holds (arrays writable, private to the caller)."""
-    value = decode(EntryReader(io.BytesIO(payload)), allow_pickle=allow_pickle)
-    if not isinstance(value, dict):
-        raise EntryCorrupted("a record holds no sample")
-    return {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in value.items()}
-
-
-def _record(key: bytes, fp: bytes, payload: bytes) -> bytes:
-    first = struct.pack(
-        "<4sIQ16s16sQ", _MAGIC, 0, len(payload), key, fp, xxhash.xxh3_64_intdigest(payload)
-    )
-    return first + struct.pack("<Q", xxhash.xxh3_64_intdigest(first)) + payload
-
-
-class _Segment:
-    """One process's append-only file of records, as another process reads it."""
-
-    __slots__ = ("broken", "fd", "path", "scanned")
-
-    def __init__(self, path: str) -> None:
-        self.path, self.fd, self.scanned, self.broken = path, -1, 0, False
-
-    def open(self) -> int:
-        if self.fd < 0:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
-        return self.fd
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = -1
-
-
 # -- the filler --------------------------------------------------------------------------
 class Filler:
     """The samples of a pack being filled (see the module docstring).
@@ -238,6 +187,9 @@ class Filler:
         Called once, after the first sample this filler loads; returns the pack's
         new path when that moved it (module-level values the loading changed are
         state, not input: see :mod:`mlcache.data.building`), else None.
+    ignore:
+        The ``file_id`` of a pack at ``path`` never to adopt as the sealed pack
+        (one found damaged, or replaced by ``force_recache``).
     """
 
     def __init__(
@@ -251,6 +203,7 @@ class Filler:
         seal: Callable[[Iterable[Mapping[str, Any]], bytes], PackedDataset],
         allow_pickle: bool,
         first_load: Callable[[], str | None] | None = None,
+        ignore: tuple[int, int] | None = None,
     ) -> None:
         self.path, self.folder = path, path + ".fill"
         self._first_load = first_load
@@ -276,14 +229,15 @@ class Filler:
         self.base = base
         if base is not None:
             self._match_base(base)
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._named: dict[str, int] = {}
         self._mine: tuple[int, int, int, int] | None = None  # pid, fd, segment, size
         self._write_lock = threading.Lock()
-        self._unrecorded = False
+        self._unwritable = False  # warned: records or the seal cannot be written
+        self._load_error: BaseException | None = None
         self._looked, self._looked_in = -1e9, -1
         self._seal_checked = time.monotonic()
-        self._seen_file: tuple[int, int] | None = base.file_id if base is not None else None
+        self._seen_file: tuple[int, int] | None = base.file_id if base is not None else ignore
         self.look_again()
 
     # -- what is present ----------------------------------------------------------------
@@ -337,7 +291,7 @@ class Filler:
         for name in names:
             if name.endswith(".seg") and name not in self._named:
                 self._named[name] = len(self._segments)
-                self._segments.append(_Segment(os.path.join(self.folder, name)))
+                self._segments.append(Segment(os.path.join(self.folder, name)))
         for number, segment in enumerate(self._segments):
             if not segment.broken:
                 self._scan(number, segment)
@@ -366,7 +320,7 @@ class Filler:
         self._adopt(pack)
         return True
 
-    def _scan(self, number: int, segment: _Segment) -> None:
+    def _scan(self, number: int, segment: Segment) -> None:
         """The records appended to ``segment`` since it was last scanned (a record
         still being written is left for the next look; a torn one ends the file)."""
         mine = self._mine
@@ -386,7 +340,7 @@ class Filler:
                     break
             head = buf[off - buf_off : off - buf_off + RECORD.size]
             magic, _flags, length, key, fp, _psum, hsum = RECORD.unpack(head)
-            if magic != _MAGIC or xxhash.xxh3_64_intdigest(head[:56]) != hsum:
+            if magic != MAGIC or xxhash.xxh3_64_intdigest(head[:56]) != hsum:
                 segment.broken = True  # a torn record: its writer was killed
                 break
             end = off + RECORD.size + length
@@ -437,7 +391,7 @@ class Filler:
             self._seal_checked = now
             self.look_again()
         if self.present == self.n and self.sealed is None:
-            self.seal()
+            self.try_seal()
         return loaded
 
     def __getitem__(self, i: Any) -> Any:
@@ -480,7 +434,7 @@ class Filler:
         """Append item ``i``'s sample to this process's segment. A sample that cannot
         be recorded (a full disk, a folder removed meanwhile) is loaded again by a
         later read: one warning, and the read goes on."""
-        data = _record(self._ks[i], self._fps[i], encode_sample(sample, self.allow_pickle))
+        data = record_bytes(self._ks[i], self._fps[i], encode_sample(sample, self.allow_pickle, i))
         try:
             with self._write_lock:
                 fd, number, off = self._writer()
@@ -491,13 +445,18 @@ class Filler:
                 self._mine = (os.getpid(), fd, number, off + len(data))
                 self._found(self._ks[i], self._fps[i], number, off)
         except OSError as exc:
-            if not self._unrecorded:
-                self._unrecorded = True
-                warn(
-                    f"mlcache: cannot record samples of {self.path} ({exc}); they are "
-                    "loaded again when read again",
-                    stacklevel=4,
-                )
+            self._cannot_write(exc, "record samples of")
+
+    def _cannot_write(self, exc: OSError, what: str) -> None:
+        """ONE warning per filler for what it cannot write (a read-only or full disk,
+        a folder removed meanwhile): the samples are still served."""
+        if not self._unwritable:
+            self._unwritable = True
+            warn(
+                f"mlcache: cannot {what} {self.path} ({exc}); samples not recorded are "
+                "loaded again when read again",
+                stacklevel=5,
+            )
 
     def _writer(self) -> tuple[int, int, int]:
         """This process's segment (made on its first record): descriptor, number, size."""
@@ -510,7 +469,7 @@ class Filler:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
         fd = os.open(path, flags, 0o600)
         self._named[name] = number = len(self._segments)
-        self._segments.append(_Segment(path))
+        self._segments.append(Segment(path))
         return fd, number, 0
 
     # -- sealing ------------------------------------------------------------------------------
@@ -534,6 +493,18 @@ class Filler:
         assert self.sealed is not None
         return self.sealed
 
+    def try_seal(self) -> PackedDataset | None:
+        """:meth:`seal`, or None when the pack cannot be written (a read-only or
+        full disk: one warning; the samples are still read from the records, or
+        loaded). An error of ``load_item`` is raised."""
+        try:
+            return self.seal()
+        except OSError as exc:
+            if exc is self._load_error:
+                raise
+            self._cannot_write(exc, "seal")
+            return None
+
     def _in_order(self) -> Iterable[Mapping[str, Any]]:
         for i in range(self.n):
             src = int(self.src[i])
@@ -549,7 +520,12 @@ class Filler:
                     yield recorded
                     continue
             self.loaded += 1
-            yield self._load(self.items[i])
+            try:
+                loaded = self._load(self.items[i])
+            except BaseException as exc:  # the user's error, not the cache's
+                self._load_error = exc
+                raise
+            yield loaded
 
     def _moved(self, path: str) -> None:
         """The pack (and its records' folder) is now ``path``."""
@@ -562,19 +538,30 @@ class Filler:
     def _adopt(self, pack: PackedDataset) -> None:
         """Read ``pack`` from now on; the segments go."""
         self.sealed, self.base = pack, None
-        for segment in self._segments:
-            segment.close()
+        self.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def close(self) -> None:
+        """Close this process's segment (a later record starts another) and the
+        others' (a later read opens them again)."""
         mine = self._mine
         if mine is not None and mine[0] == os.getpid():
             with contextlib.suppress(OSError):
                 os.close(mine[1])
         self._mine = None
-        shutil.rmtree(self.folder, ignore_errors=True)
+        for segment in self._segments:
+            segment.close()
+
+    def __del__(self) -> None:
+        # a dataset dropped while it fills: no descriptor left open (a notebook
+        # opening it again and again, a folder to unmount)
+        with contextlib.suppress(Exception):
+            self.close()
 
     def __getstate__(self) -> dict[str, Any]:
         # to a spawned worker: what is known, not this process's files
         state = self.__dict__.copy()
-        state["_segments"] = [_Segment(s.path) for s in self._segments]
+        state["_segments"] = [Segment(s.path) for s in self._segments]
         state["_mine"] = None
         state["_write_lock"] = None
         state["_looked"] = -1e9
