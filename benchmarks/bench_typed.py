@@ -8,9 +8,10 @@ mlcache's hit of the same value through its pickle-5 path (the value returned
 beside an ``object()``, which only pickle stores), and with ``mmap_mode="c"``
 (copy-on-write: tensors and arrays are views of the entry file).
 
-Targets (issue 18): joblib / mlcache >= 5 for every case.
+Targets (issue 18): joblib / mlcache >= 5 for every case, read into memory; for
+the tensor and sparse cases also with ``mmap_mode="c"`` on both sides.
 
-    python benchmarks/bench_typed.py [--quick] [--dir PARENT]
+    python benchmarks/bench_typed.py [--quick] [--dir PARENT] [--only TEXT]
 
 A case is a row of ``CASES``: a name, a function making the value (``quick`` for
 the smoke run's small version) and its target ratio.
@@ -50,6 +51,9 @@ class Case:
     name: str
     make: Callable[[bool], Any]  # quick -> the value
     bound: float = 5.0  # joblib / mlcache >= bound
+    #: also time both with mmap_mode="c" (copy-on-write maps: writable, private):
+    #: joblib / mlcache >= mmap_bound there
+    mmap_bound: float | None = None
 
 
 def state_dict(quick: bool) -> dict[str, Any]:
@@ -68,13 +72,18 @@ def state_dict(quick: bool) -> dict[str, Any]:
 
 
 def sparse_matrix(quick: bool) -> Any:
-    """A 200,000 x 10,000 CSR matrix at 0.1% density (2M stored float64 values)."""
+    """A 200,000 x 10,000 CSR matrix at 0.1% density (2M stored float64 values, 10 a
+    row, sorted and unique: what ``scipy.sparse.random`` gives, made without its
+    sampling of 2e9 cells, which takes minutes here)."""
     import scipy.sparse
 
     rows, cols = (2_000, 1_000) if quick else (200_000, 10_000)
-    return scipy.sparse.random(
-        rows, cols, density=0.001, format="csr", dtype=np.float64, random_state=0
-    )
+    per_row = cols // 1000
+    rng = np.random.default_rng(0)
+    picks = np.sort(rng.integers(0, cols - per_row + 1, (rows, per_row)), axis=1)
+    indices = (picks + np.arange(per_row)).astype(np.int32).ravel()  # strictly increasing
+    indptr = np.arange(0, rows * per_row + 1, per_row, dtype=np.int32)
+    return scipy.sparse.csr_matrix((rng.random(indices.size), indices, indptr), (rows, cols))
 
 
 def mixed_frame(quick: bool) -> Any:
@@ -108,8 +117,8 @@ def mixed_frame(quick: bool) -> Any:
 #: the cases, in the order they run (add a row for a new kind of value)
 CASES = [
     Case("pandas DataFrame, 200,000 rows of 10 column kinds", mixed_frame),
-    Case("state_dict, 100 MB of torch tensors", state_dict),
-    Case("scipy.sparse csr 200,000 x 10,000, 0.1% dense", sparse_matrix),
+    Case("state_dict, 100 MB of torch tensors", state_dict, mmap_bound=5.0),
+    Case("scipy.sparse csr 200,000 x 10,000, 0.1% dense", sparse_matrix, mmap_bound=5.0),
 ]
 
 
@@ -151,15 +160,41 @@ def bench_case(
         f(1)  # stored
     shelf = f_ml.call_and_shelve(1)
     assert shelf.get() is not value  # a hit, read back from the entry
-    res = measure(
-        [
-            Contender("mlcache.Memory hit, typed (allow_pickle=False)", lambda: f_ml(1), fast),
-            Contender("joblib.Memory hit", lambda: f_jl(1), slow),
-            Contender("mlcache.Memory hit, pickle-5 path", lambda: f_pickle(1), slow, info=True),
-            Contender("mlcache.Memory hit, typed, mmap_mode='c'", lambda: f_c(1), fast, info=True),
-        ],
-        progress=False,
-    )
+    contenders = [
+        Contender("mlcache.Memory hit, typed (allow_pickle=False)", lambda: f_ml(1), fast),
+        Contender("joblib.Memory hit", lambda: f_jl(1), slow),
+        Contender("mlcache.Memory hit, pickle-5 path", lambda: f_pickle(1), slow, info=True),
+        Contender(
+            "mlcache.Memory hit, typed, mmap_mode='c'",
+            lambda: f_c(1),
+            fast,
+            info=case.mmap_bound is None,
+        ),
+    ]
+    targets = []
+    if case.mmap_bound is not None:
+        # joblib's maps on the same files (mmap_mode only changes how they are read),
+        # and mlcache's read-only map, where tensors are copies (torch has no read-only
+        # tensors: see mlcache.codecs.tensors)
+        jl_c = joblib.Memory(os.path.join(root, f"jl-{tag}"), verbose=0, mmap_mode="c")
+        ml_r = mlcache.Memory(
+            os.path.join(root, f"ml-{tag}"), verbose=0, allow_pickle=False, mmap_mode="r"
+        )
+        f_jl_c, f_r = jl_c.cache(result), ml_r.cache(result)
+        contenders += [
+            Contender("joblib.Memory hit, mmap_mode='c'", lambda: f_jl_c(1), slow),
+            Contender("mlcache.Memory hit, typed, mmap_mode='r'", lambda: f_r(1), fast, info=True),
+        ]
+        targets.append(
+            Target(
+                f"{case.name}: joblib / mlcache, mmap_mode='c'",
+                "joblib.Memory hit, mmap_mode='c'",
+                "mlcache.Memory hit, typed, mmap_mode='c'",
+                ">=",
+                case.mmap_bound,
+            )
+        )
+    res = measure(contenders, progress=False)
     mb = nbytes(value) / 1e6
     outcomes = report(
         f"{case.name} ({mb:.0f} MB of buffers)",
@@ -179,19 +214,27 @@ def bench_case(
                 ">=",
                 1,
             ),
+            *targets,
         ],
     )
     return res, outcomes
 
 
 def main() -> int:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(
+        __doc__.splitlines()[0],
+        lambda p: p.add_argument(
+            "--only", default="", help="run only the cases whose name contains this text"
+        ),
+    )
     fast, slow = (3, 3) if args.quick else (11, 7)
     print(f"# bench_typed: hits of typed values, no pickle\n\n{machine_note()}")
     sections: dict[str, dict[str, Result]] = {}
     outcomes: list[Outcome] = []
     with scratch_dir(args.dir, "typed") as root:
         for case in CASES:
+            if args.only not in case.name:
+                continue
             res, got = bench_case(root, case, args.quick, fast, slow)
             sections[case.name] = res
             outcomes += got
