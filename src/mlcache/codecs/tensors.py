@@ -95,6 +95,7 @@ def _table() -> dict[str, tuple[torch.dtype, np.dtype, bool]]:
     if not _TABLE:
         import torch
 
+        table = {}  # built whole, then published at once (threads may race here)
         for name in dir(torch):
             dt = getattr(torch, name)
             if not isinstance(dt, torch.dtype) or name in _REFUSED:
@@ -103,9 +104,10 @@ def _table() -> dict[str, tuple[torch.dtype, np.dtype, bool]]:
             if key != name:  # an alias (torch.half, torch.long): one entry per dtype
                 continue
             if key in _NATIVE:
-                _TABLE[key] = (dt, np.dtype(key), False)
+                table[key] = (dt, np.dtype(key), False)
             elif dt.itemsize in _RAW and not key.startswith("q"):
-                _TABLE[key] = (dt, _RAW[dt.itemsize], True)
+                table[key] = (dt, _RAW[dt.itemsize], True)
+        _TABLE.update(table)
     return _TABLE
 
 
