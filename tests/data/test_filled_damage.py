@@ -43,3 +43,19 @@ def test_a_damaged_sealed_pack_is_filled_again(tmp_path):
     again = Rows(cache_dir=tmp_path, progress=False)
     Rows.loads.clear()
     assert [int(again[i]["x"][7]) for i in range(40)] == list(range(40)) and not Rows.loads
+
+
+def test_verify_checks_the_item_table_of_a_filled_pack(tmp_path):
+    """verify() counts the items region as a region (not damage between regions)
+    and checks its checksum."""
+    ds = Rows(cache_dir=tmp_path, fill="up-front", progress=False)
+    ds.packed.verify()
+    region = ds.packed.pack_index["items"]
+    with open(ds.pack_path, "r+b") as f:
+        f.seek(region["off"] + 3)
+        f.write(b"\x01")
+    from mlcache.data import PackedDataset
+    from mlcache.errors import PackCorrupted
+
+    with pytest.raises(PackCorrupted, match="checksum mismatch"):
+        PackedDataset(ds.pack_path).verify()

@@ -373,24 +373,29 @@ class PackBuilder:
         base = None if force else self._try_open(False)
         if base is not None and check != "open":
             try:
-                recorded = base.item_table()
+                opened = table_digest(base.item_table())
             except PackCorrupted:
-                recorded = None
-            if recorded is not None:
+                opened = ""
+            # "background": the pack of the items the last open (or check) listed
+            if opened and (check == "never" or self._record.read() == opened):
                 if check == "background":
-                    opened = table_digest(recorded)
                     self._record.check_in_background(
                         self, opened, lambda: table_digest(self._items_now()[1])
                     )
                 return base
         items, table = self._items_now()
+        self._record.write(table_digest(table))
         if base is not None and same_items(base, table):
             return base
         # a spawned child re-running the script must not fill (nor, with
         # force_recache, remove the records of) the pack its parent fills
         refuse_in_bootstrap(type(self))
-        if force:  # records of earlier runs are not used either
+        ignore = damaged
+        if force:  # records of earlier runs are not used either, nor the sealed pack
             shutil.rmtree(self.pack_path + ".fill", ignore_errors=True)
+            with contextlib.suppress(OSError):
+                st = os.stat(self.pack_path)
+                ignore = (st.st_dev, st.st_ino)
         filler = Filler(
             self.pack_path,
             items,
@@ -401,6 +406,7 @@ class PackBuilder:
             self._seal_filled,
             self._allow_pickle,
             self._learn_while_filling,
+            ignore=ignore,
         )
         if filler.sealed is not None:
             return filler.sealed
@@ -421,8 +427,10 @@ class PackBuilder:
         self._filler = filler
         return None
 
-    def _fill_now(self, filler: Filler, progress: bool) -> PackedDataset:
-        """Load every missing item now (in ``num_workers`` processes), then seal."""
+    def _fill_now(self, filler: Filler, progress: bool) -> PackedDataset | None:
+        """Load every missing item now (in ``num_workers`` processes), then seal;
+        or None when the pack cannot be written (one warning): then
+        ``self._filler`` serves the samples, from the records or loaded."""
         missing = filler.missing
         if missing:
             refuse_in_bootstrap(type(self))
@@ -436,9 +444,12 @@ class PackBuilder:
             desc = type(self).__qualname__
             shown = _progress(samples, desc, total=len(items), unit=" samples", enabled=progress)
             filler.fill(zip(missing, shown, strict=True))
-        return filler.seal()
+        sealed = filler.try_seal()
+        if sealed is None:
+            self._filler = filler
+        return sealed
 
-    def _fill_remote(self, force: bool, progress: bool) -> PackedDataset:
+    def _fill_remote(self, force: bool, progress: bool) -> PackedDataset | None:
         """A pack in a remote folder is filled up front, on one machine at a time,
         and published when sealed."""
         base = None if force else self._fetch_remote(False)

@@ -266,7 +266,8 @@ class CachedDataset(PackBuilder, Sequence[Any]):
                 recorded = self._open_whole(recorded, force_recache, progress)
         if self._remote is None:  # the versions it replaces, once nobody reads them
             remove_replaced(self.pack_path)
-        self._record.write(self._source)
+        if not self._fill:  # a filled dataset records its item table's digest
+            self._record.write(self._source)
         if recorded is not None and check_source == "background":
             self._record.check_in_background(self, self._source)
 
@@ -381,8 +382,13 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         a pack being filled is completed first: its missing items are loaded now)."""
         filler = self._filler
         if self._pack is None and filler is not None:
-            self._pack = filler.sealed or self._fill_now(filler, False)
-            self._filler = None
+            sealed = filler.sealed or self._fill_now(filler, False)
+            if sealed is None:
+                raise OSError(
+                    f"mlcache: the pack {self.pack_path} cannot be written (see the warning), "
+                    "so there is no pack file to hand out; ds[i] still reads every sample"
+                )
+            self._pack, self._filler = sealed, None
         if self._pack is None:
             try:
                 self._pack = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)

@@ -500,6 +500,10 @@ class PackedDataset(Pack):
             for region in field.regions.values():
                 region.check(0, region.len)
                 spans.append((region.off, region.off + region.len))
+        items = self.pack_index.get("items")
+        if items is not None:  # a filled pack's item table
+            self.item_table()
+            spans.append((items["off"], items["off"] + items["len"]))
         index_off = len(self._mm) - self._index_len
         spans.append((index_off, len(self._mm)))
         pos = 0
