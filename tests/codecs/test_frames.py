@@ -540,6 +540,24 @@ def test_long_string_columns_go_through_arrow_segments(tmp_path: Path) -> None:
     assert len(encoded.segments) >= 7  # each column, the categories and the index
     for got in round_trips(df, tmp_path):
         assert_frame_same(got, df)
+    for part in (df.iloc[7:], df.iloc[::3], df.iloc[999:], df.iloc[:0]):  # sliced buffers
+        for got in round_trips(part, tmp_path):
+            assert_frame_same(got, part)
+
+
+def test_damaged_string_buffers_are_refused(tmp_path: Path) -> None:
+    df = pd.DataFrame({"s": pd.array([f"w{i}" for i in range(1000)], dtype="str")})
+    write(npy, df, tmp_path / "e")
+    reader = EntryReader(str(tmp_path / "e"))
+    tree = reader.codec_layout["tree"]
+    column = tree["data"][0]
+    # (a forged layout can also point at another segment of the right size: only
+    # the checksums, which forging must also redo, stand against that)
+    for key, bad in (("len", 1001), ("len", -1), ("off", column["data"]), ("data", 99)):
+        forged = json.loads(json.dumps(tree))
+        forged["data"][0][key] = bad
+        with pytest.raises(EntryCorrupted):
+            decode(_Forged(reader, {"tree": forged}), allow_pickle=False)  # type: ignore[arg-type]
 
 
 def test_importing_mlcache_imports_no_frame_library() -> None:

@@ -255,13 +255,24 @@ _DICT_MIN = 1024
 
 
 def _strings(add: Add, array: Any) -> dict[str, Any]:
-    """A string (or binary) Arrow array: a JSON list when short and text, else
-    an IPC stream segment."""
+    """A large_string (or large_binary) Arrow array: a JSON list when short and
+    text, else its Arrow buffers as segments (offsets, data, validity)."""
     import pyarrow as pa
 
-    if len(array) <= _SMALL_STRINGS and pa.types.is_large_string(array.type):
+    text = pa.types.is_large_string(array.type)
+    if len(array) <= _SMALL_STRINGS and text:
         return {"v": array.to_pylist()}
-    return {"s": _arrow_segment(add, array)}
+    if array.offset:  # a slice: its buffers start elsewhere
+        array = pa.concat_arrays([array])
+    n = len(array)
+    validity, offsets, data = array.buffers()
+    offsets = offsets[: 8 * (n + 1)]
+    end = int(np.frombuffer(offsets, dtype=np.int64)[-1]) if n else 0
+    node: dict[str, Any] = {"len": n, "bin": not text, "off": add(offsets)}
+    node["data"] = add(data[:end] if data is not None else b"")
+    if array.null_count:
+        node["valid"] = add(validity[: (n + 7) // 8])
+    return node
 
 
 def _strings_back(node: dict[str, Any], segments: Segments) -> Any:
@@ -272,7 +283,24 @@ def _strings_back(node: dict[str, Any], segments: Segments) -> Any:
         if type(v) is not list or not all(x is None or type(x) is str for x in v):
             raise ValueError("bad string list")
         return pa.array(v, type=pa.large_string())
-    return _arrow_array(segments, node["s"])
+    if "s" in node:  # an IPC stream (the first layout of these columns)
+        return _arrow_array(segments, node["s"])
+    n = node["len"]
+    if type(n) is not int or n < 0:
+        raise ValueError(f"bad string count {n!r}")
+    offsets = _array(segments, node["off"], np.dtype(np.int64), (n + 1,), "C")
+    data = segments.buffer(node["data"])
+    # what Arrow trusts: offsets from 0, never decreasing, within the data
+    if offsets[0] != 0 or offsets[-1] > len(data) or (n and (np.diff(offsets) < 0).any()):
+        raise ValueError("bad string offsets")
+    validity = None
+    if "valid" in node:
+        validity = pa.py_buffer(segments.buffer(node["valid"]))
+        if len(validity) * 8 < n:
+            raise ValueError("bad string validity")
+    kind = pa.large_binary() if node["bin"] is True else pa.large_string()
+    buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(kind, n, buffers)
 
 
 def _one_chunk(array: Any) -> Any:
