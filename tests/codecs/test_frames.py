@@ -588,3 +588,24 @@ def test_repeated_object_strings_are_stored_once(tmp_path: Path) -> None:
         assert_frame_same(got, df)
         column = got["object"].to_numpy()
         assert column[1] is column[301]  # one object per distinct string, as pickle gives
+
+
+def test_string_columns_of_the_first_layout_still_read() -> None:
+    """Entries written before the buffers layout hold an IPC stream ("s")."""
+    from mlcache.codecs import Encoded
+
+    segments: list[Any] = []
+
+    def add(segment: Any) -> int:
+        segments.append(segment)
+        return len(segments) - 1
+
+    sink = pa.BufferOutputStream()
+    batch = pa.record_batch([pa.array(["a", None, "b"], pa.large_string())], names=["v"])
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    column = {"k": "str", "storage": "pyarrow", "na": "nan", "n": 3, "s": add(sink.getvalue())}
+    index = {"k": "range", "r": [0, 3, 1], "name": None}
+    tree = {"x": "pandas.Series", "v": column, "index": index, "name": "old"}
+    got = npy.decode({"tree": tree}, MemorySegments(Encoded({}, segments)))
+    assert_frame_same(got, pd.Series(["a", None, "b"], dtype="str", name="old"))
