@@ -1,0 +1,86 @@
+"""The payload of a record of a pack being filled: plain samples in a compact
+form, any other as an entry; every kind comes back as it went in, and a damaged
+payload is refused, never misread."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from mlcache.data.records import PLAIN, decode_sample, encode_sample
+from mlcache.errors import EntryCorrupted
+
+_DTYPES = st.sampled_from(["<f4", "<f8", ">i4", "<i8", "<u2", "|b1", "<c16", "<M8[ns]", "<m8[s]"])
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 63), (1 << 63) - 1),
+    st.floats(allow_nan=True),
+    st.text(),
+    st.binary(),
+    _DTYPES.flatmap(lambda d: hnp.arrays(np.dtype(d), hnp.array_shapes(min_dims=0, max_side=4))),
+    _DTYPES.flatmap(lambda d: hnp.from_dtype(np.dtype(d))),
+)
+
+
+def _same(a: object, b: object) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (np.ndarray, np.generic)):
+        assert isinstance(b, (np.ndarray, np.generic))
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, float):
+        return a == b or (a != a and b != b)
+    return a == b
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=8), _VALUES, min_size=1, max_size=5))
+def test_plain_samples_round_trip_exactly(sample: dict) -> None:
+    payload = encode_sample(sample, allow_pickle=False)
+    if any("\ud800" <= c <= "\udfff" for k in sample for c in k) or any(
+        isinstance(v, str) and any("\ud800" <= c <= "\udfff" for c in v) for v in sample.values()
+    ):
+        return  # surrogates go through the entry form (covered below)
+    assert payload[:4] == PLAIN
+    back = decode_sample(payload, allow_pickle=False)
+    assert list(back) == list(sample)
+    assert all(_same(sample[k], back[k]) for k in sample)
+    arrays = [v for v in back.values() if isinstance(v, np.ndarray)]
+    assert all(a.flags.writeable for a in arrays)
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        {"tokens": [1, 2, 3], "x": np.zeros(2)},  # a list: the entry form
+        {"meta": {"age": 3}},
+        {"big": 1 << 70},
+        {"s": "\ud800"},
+        {"t": ("a", 1)},
+    ],
+)
+def test_other_samples_are_entries_and_come_back(sample: dict) -> None:
+    payload = encode_sample(sample, allow_pickle=False)
+    assert payload[:4] != PLAIN
+    back = decode_sample(payload, allow_pickle=False)
+    assert list(back) == list(sample) and repr(back) == repr(sample)
+
+
+def test_a_damaged_plain_payload_is_refused() -> None:
+    sample = {"x": np.arange(6, dtype=np.int32).reshape(2, 3), "name": "abc", "k": 7}
+    payload = encode_sample(sample, allow_pickle=False)
+    refused = 0
+    for cut in range(5, len(payload)):  # every truncation
+        with pytest.raises(EntryCorrupted):
+            decode_sample(payload[:cut], allow_pickle=False)
+        refused += 1
+    assert refused == len(payload) - 5
+    with pytest.raises(EntryCorrupted):
+        decode_sample(payload + b"\0", allow_pickle=False)
+    forged = payload.replace(b"<i4", b"|O8")  # an object dtype is never read
+    with pytest.raises(EntryCorrupted):
+        decode_sample(forged, allow_pickle=False)
