@@ -609,3 +609,17 @@ def test_string_columns_of_the_first_layout_still_read() -> None:
     tree = {"x": "pandas.Series", "v": column, "index": index, "name": "old"}
     got = npy.decode({"tree": tree}, MemorySegments(Encoded({}, segments)))
     assert_frame_same(got, pd.Series(["a", None, "b"], dtype="str", name="old"))
+
+
+def test_long_str_columns_are_zero_copy_views_of_the_mapped_entry(tmp_path: Path) -> None:
+    df = pd.DataFrame({"s": pd.array([f"word{i}" for i in range(5000)], dtype="str")})
+    write(npy, df, tmp_path / "e")
+    reader = EntryReader(str(tmp_path / "e"), "r")
+    node = reader.codec_layout["tree"]["data"][0]
+    data = np.frombuffer(reader.buffer(node["data"]), dtype=np.uint8)
+    assert is_mapped(data)
+    got = decode(reader, allow_pickle=False)
+    assert_frame_same(got, df)
+    chunk = pa.array(got["s"].array)
+    address = chunk.buffers()[2].address
+    assert data.ctypes.data <= address < data.ctypes.data + data.nbytes  # inside the map
