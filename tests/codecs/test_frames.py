@@ -623,3 +623,24 @@ def test_long_str_columns_are_zero_copy_views_of_the_mapped_entry(tmp_path: Path
     chunk = pa.array(got["s"].array)
     address = chunk.buffers()[2].address
     assert data.ctypes.data <= address < data.ctypes.data + data.nbytes  # inside the map
+
+
+def test_a_frame_no_leaf_can_store_goes_to_pickle_or_is_returned_unstored(tmp_path: Path) -> None:
+    def compute(n: int) -> Any:
+        runs.append(n)
+        return pd.DataFrame({"a": pd.Series([object(), "x"], dtype=object), "n": [n, n]})
+
+    runs: list[int] = []
+    pickled = Memory(tmp_path / "p", verbose=0).cache(compute)
+    pickled(1)
+    assert len(pickled(1)) == 2 and runs == [1]  # stored by pickle: a hit
+    (entry,) = [p for p in (tmp_path / "p").rglob("*") if p.is_file() and len(p.name) == 32]
+    assert EntryReader(str(entry)).codec == "pickle"
+    refused = Memory(tmp_path / "r", verbose=0, allow_pickle=False).cache(compute)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(refused(2)) == 2  # returned, not stored, one warning
+    assert len(caught) == 1 and "DataFrame" in str(caught[0].message), [
+        str(w.message) for w in caught
+    ]
+    assert runs == [1, 2]
