@@ -42,6 +42,7 @@ from _bench import (
     report,
     scratch_dir,
 )
+from bench_hit import read_floor
 
 
 @dataclass(frozen=True)
@@ -185,9 +186,17 @@ def bench_case(
             os.path.join(root, f"ml-{tag}"), verbose=0, allow_pickle=False, mmap_mode="r"
         )
         f_jl_c, f_r = jl_c.cache(result), ml_r.cache(result)
+        assert ml.store is not None
+        entry = ml.store.local_path(shelf.name)  # type: ignore[attr-defined]
         contenders += [
             Contender("joblib.Memory hit, mmap_mode='c'", lambda: f_jl_c(1), slow),
             Contender("mlcache.Memory hit, typed, mmap_mode='r'", lambda: f_r(1), fast, info=True),
+            Contender(
+                "floor: the entry file read into fresh memory on all cores, unchecked",
+                lambda: read_floor(entry),
+                fast,
+                info=True,
+            ),
         ]
         targets.append(
             Target(
