@@ -303,6 +303,13 @@ def _strings_back(node: dict[str, Any], segments: Segments) -> Any:
     return pa.Array.from_buffers(kind, n, buffers)
 
 
+def _codes_dtype(name: Any) -> np.dtype:
+    dtype = np.dtype(name)
+    if dtype.kind != "i":  # pandas' codes are signed ints (-1: missing)
+        raise ValueError(f"bad codes dtype {dtype}")
+    return dtype
+
+
 def _one_chunk(array: Any) -> Any:
     """``array`` as a one-chunk ChunkedArray (what ArrowExtensionArray holds)."""
     import pyarrow as pa
@@ -340,7 +347,7 @@ def _decode_column(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
         ordinals = _array(segments, node["a"], np.dtype(np.int64), (n,), "C")
         return pd.arrays.PeriodArray(ordinals, dtype=dtype, copy=False)
     if kind == "cat":
-        codes = _array(segments, node["a"], np.dtype(node["dtype"]), (n,), "C")
+        codes = _array(segments, node["a"], _codes_dtype(node["dtype"]), (n,), "C")
         cats = _decode_index(pd, node["cats"], segments)
         dtype = pd.CategoricalDtype(cats, ordered=node["ordered"] is True)
         return pd.Categorical.from_codes(codes, dtype=dtype)
@@ -428,7 +435,9 @@ def _decode_index(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
         if type(n) is not int or n < 0:
             raise ValueError(f"bad MultiIndex length {n!r}")
         levels = [_decode_index(pd, lv, segments) for lv in node["levels"]]
-        codes = [_array(segments, c["a"], np.dtype(c["dtype"]), (n,), "C") for c in node["codes"]]
+        codes = [
+            _array(segments, c["a"], _codes_dtype(c["dtype"]), (n,), "C") for c in node["codes"]
+        ]
         names = [_unlabel(x) for x in node["names"]]
         return pd.MultiIndex(levels=levels, codes=codes, names=names, copy=False)
     name = _unlabel(node["name"])
