@@ -76,6 +76,15 @@ def _column_kinds() -> dict[str, Any]:
         "timedelta": pd.to_timedelta(np.arange(N) - 2, unit="s"),
         "period-month": pd.period_range("2020-01", periods=N, freq="M"),
         "period-quarter": pd.period_range("2020Q1", periods=N, freq="Q-DEC"),
+        "interval-int": pd.arrays.IntervalArray.from_breaks(np.arange(N + 1), closed="left"),
+        "interval-float-nan": pd.arrays.IntervalArray.from_arrays(
+            [0.0, np.nan, 1.5, -1.0, 2.0, 3.0, 4.0],
+            [1.0, np.nan, 2.5, 0.0, 2.0, 3.5, 5.0],
+            closed="both",
+        ),
+        "interval-datetime-tz": pd.arrays.IntervalArray.from_breaks(
+            pd.date_range("2020", periods=N + 1, tz="Europe/Paris"), closed="neither"
+        ),
         "arrow-int64": pd.array([1, None, 3, 4, 5, 6, 7], dtype="int64[pyarrow]"),
         "arrow-string": pd.array(["a", None, "c", "", "e", "f", "g"], dtype=_arrow(pa.string())),
         "arrow-timestamp-tz": pd.array(
@@ -181,6 +190,7 @@ def test_a_frame_of_every_kind_round_trips(tmp_path: Path) -> None:
         pd.DatetimeIndex(["2021-01-03", "2021-01-01", "2021-01-02"] * 2 + ["2020-01-01"]),
         pd.timedelta_range("1 day", periods=N, freq="h"),
         pd.period_range("2020", periods=N, freq="Y"),
+        pd.interval_range(0, N, name="bins", closed="right"),
         pd.CategoricalIndex(list("abcabca"), categories=list("cba"), ordered=True, name="c"),
         pd.Index(pd.array([1, None, 3, 4, 5, 6, 7], dtype="Int64"), name="nullable"),
         pd.MultiIndex.from_arrays(
@@ -324,14 +334,12 @@ def _refused() -> dict[str, Any]:
         "object-nan-and-str": pd.DataFrame({"a": pd.Series(["x", np.nan], dtype=object)}),
         "object-str-subclass": pd.DataFrame({"a": pd.Series([np.str_("x")], dtype=object)}),
         "object-mixed-bytes-str": pd.Series([b"x", "y"], dtype=object),
-        "interval": pd.DataFrame({"a": pd.arrays.IntervalArray.from_breaks([0, 1, 2])}),
         "sparse": pd.DataFrame({"a": pd.arrays.SparseArray([0, 0, 1])}),
         "dateutil-tz": pd.Series(pd.date_range("2020", periods=2, tz="dateutil/Europe/Paris")),
         "attrs": with_attrs,
         "subclass": MyFrame({"a": [1]}),
         "name-object": pd.Series([1], name=frozenset()),
         "index-of-objects": pd.Series([1, 2], index=pd.Index([object(), object()])),
-        "interval-index": pd.Series([1, 2], index=pd.interval_range(0, 2)),
     }
 
 

@@ -48,6 +48,7 @@ class IndexLeaf:
         "pandas.TimedeltaIndex",
         "pandas.PeriodIndex",
         "pandas.CategoricalIndex",
+        "pandas.IntervalIndex",
         "pandas.core.indexes.base.Index",
         "pandas.core.indexes.range.RangeIndex",
         "pandas.core.indexes.multi.MultiIndex",
@@ -55,6 +56,7 @@ class IndexLeaf:
         "pandas.core.indexes.timedeltas.TimedeltaIndex",
         "pandas.core.indexes.period.PeriodIndex",
         "pandas.core.indexes.category.CategoricalIndex",
+        "pandas.core.indexes.interval.IntervalIndex",
     )
 
     def can_encode(self, value: Any) -> bool:

@@ -21,6 +21,7 @@ kind (``"k"``)            stored as
 ``obj``                   *strings*, or int32 codes + each distinct string
                           once: an ``object`` column holding only ``str`` (or
                           only ``bytes``) and ``None``
+``interval``              its two ends, each a column node, + ``closed``
 ``arrow``                 an Arrow IPC stream segment: a ``pd.ArrowDtype``
                           column (``dtype_backend="pyarrow"``), as it is
 ========================  ===================================================
@@ -37,7 +38,7 @@ labels (JSON: str, int, float, bool, None and tuples of them; column names that
 are ints or tuples), or any other index as one column plus its ``freq``. Names
 are plain labels. A frame is its columns index, its index and one column node
 per position (duplicate names are kept). Anything else (an ``object`` column
-of other Python objects, intervals, sparse, ``attrs``, a time zone that does not
+of other Python objects, sparse, ``attrs``, a time zone that does not
 come back as the same type) is refused by ``can_encode``: pickle stores it, or
 nothing when pickle is disabled. pandas is imported only once a value of it is
 met; pyarrow is needed for string columns only.
@@ -147,6 +148,11 @@ def column_kind(pd: Any, values: Any) -> str | None:
         return "arrow" if schema_ok(pa.schema([("v", dtype.pyarrow_dtype)])) else None
     if isinstance(dtype, pd.StringDtype):
         return "str" if _has_arrow() and _na_code(dtype.na_value) is not None else None
+    if type(values) is pd.arrays.IntervalArray:
+        ends_ok = all(
+            column_kind(pd, values_of(e)) in ("np", "tz") for e in (values.left, values.right)
+        )
+        return "interval" if ends_ok and isinstance(values.closed, str) else None
     if isinstance(dtype, (pd.DatetimeTZDtype, pd.PeriodDtype)):
         try:
             again = pd.api.types.pandas_dtype(str(dtype))
@@ -228,6 +234,9 @@ def encode_column(pd: Any, values: Any, add: Add) -> dict[str, Any]:
     if kind == "period":
         ordinals = _contiguous(np.asarray(values.asi8, dtype=np.int64))
         return {"k": "period", "dtype": str(values.dtype), "a": add(ordinals), "n": n}
+    if kind == "interval":  # its two ends, each a column
+        ends = [encode_column(pd, values_of(e), add) for e in (values.left, values.right)]
+        return {"k": "interval", "closed": values.closed, "ends": ends, "n": n}
     if kind == "cat":
         codes = _contiguous(np.asarray(values.codes))
         return {
@@ -359,6 +368,11 @@ def decode_column(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
         utc = _array(segments, node["a"], np.dtype(np.int64), (n,), "C")
         naive = pd.DatetimeIndex(utc.view(f"M8[{dtype.unit}]"), copy=False)
         return naive.tz_localize("UTC").tz_convert(dtype.tz).array
+    if kind == "interval":
+        left, right = (decode_column(pd, e, segments) for e in node["ends"])
+        if len(left) != n or len(right) != n:
+            raise ValueError("bad interval column length")
+        return pd.arrays.IntervalArray.from_arrays(left, right, closed=node["closed"], copy=False)
     if kind == "period":
         dtype = pd.api.types.pandas_dtype(node["dtype"])
         if not isinstance(dtype, pd.PeriodDtype):
@@ -407,7 +421,7 @@ def index_ok(pd: Any, idx: Any) -> bool:
     if t is pd.MultiIndex:
         return all(label_ok(n) for n in idx.names) and all(index_ok(pd, lv) for lv in idx.levels)
     if t not in (pd.Index, pd.DatetimeIndex, pd.TimedeltaIndex, pd.PeriodIndex) and (
-        t is not pd.CategoricalIndex
+        t not in (pd.CategoricalIndex, pd.IntervalIndex)
     ):
         return False
     if not label_ok(idx.name):
