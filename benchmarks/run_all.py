@@ -18,6 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = [
     "bench_hash.py",
     "bench_pandas.py",
+    "bench_typed.py",
     "bench_hit.py",
     "bench_miss.py",
     "bench_data.py",

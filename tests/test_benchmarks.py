@@ -37,6 +37,17 @@ def test_quick_benchmarks_run_and_report_every_target(tmp_path):
         assert target in out
 
 
+def test_quick_typed_benchmark_runs_and_reports_every_target(tmp_path):
+    out = run_quick("bench_typed.py", tmp_path)
+    for target in (
+        "DataFrame, 200,000 rows of 10 column kinds: joblib / mlcache",
+        "state_dict, 100 MB of torch tensors: joblib / mlcache, mmap_mode='c'",
+        "scipy.sparse csr 200,000 x 10,000, 0.1% dense: joblib / mlcache",
+        "mlcache pickle-5 / typed",
+    ):
+        assert target in out
+
+
 def test_path_profiler_runs(tmp_path):
     assert "mlcache hit f(3, 4)" in run_quick("profile_paths.py", tmp_path)
 
