@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -37,6 +39,7 @@ def test_quick_benchmarks_run_and_report_every_target(tmp_path):
         assert target in out
 
 
+@pytest.mark.slow  # 18 s; run_all's quick run (above) runs the script too
 def test_quick_typed_benchmark_runs_and_reports_every_target(tmp_path):
     out = run_quick("bench_typed.py", tmp_path)
     for target in (
