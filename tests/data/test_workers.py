@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import sys
 import time
 import warnings
 from typing import Any
@@ -154,6 +156,40 @@ def test_stopping_early_does_not_wait_for_the_queued_chunks() -> None:
     closed = time.perf_counter() - t0
     assert [i for i, _ in got] == list(range(60))
     assert closed < 3.0  # the chunks left are 2.4 s of work per worker at the least
+
+
+def _build_and_tell(queue: Any) -> None:
+    for _, s in load_many(Slow(0.01), range(2000), 2):  # 20 s of items
+        if s["pid"] != os.getpid():
+            queue.put(s["pid"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\tZ" not in next(line for line in f if line.startswith("State:"))
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG")
+def test_workers_end_with_a_build_killed(tmp_path: Any) -> None:
+    """A building process killed (SIGKILL) leaves no worker waiting for ever."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    builder = ctx.Process(target=_build_and_tell, args=(queue,))
+    builder.start()
+    pids = {queue.get(timeout=30) for _ in range(40)}
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    os.kill(builder.pid, signal.SIGKILL)
+    builder.join(10)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in pids if _alive(p)]
+    for p in left:  # this test's own orphans, should it fail
+        os.kill(p, signal.SIGKILL)
+    assert not left
 
 
 class Numbers(CachedDataset):

@@ -18,13 +18,13 @@ How a call goes:
    out of the per-item cost when there are more: it often pays for imports
    (pandas on first use) that forked workers inherit.
 2. **Decide.** Workers are used when the rest is predicted to take at most
-   :data:`_WORTH` of its time here: its load time shared among
-   ``min(workers, CPUs)``, plus starting the workers (:data:`_START_SECONDS`:
-   a fork is cheap; a spawned child imports the main module and the
-   dataset's again, while this process goes on loading), plus sending each
-   sample back. 2,000 tiny JSON items
-   (tens of microseconds each) stay here; 8,000 small CSV files parsed by
-   pandas (about a millisecond each) go to workers.
+   :data:`_WORTH` of its time here. With ``S`` the time the workers take to
+   start (:data:`_START_SECONDS` until a start has been measured in this
+   process: a fork is cheap; a spawned child imports the main module and the
+   dataset's again), during which this process goes on loading, the rest
+   takes ``S + (here - S) / min(workers, CPUs)``, plus sending every sample
+   back. 2,000 tiny JSON items (tens of microseconds each) stay here; 8,000
+   small CSV files parsed by pandas (about a millisecond each) go to workers.
 3. **Load in workers, write here.** The workers are started once, the
    dataset reaching each of them once (inherited under fork, pickled once
    under spawn). This process goes on loading, in order, until one is ready;
@@ -42,7 +42,8 @@ spawned when the main script has an ``if __name__ == "__main__":`` guard;
 without one the build runs in this process with a warning. A spawned child that
 re-runs a script and reaches a build raises a clear error
 (:func:`refuse_in_bootstrap`); workers that die make the build finish in this
-process, with one warning: a build never hangs. An error raised by
+process, with one warning: a build never hangs; and a building process that
+is killed takes its workers with it (on Linux). An error raised by
 ``load_item`` in a worker is raised here, as it would be in a serial build, and
 a caller that stops early (closes the iterator) stops the workers without
 waiting for the chunks still queued.
@@ -78,12 +79,13 @@ _PROBE_ITEMS = 32
 _PROBE_SECONDS = 0.1
 #: workers are used when the rest would take at most this share of its time here
 _WORTH = 0.75
-#: what starting the workers costs this process, by start method: it goes on
-#: loading until one is ready, but shares the CPUs with them meanwhile, and
-#: stops them at the end (on a 2-core VM: 15-50 ms to fork two and get their
-#: first results; 0.5-2 s to spawn two, each a new interpreter importing numpy,
+#: the seconds from starting the workers to the first one ready, by start
+#: method, until this process has measured one (on a 2-core VM: 15-50 ms to
+#: fork two; 0.5-2 s to spawn two, each a new interpreter importing numpy,
 #: mlcache, the main module and the dataset's)
-_START_SECONDS = {"fork": 0.05, "spawn": 0.3}
+_START_SECONDS = {"fork": 0.05, "spawn": 0.5}
+#: the last start measured in this process, by start method
+_started: dict[str, float] = {}
 #: the loading time a chunk of items is sized to, by the probe's timing
 _CHUNK_SECONDS = 0.05
 #: chunks queued or running per worker
@@ -176,21 +178,30 @@ def _method_if_worth(
     dataset: Any, rest: int, per_item: float, per_transfer: float, workers: int
 ) -> str | None:
     """The start method of the workers when they pay for the ``rest`` items,
-    else None: their share of the load time, their start and the transfer of
-    every sample against the load time here."""
+    else None (see the module's docstring)."""
     here = rest * per_item
-    cores = min(workers, os.cpu_count() or 1)
+    cores = min(workers, _cpus())
     if cores < 2:
         return None
-    # the cheapest start: a spawn-only machine must save even more
-    start = _START_SECONDS["fork"] if sys.platform.startswith("linux") else _START_SECONDS["spawn"]
-    if here / cores + start + rest * per_transfer > _WORTH * here:
+
+    def worth(method: str) -> bool:
+        start = min(_started.get(method, _START_SECONDS[method]), here)
+        there = start + (here - start) / cores + rest * per_transfer
+        return there <= _WORTH * here
+
+    # first with the cheapest start here (no warning about a spawn that would not pay)
+    if not worth("fork" if sys.platform.startswith("linux") else "spawn"):
         return None
     method = start_method(type(dataset).__qualname__)
-    if method is None or method == "fork":
-        return method
-    there = here / cores + _START_SECONDS[method] + rest * per_transfer
-    return method if there <= _WORTH * here else None
+    return method if method is None or worth(method) else None
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _in_pool(
@@ -212,10 +223,19 @@ def _in_pool(
         workers,
         mp_context=multiprocessing.get_context(method),
         initializer=_worker_start,
-        initargs=(dataset,),
+        initargs=(dataset, os.getpid()),
     )
+    _started.pop(method, None)  # this start's, from the first worker ready
+    started = time.perf_counter()
+
+    def measure_start(f: Future[None]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            _started.setdefault(method, time.perf_counter() - started)
+
     try:
         ready = [pool.submit(_worker_ready) for _ in range(workers)]
+        for f in ready:
+            f.add_done_callback(measure_start)
         while done < n and not any(f.done() for f in ready):
             yield done, dataset.load_item(items[done])
             done += 1
@@ -250,9 +270,10 @@ def _in_pool(
 _WORKER_DATASET: Any = None
 
 
-def _worker_start(dataset: Any) -> None:
+def _worker_start(dataset: Any, parent: int) -> None:
     global _WORKER_DATASET
     _WORKER_DATASET = dataset
+    _exit_with(parent)
     torch = sys.modules.get("torch")
     if torch is not None:
         # a forked child of a process whose OpenMP pool ran (any torch op) hangs
@@ -260,6 +281,25 @@ def _worker_start(dataset: Any) -> None:
         # DataLoader workers do (the workers are the parallelism here)
         with contextlib.suppress(Exception):
             torch.set_num_threads(1)
+
+
+def _exit_with(parent: int) -> None:
+    """End this worker when the building process ends (on Linux): a build killed
+    (SIGKILL) leaves no worker waiting for ever for chunks that never come."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        # SIGKILL, not SIGTERM: a handler the user set in the building process
+        # (inherited by a fork) must not run here; a worker has nothing to clean up
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl: the worker ends with its queue
+        return
+    if os.getppid() != parent:  # it ended before the request was made
+        os._exit(0)
 
 
 #: a chunk's samples, and the error that stopped it (with its traceback's text)
