@@ -23,7 +23,7 @@ pa = pytest.importorskip("pyarrow")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mlcache import EntryCorrupted, Memory  # noqa: E402
+from mlcache import EntryCorrupted, Memory, UnknownFormat  # noqa: E402
 from mlcache.codecs import codecs  # noqa: E402
 from mlcache.entry import EntryReader, decode  # noqa: E402
 from mlcache.testing.codecs import MemorySegments, is_mapped, read, write  # noqa: E402
@@ -652,3 +652,73 @@ def test_a_frame_no_leaf_can_store_goes_to_pickle_or_is_returned_unstored(tmp_pa
         str(w.message) for w in caught
     ]
     assert runs == [1, 2]
+
+
+def _places(node: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [at]
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _places(v, (*at, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _places(v, (*at, i))
+    return out
+
+
+def _put(node: Any, at: tuple[Any, ...], new: Any) -> Any:
+    if not at:
+        return new
+    copy = json.loads(json.dumps(node))
+    parent = copy
+    for step in at[:-1]:
+        parent = parent[step]
+    parent[at[-1]] = new
+    return copy
+
+
+_FORGED_TREE: dict[str, Any] = {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.data(),
+    st.none() | st.booleans() | st.integers(-3, 3000) | st.text(max_size=4) | st.just([]),
+)
+def test_forged_frame_layouts_are_damage_never_another_error(data: Any, bad: Any) -> None:
+    """A layout changed anywhere (its checksums forged to match) decodes to a frame
+    or is a damaged entry (a miss): never another error, never a crash."""
+    path = Path(_forged_entry())
+    reader = EntryReader(str(path))
+    tree = reader.codec_layout["tree"]
+    place = data.draw(st.sampled_from(_places(tree)[1:]))
+    try:
+        decode(_Forged(reader, {"tree": _put(tree, place, bad)}), allow_pickle=False)  # type: ignore[arg-type]
+    except EntryCorrupted:
+        pass  # a miss: the entry is removed and recomputed
+    except UnknownFormat:
+        assert place == ("x",) and isinstance(bad, str)  # another leaf's name: a miss, kept
+
+
+def _forged_entry() -> str:
+    if "path" not in _FORGED_TREE:
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="mlcache-forged-"))
+        n = 2000
+        words = [f"w{i % 50}" if i % 7 else None for i in range(n)]
+        df = pd.DataFrame(
+            {
+                "i": np.arange(n),
+                "s": pd.array(words, dtype="str"),
+                "o": pd.Series(words, dtype=object),
+                "c": pd.Categorical(words),
+                "t": pd.date_range("2020", periods=n, freq="min", tz="UTC"),
+                "m": pd.array(np.arange(n), dtype="Int64"),
+                "v": pd.arrays.IntervalArray.from_breaks(np.arange(n + 1)),
+            }
+        )
+        df.index = pd.MultiIndex.from_arrays([np.arange(n) % 3, np.arange(n)], names=["a", "b"])
+        assert df["o"].dtype == object and df["o"].iloc[1] == "w1"
+        write(npy, df, folder / "e")
+        _FORGED_TREE["path"] = str(folder / "e")
+    return str(_FORGED_TREE["path"])
