@@ -153,7 +153,7 @@ def unknown_leaf(name: object) -> UnknownFormat:
 def get_leaf(name: object) -> Leaf:
     """The registered leaf ``name``; :class:`~mlcache.errors.UnknownFormat` if none
     (``ValueError``, damage, for a name that is not a leaf name at all)."""
-    if not leaves.can_hold(name):
+    if not isinstance(name, str) or not leaves.can_hold(name):
         raise ValueError(f"bad leaf name {name!r}")
     if name not in leaves:
         raise unknown_leaf(name)
