@@ -386,3 +386,39 @@ def test_an_ordered_state_dict_through_memory_without_pickle(tmp_path: Path) -> 
     assert list(again) == list(first) and vars(again) == vars(first)
     for k in first:
         assert_same_tensor(again[k], first[k])
+
+
+def test_a_damaged_ordered_dict_node_is_a_miss(tmp_path: Path) -> None:
+    from mlcache.entry import decode
+    from mlcache.errors import EntryCorrupted
+
+    path = tmp_path / "e"
+    write(npy, [np.arange(2), collections.OrderedDict(a=np.ones(3), b=2)], path)
+    reader = EntryReader(str(path))
+    good = reader.codec_layout["tree"][1]
+    assert good["base"] == 1
+    for bad in (
+        dict(good, base=-1),
+        dict(good, base=5),
+        dict(good, base="1"),
+        dict(good, items=[1, 2]),
+        dict(good, items={"t": [[{"t": [1]}], {"d": []}]}),  # a pair of one
+        dict(good, items={"t": [[], {"d": [[1, 2]]}]}),  # an attribute named 1
+    ):
+        forged = Forged(reader, {"tree": [reader.codec_layout["tree"][0], bad]})
+        with pytest.raises(EntryCorrupted):
+            decode(forged, allow_pickle=False)  # type: ignore[arg-type]
+
+
+def test_a_process_that_has_not_imported_torch_reads_tensors(tmp_path: Path) -> None:
+    path = tmp_path / "e"
+    sd = torch.nn.Linear(3, 2).to(torch.bfloat16).state_dict()
+    write(npy, {"sd": sd}, path)
+    code = (
+        "import sys; from mlcache.codecs import codecs; from mlcache.testing.codecs import read\n"
+        "assert 'torch' not in sys.modules\n"
+        f"v = read(codecs['npy'], __import__('pathlib').Path({str(path)!r}), 'c')\n"
+        "print(type(v['sd']).__name__, list(v['sd']), v['sd']['weight'].dtype)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["OrderedDict", "['weight',", "'bias']", "torch.bfloat16"]
