@@ -722,3 +722,17 @@ def _forged_entry() -> str:
         write(npy, df, folder / "e")
         _FORGED_TREE["path"] = str(folder / "e")
     return str(_FORGED_TREE["path"])
+
+
+@pytest.mark.parametrize("mmap_mode", [None, "r"])
+def test_a_frame_read_back_hashes_as_the_original(mmap_mode: str | None, tmp_path: Path) -> None:
+    """So a cached frame passed on to another cached step keys it as the original did."""
+    from mlcache import hash_value
+
+    df = frame(KINDS, index=pd.Index(list("abcdefg"), name="key"))
+    write(npy, df, tmp_path / "e")
+    got = read(npy, tmp_path / "e", mmap_mode)
+    assert hash_value(got) == hash_value(df)
+    assert hash_value(got.index) == hash_value(df.index)
+    for name in df.columns:
+        assert hash_value(got[name]) == hash_value(df[name]), name
