@@ -177,6 +177,12 @@ def test_items_listed_twice_are_loaded_once(src, tmp_path):
     assert plain(again[79]) == expected("000.txt", 0) and again.loads == []
 
 
+def test_items_listed_twice_are_loaded_once_up_front(src, tmp_path):
+    ds = Twice(src, cache_dir=tmp_path / "cache", fill="up-front")
+    assert sorted(ds.loads) == sorted(os.listdir(src))
+    assert [ds[i]["value"] for i in (0, 39, 40, 79)] == [0, 39, 39, 0]
+
+
 class Rows(CachedDataset):
     """Rows of a table (``db``: id -> (version, value)): fingerprinted by version."""
 

@@ -25,10 +25,14 @@ and is ignored: the next run loads that item again, and nothing else.
 When every item is present the pack is *sealed*: written anew in item order
 (from the base, the records, and new loads of records found damaged), with its
 item table, under the pack's build lock; then the segments are removed. A
-process that meets a missing item looks again (for the sealed pack, and for
-other processes' records) at most once per :data:`LOOK_AGAIN_AFTER` seconds,
-and at once in a new process; so a DataLoader's new workers read the sealed
-pack from their first sample.
+process that meets a missing item looks again first (for the sealed pack, and
+for other processes' records: a ``stat``, a ``listdir`` and a ``stat`` per
+segment, ~20 us against the milliseconds of a load), so that no item another
+process recorded is loaded twice (a DataLoader's persistent workers in their
+second epoch), and seals the pack when that look finds every item in (so the
+second epoch of a DataLoader whose workers each missed the other's last records
+seals it); a DataLoader's new workers read the sealed pack from their first
+sample.
 """
 
 from __future__ import annotations
@@ -58,7 +62,6 @@ from .sources import add_stats, existing_path
 
 __all__ = [
     "FILLS",
-    "LOOK_AGAIN_AFTER",
     "RECORD",
     "Filler",
     "default_fingerprint",
@@ -70,9 +73,6 @@ __all__ = [
 logger = logging.getLogger("mlcache")
 
 _STAT = struct.Struct("<qq")
-#: a process meeting a missing item looks for the sealed pack and for other
-#: processes' records at most this often (and at once in a new process)
-LOOK_AGAIN_AFTER = 1.0
 #: after recording a sample, a process looks whether every item is now in (and
 #: seals the pack) at most this often
 _SEAL_CHECK_EVERY = 0.25
@@ -235,7 +235,6 @@ class Filler:
         self._write_lock = threading.Lock()
         self._unwritable = False  # warned: records or the seal cannot be written
         self._load_error: BaseException | None = None
-        self._looked, self._looked_in = -1e9, -1
         self._seal_checked = time.monotonic()
         self._seen_file: tuple[int, int] | None = base.file_id if base is not None else ignore
         self.look_again()
@@ -243,8 +242,13 @@ class Filler:
     # -- what is present ----------------------------------------------------------------
     @property
     def missing(self) -> list[int]:
-        """The items no process has recorded yet, in order."""
-        return np.flatnonzero(self.src == _MISSING).tolist()
+        """The items no process has recorded yet, in order; an item listed more
+        than once by its first place only (its record fills the others)."""
+        missing = np.flatnonzero(self.src == _MISSING).tolist()
+        if not self._twins:
+            return missing
+        first = {self._ks[i]: i for i in reversed(missing)}
+        return sorted(first.values())
 
     def _match_base(self, base: PackedDataset) -> None:
         """The items whose key and fingerprint the base records: read from it."""
@@ -281,7 +285,6 @@ class Filler:
     def look_again(self) -> bool:
         """Look for the sealed pack, and for the records of other processes; True
         when the pack is sealed (then :attr:`sealed` reads it)."""
-        self._looked, self._looked_in = time.monotonic(), os.getpid()
         if self.sealed is not None or self._find_sealed():
             return True
         try:
@@ -369,13 +372,15 @@ class Filler:
             sample = self._read(i)
             if sample is not None:
                 return sample
-        new_process = self._looked_in != os.getpid()
-        if new_process or time.monotonic() - self._looked > LOOK_AGAIN_AFTER:
-            if self.look_again():
-                assert self.sealed is not None
-                return self.sealed[i]
-            if self.src[i] != _MISSING:
-                return self.get(i)
+        # missing here: another process may have recorded it since (see the
+        # module docstring); throttling this look loaded items twice
+        if self.look_again():
+            assert self.sealed is not None
+            return self.sealed[i]
+        if self.src[i] != _MISSING:
+            if self.present == self.n:
+                self.try_seal()
+            return self.get(i)
         loaded = self._load(self.items[i])
         self.loaded += 1
         if self._first_load is not None:
@@ -564,7 +569,6 @@ class Filler:
         state["_segments"] = [Segment(s.path) for s in self._segments]
         state["_mine"] = None
         state["_write_lock"] = None
-        state["_looked"] = -1e9
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
