@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -519,3 +520,83 @@ def test_a_read_only_cache_still_serves_every_sample_with_one_warning(src, tmpfs
     assert "Read-only" in str(seen[0].message) or "read-only" in str(seen[0].message)
     assert sorted(set(ro.loads)) == sorted(os.listdir(src))[10:]  # the records are read
     assert packs(cache) == []
+
+
+def test_check_source_background_with_filling(src, tmp_path, caplog):
+    cache = tmp_path / "cache"
+    check_all(Files(src, cache_dir=cache, check_source="background"), values_of(src))
+    edit(src / "003.txt", 33)
+    with caplog.at_level(logging.WARNING, logger="mlcache"):
+        ds = Files(src, cache_dir=cache, check_source="background")
+        assert ds.loads == [] and plain(ds[3])["value"] == 3  # the old pack, at once
+        ds._record.thread.join(timeout=60)
+    assert ds.is_stale
+    assert "changed since its pack was built" in caplog.text
+    nxt = Files(src, cache_dir=cache, check_source="background")
+    assert nxt.loads == ["003.txt"], "the next open re-reads the edited item"
+    assert plain(nxt[3])["value"] == 33 and not nxt.is_stale
+
+
+def test_force_recache_does_not_use_the_records(src, tmp_path):
+    cache = tmp_path / "cache"
+    ds = Files(src, cache_dir=cache)
+    for i in range(10):
+        ds[i]
+    forced = Files(src, cache_dir=cache, force_recache=True)
+    assert forced.loads == [] and segments(cache) == []
+    check_all(forced, values_of(src))
+    assert sorted(forced.loads) == sorted(os.listdir(src))
+    assert len(packs(cache)) == 1
+    forced = Files(src, cache_dir=cache, force_recache=True)  # a sealed pack: the same
+    check_all(forced, values_of(src))
+    assert len(forced.loads) == 40
+
+
+def test_damage_met_while_reading_a_sealed_pack_is_filled_again(src, tmp_path, caplog):
+    """A block of the sealed pack whose checksum fails at a read: that read
+    returns the right sample (loaded again), one warning; the pack is sealed anew."""
+    cache = tmp_path / "cache"
+    check_all(Files(src, cache_dir=cache), values_of(src))
+    ds = Files(src, cache_dir=cache)
+    assert ds.loads == []
+    x = next(f for f in ds.packed.pack_index["fields"] if f["name"] == "x")
+    (pack,) = packs(cache)
+    with open(pack, "r+b") as f:  # damage the data in place, after the open
+        f.seek(x["data"]["off"] + 5)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with (
+        caplog.at_level(logging.WARNING, logger="mlcache"),
+        pytest.warns(CacheWarning, match="checksum mismatch"),
+    ):
+        got = ds[0]
+    assert plain(got) == expected("000.txt", 0)
+    check_all(ds, values_of(src))
+    ds.packed.verify()
+    assert len(packs(cache)) == 1 and fills(cache) == []
+    check_all(Files(src, cache_dir=cache), values_of(src))
+
+
+@pytest.mark.parametrize("recorded", [39, 40])
+def test_a_read_only_cache_that_needs_a_seal_still_serves(src, tmpfs, tmp_path, recorded):
+    """Every item (or all but one) recorded, the pack not sealed (a run killed at
+    the end), the cache now read-only: the open cannot seal; samples still come."""
+    cache, other = tmpfs / "cache", tmp_path / "other"
+    first, second = Files(src, cache_dir=cache), Files(src, cache_dir=other)
+    for i in range(20):
+        first[i]
+    for i in range(20, recorded):
+        second[i]
+    del first, second
+    gc.collect()
+    (theirs,) = segments(other)
+    (fill,) = fills(cache)
+    (fill / theirs.name).write_bytes(theirs.read_bytes())  # the same pack's records
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    with pytest.warns(CacheWarning) as seen:
+        ro = Files(src, cache_dir=cache)
+        check_all(ro, values_of(src))
+    assert len(seen) == 1, [str(w.message) for w in seen]
+    assert "read-only" in str(seen[0].message).lower()
+    assert sorted(set(ro.loads)) == sorted(os.listdir(src))[recorded:]
