@@ -676,19 +676,40 @@ def _put(node: Any, at: tuple[Any, ...], new: Any) -> Any:
     return copy
 
 
-_FORGED_TREE: dict[str, Any] = {}
+@pytest.fixture(scope="module")
+def forged_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One entry of a frame of many kinds, for the forging test (made once)."""
+    n = 2000
+    words = [f"w{i % 50}" if i % 7 else None for i in range(n)]
+    df = pd.DataFrame(
+        {
+            "i": np.arange(n),
+            "s": pd.array(words, dtype="str"),
+            "o": pd.Series(words, dtype=object),
+            "c": pd.Categorical(words),
+            "t": pd.date_range("2020", periods=n, freq="min", tz="UTC"),
+            "m": pd.array(np.arange(n), dtype="Int64"),
+            "v": pd.arrays.IntervalArray.from_breaks(np.arange(n + 1)),
+        }
+    )
+    df.index = pd.MultiIndex.from_arrays([np.arange(n) % 3, np.arange(n)], names=["a", "b"])
+    assert df["o"].dtype == object and df["o"].iloc[1] == "w1"
+    path = tmp_path_factory.mktemp("forged") / "e"
+    write(npy, df, path)
+    return path
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.data(),
-    st.none() | st.booleans() | st.integers(-3, 3000) | st.text(max_size=4) | st.just([]),
+    data=st.data(),
+    bad=st.none() | st.booleans() | st.integers(-3, 3000) | st.text(max_size=4) | st.just([]),
 )
-def test_forged_frame_layouts_are_damage_never_another_error(data: Any, bad: Any) -> None:
+def test_forged_frame_layouts_are_damage_never_another_error(
+    forged_entry: Path, data: Any, bad: Any
+) -> None:
     """A layout changed anywhere (its checksums forged to match) decodes to a frame
     or is a damaged entry (a miss): never another error, never a crash."""
-    path = Path(_forged_entry())
-    reader = EntryReader(str(path))
+    reader = EntryReader(str(forged_entry))
     tree = reader.codec_layout["tree"]
     place = data.draw(st.sampled_from(_places(tree)[1:]))
     try:
@@ -697,31 +718,6 @@ def test_forged_frame_layouts_are_damage_never_another_error(data: Any, bad: Any
         pass  # a miss: the entry is removed and recomputed
     except UnknownFormat:
         assert place == ("x",) and isinstance(bad, str)  # another leaf's name: a miss, kept
-
-
-def _forged_entry() -> str:
-    if "path" not in _FORGED_TREE:
-        import tempfile
-
-        folder = Path(tempfile.mkdtemp(prefix="mlcache-forged-"))
-        n = 2000
-        words = [f"w{i % 50}" if i % 7 else None for i in range(n)]
-        df = pd.DataFrame(
-            {
-                "i": np.arange(n),
-                "s": pd.array(words, dtype="str"),
-                "o": pd.Series(words, dtype=object),
-                "c": pd.Categorical(words),
-                "t": pd.date_range("2020", periods=n, freq="min", tz="UTC"),
-                "m": pd.array(np.arange(n), dtype="Int64"),
-                "v": pd.arrays.IntervalArray.from_breaks(np.arange(n + 1)),
-            }
-        )
-        df.index = pd.MultiIndex.from_arrays([np.arange(n) % 3, np.arange(n)], names=["a", "b"])
-        assert df["o"].dtype == object and df["o"].iloc[1] == "w1"
-        write(npy, df, folder / "e")
-        _FORGED_TREE["path"] = str(folder / "e")
-    return str(_FORGED_TREE["path"])
 
 
 @pytest.mark.parametrize("mmap_mode", [None, "r"])
