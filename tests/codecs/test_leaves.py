@@ -130,7 +130,8 @@ def f(x):
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    assert f(1) == {"third": fractions.Fraction(1, 3)}
+    for _ in range(int(os.environ.get("CALLS", "1"))):
+        assert f(1) == {"third": fractions.Fraction(1, 3)}
 for w in caught:
     print("WARNING", w.message)
 """
@@ -149,6 +150,22 @@ def test_memory_keeps_an_entry_whose_leaf_this_process_lacks(tmp_path: Path) -> 
     assert folder.log.read_text() == "computed\n"
     warned = [line for line in second.stdout.splitlines() if "not registered" in line]
     assert warned and "'script.Fraction'" in warned[0], second.stdout
+
+
+def test_the_memory_tier_keeps_an_entry_whose_leaf_this_process_lacks(tmp_path: Path) -> None:
+    """Read again and again without the leaf (the in-process tier keeps an entry at
+    its second read): each read is a miss, and the entry stays for the processes
+    that have the leaf."""
+    from tests.scripts import ScriptFolder
+
+    folder = ScriptFolder(tmp_path)
+    folder.write("run.py", SCRIPT)
+    folder.execute("run.py", env={"REGISTER": "1"})
+    entries = sorted(p for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    folder.execute("run.py", env={"CALLS": "4"})
+    assert sorted(p for p in (tmp_path / "cache").rglob("*") if p.is_file()) >= entries
+    folder.execute("run.py", env={"REGISTER": "1", "CALLS": "2"})
+    assert not folder.log.exists()  # a hit: the entry was kept
 
 
 def test_registration_is_checked() -> None:

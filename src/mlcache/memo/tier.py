@@ -57,7 +57,7 @@ import numpy as np
 from ..codecs import Codec, codecs
 from ..entry.reader import COARSE_SETTLED_NS, SETTLED_NS, EntryReader, decode
 from ..entry.signing import Signer
-from ..errors import EntryCorrupted, EntryNotFound
+from ..errors import EntryCorrupted, EntryNotFound, UnknownFormat
 
 __all__ = ["BUDGET", "CODECS", "MAX_ENTRY", "SEEN_MAX", "HitTier", "tier"]
 
@@ -226,8 +226,8 @@ class HitTier:
     def _decode(self, kept: _Kept, path: str) -> Any:
         try:
             return kept.decode()
-        except EntryCorrupted:
-            self._drop(path)
+        except (EntryCorrupted, UnknownFormat):  # unknown here (a leaf not registered):
+            self._drop(path)  # not damage, as mlcache.entry.decode says; the entry stays
             raise
         except Exception as exc:  # as mlcache.entry.decode: damage, never a value
             self._drop(path)
