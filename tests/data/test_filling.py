@@ -600,3 +600,57 @@ def test_a_read_only_cache_that_needs_a_seal_still_serves(src, tmpfs, tmp_path, 
     assert len(seen) == 1, [str(w.message) for w in seen]
     assert "read-only" in str(seen[0].message).lower()
     assert sorted(set(ro.loads)) == sorted(os.listdir(src))[recorded:]
+
+
+class Typed(Files):
+    """Fields a JSON source gives: lists, nested dicts, 0-d arrays, numpy str."""
+
+    def load_item(self, path: str) -> dict[str, Any]:
+        v = super().load_item(path)["value"]
+        return {
+            "ids": [v, v + 1, v + 2],
+            "mixed": [v, 0.5],
+            "rows": [[v, 1], [2, 3]],
+            "tags": ["a", str(v)],
+            "meta": {"w": [1.0, float(v)], "deep": {"z": np.array(v)}, "t": ["x"]},
+            "zero_d": np.array(float(v)),
+            "flag": np.array(v % 2 == 0),
+            "s": np.str_(f"s{v}"),
+            "b": np.bytes_(b"b"),
+            "n": v,
+        }
+
+
+def shape_of(value: Any) -> Any:
+    """A value's types (and dtypes, shapes), recursively: what a collate sees."""
+    if isinstance(value, dict):
+        return {k: shape_of(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return ["list", *map(shape_of, value)]
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape)
+    return type(value).__name__
+
+
+@pytest.mark.parametrize("allow_pickle", [False, True])
+def test_a_sample_has_the_same_types_loaded_recorded_and_sealed(src, tmp_path, allow_pickle):
+    """Epoch 1 returns what the sealed pack returns: a list of numbers is an array
+    while filling too (a list when pickled), a 0-d array a numpy scalar, np.str_ a str."""
+    cache = tmp_path / "cache"
+    filling = Typed(src, cache_dir=cache, allow_pickle=allow_pickle)
+    loaded = [filling[i] for i in range(20)]  # loaded now
+    recorded = Typed(src, cache_dir=cache, allow_pickle=allow_pickle)
+    from_records = [recorded[i] for i in range(20)]  # read from the records
+    for i in range(20, 40):
+        recorded[i]
+    assert len(packs(cache)) == 1
+    sealed = Typed(src, cache_dir=cache, allow_pickle=allow_pickle)
+    assert sealed.loads == []
+    for i in range(20):
+        want = shape_of(sealed[i])
+        assert shape_of(loaded[i]) == want, i
+        assert shape_of(from_records[i]) == want, i
+        assert str(loaded[i]) == str(sealed[i]) == str(from_records[i])
+    if not allow_pickle:
+        assert shape_of(sealed[3])["ids"] == ("ndarray", "<i8", (3,))
+        assert shape_of(sealed[3])["meta"]["deep"]["z"] == "int64"

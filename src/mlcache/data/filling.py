@@ -59,6 +59,7 @@ from .reader import PackedDataset
 from .records import MAGIC, RECORD, Segment, decode_sample, encode_sample, record_bytes
 from .sequence import sample_index, sample_indices
 from .sources import add_stats, existing_path
+from .values import read_back
 
 __all__ = [
     "FILLS",
@@ -390,6 +391,8 @@ class Filler:
                 self._moved(moved)
         if not isinstance(loaded, Mapping):
             raise TypeError(f"sample {i} is a {type(loaded).__name__}, not a dict of fields")
+        # as the sealed pack will give it: epoch 1 has the types of the later epochs
+        loaded = read_back(loaded, self.allow_pickle, i)
         self.record(i, loaded)
         now = time.monotonic()
         if self.present < self.n and now - self._seal_checked > _SEAL_CHECK_EVERY:

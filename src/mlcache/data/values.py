@@ -219,3 +219,50 @@ def kind_name(kind: str, py: str | None, dtype: np.dtype) -> str:
         "tensor": "a tensor",
         "pickle": "a pickled object",
     }[kind]
+
+
+def read_back(sample: Any, allow_pickle: bool, index: int = -1) -> dict[str, Any]:
+    """``sample`` in the form a pack reads it back, as far as one sample tells: what a
+    pack being filled returns for a sample it just loaded, so that the first epoch
+    gives the types of the later ones (a batch never mixes a list and an array).
+
+    With ``allow_pickle=False``, a list becomes what :func:`list_value` makes of it
+    (an array, or a list of str), a dict's values are read back in turn (fields
+    ``"meta.age"``); with it, lists and dicts are pickled and come back as they are.
+    A 0-d numeric array comes back as its numpy scalar, ``np.str_`` and ``np.bytes_``
+    as ``str`` and ``bytes``; the rest as it is. What only the other samples decide
+    is left as it is: an int field promoted to float by a later sample, an empty
+    list (an empty array or list of str, as the field holds), a NaN that is a
+    missing value in a text field. A list a pack refuses raises as it would at the
+    build (:class:`~mlcache.UnsupportedValue` naming sample ``index`` and the field).
+    """
+    if type(sample) is not dict:
+        sample = dict(sample)
+    return {k: _read_back(v, allow_pickle, str(k), index) for k, v in sample.items()}
+
+
+def _read_back(value: Any, allow_pickle: bool, label: str, index: int, depth: int = 0) -> Any:
+    t = type(value)
+    if t in _PY_DTYPES or t is str or t is bytes or value is None:
+        return value
+    if t is np.ndarray:
+        if value.ndim == 0 and value.dtype.kind in _NUMERIC and value.dtype.fields is None:
+            return value[()]
+        return value
+    if t is np.str_:
+        return str(value)
+    if t is np.bytes_:
+        return bytes(value)
+    if allow_pickle:
+        return value
+    if t is list:
+        converted = list_value(value, label, index)
+        if converted is EMPTY:
+            return value
+        return list(converted) if type(converted) is Strs else converted
+    if t is dict and depth < 32:
+        return {
+            k: _read_back(v, allow_pickle, f"{label}.{k}", index, depth + 1)
+            for k, v in value.items()
+        }
+    return value
