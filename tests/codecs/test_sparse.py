@@ -259,3 +259,24 @@ def test_a_sparse_result_through_memory_without_pickle(tmp_path: Path) -> None:
     ]
     assert len(entries) == 1
     assert EntryReader(str(entries[0])).codec == "npy"  # no pickle in the entry
+
+
+@pytest.mark.parametrize("cls", [sp.csr_array, sp.coo_matrix], ids=lambda c: c.__name__)
+def test_every_damaged_layout_is_a_corrupted_entry(cls: Any, tmp_path: Path) -> None:
+    """Each place of the layout replaced by values of other types and ranges (the
+    conformance kit's sweep): only EntryCorrupted comes out (or UnknownFormat for a
+    leaf name replaced by another: both are misses), or a value."""
+    from mlcache.errors import UnknownFormat
+    from mlcache.testing.codecs import _garbled
+
+    path = tmp_path / "e"
+    write(npy, random_sparse(cls, (6, 5), np.float32, seed=1, density=0.3), path)
+    reader = EntryReader(str(path))
+    tried = 0
+    for layout in _garbled(reader.codec_layout):
+        tried += 1
+        try:
+            decode(Forged(reader, layout), allow_pickle=False)  # type: ignore[arg-type]
+        except (EntryCorrupted, UnknownFormat):
+            pass
+    assert 20 <= tried < 200  # every place of the layout was damaged

@@ -422,3 +422,34 @@ def test_a_process_that_has_not_imported_torch_reads_tensors(tmp_path: Path) -> 
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["OrderedDict", "['weight',", "'bias']", "torch.bfloat16"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        random_tensor(torch.bfloat16, (3, 4)),
+        torch.nn.Parameter(torch.ones(2)),
+        collections.OrderedDict(w=random_tensor(torch.complex64, (2,))),
+        torch.empty(2, 2, device="meta"),
+    ],
+    ids=["bfloat16", "parameter", "ordered-dict", "meta"],
+)
+def test_every_damaged_layout_is_a_corrupted_entry(value: Any, tmp_path: Path) -> None:
+    """Each place of the layout replaced by values of other types and ranges (the
+    conformance kit's sweep): only EntryCorrupted comes out (or UnknownFormat for a
+    leaf name replaced by another: both are misses), or a value."""
+    from mlcache.entry import decode
+    from mlcache.errors import EntryCorrupted, UnknownFormat
+    from mlcache.testing.codecs import _garbled
+
+    path = tmp_path / "e"
+    write(npy, value, path)
+    reader = EntryReader(str(path))
+    tried = 0
+    for layout in _garbled(reader.codec_layout):
+        tried += 1
+        try:
+            decode(Forged(reader, layout), allow_pickle=False)  # type: ignore[arg-type]
+        except (EntryCorrupted, UnknownFormat):
+            pass
+    assert 20 <= tried < 200  # every place of the layout was damaged
