@@ -30,7 +30,8 @@ from ..keys.hashing import hash_value
 from ..keys.state import learnable, watched_digests
 from ..store.local import mark_cache_folder
 from .fetch import publish, remote_lease
-from .filling import Filler, same_items, table_digest
+from .filling import Filler
+from .items import same_items, table_digest
 from .reader import PackedDataset
 from .sources import (
     GRACE_SECONDS,

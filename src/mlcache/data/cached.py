@@ -95,7 +95,8 @@ from ..keys.hashing import hash_value
 from ..store.local import cache_folder, default_location
 from .building import PackBuilder
 from .fetch import is_url
-from .filling import FILLS, Filler, default_fingerprint, item_table
+from .filling import FILLS, Filler
+from .items import default_fingerprint, item_table
 from .reader import PackedDataset, spawning_worker
 from .replaced import remove_replaced
 from .sequence import Many, describe
@@ -358,7 +359,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
 
     def _items_now(self) -> tuple[list[Any], np.ndarray]:
         """The items as they are now, and their table: the key and the fingerprint
-        of each (:func:`mlcache.data.filling.item_table`)."""
+        of each (:func:`mlcache.data.items.item_table`)."""
         cls, base, declared = type(self), CachedDataset, self._declared
         own = cls.item_fingerprint is not base.item_fingerprint
         if cls.source_items is base.source_items and declared is not None and not own:

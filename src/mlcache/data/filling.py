@@ -4,7 +4,7 @@ from ``source_items()`` and ``load_item()`` fills as its samples are read.
 Opening such a dataset lists its items and gives each a *key* (what it is: its
 path or its value) and a *fingerprint* (what it holds now: a file's size and
 modification time, a folder's files', or the dataset's
-``item_fingerprint(item)``): :func:`item_table`. A sealed pack records both for
+``item_fingerprint(item)``): :func:`~mlcache.data.items.item_table`. A sealed pack records both for
 every sample (its ``items`` region); when they all match, the pack is read as any
 other (an O(1) open). Otherwise a :class:`Filler` serves the dataset:
 
@@ -39,41 +39,29 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import secrets
 import shutil
 import struct
 import threading
 import time
-from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from stat import S_ISREG
 from typing import Any
 
 import numpy as np
 import xxhash
 
 from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn
-from ..keys.hashing import hash_value
 from .reader import PackedDataset
 from .records import MAGIC, RECORD, Segment, decode_sample, encode_sample, record_bytes
 from .sequence import sample_index, sample_indices
-from .sources import add_stats, existing_path
 from .values import read_back
 
-__all__ = [
-    "FILLS",
-    "RECORD",
-    "Filler",
-    "default_fingerprint",
-    "item_table",
-    "same_items",
-    "table_digest",
-]
+__all__ = ["FILLS", "RECORD", "Filler"]
 
 logger = logging.getLogger("mlcache")
 
-_STAT = struct.Struct("<qq")
 #: after recording a sample, a process looks whether every item is now in (and
 #: seals the pack) at most this often
 _SEAL_CHECK_EVERY = 0.25
@@ -82,85 +70,6 @@ _MISSING, _BASE = -2, -1
 #: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
 #: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
 FILLS = ("auto", "as-read", "up-front")
-
-
-# -- items: what each sample is loaded from ---------------------------------------------
-def _key(item: Any) -> bytes:
-    """What an item is: its path (a ``str`` or path), else its value."""
-    if isinstance(item, (str, os.PathLike)):
-        name = os.fspath(item)
-        raw = name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
-        return xxhash.xxh3_128_digest(b"p" + raw)
-    return xxhash.xxh3_128_digest(b"v" + hash_value(item).encode())
-
-
-def default_fingerprint(item: Any, bases: Sequence[str] = ()) -> bytes:
-    """What an item holds now: a file by its size and modification time (one
-    ``stat``); a folder by its files'; a tuple or list by the files it names
-    (relative to ``bases`` too); any other item by nothing (its value is its key)."""
-    if isinstance(item, (str, os.PathLike)):
-        try:
-            st = os.stat(item)
-        except (OSError, ValueError, TypeError):
-            pass
-        else:
-            if S_ISREG(st.st_mode):
-                return _STAT.pack(st.st_size, st.st_mtime_ns)
-    paths: list[str] = []
-    stats = array("q")
-    for part in item if isinstance(item, (tuple, list)) else (item,):
-        path = existing_path(part, bases)
-        if path is None:
-            continue
-        paths.append(path)
-        with contextlib.suppress(OSError):  # removed meanwhile: its absence counts
-            add_stats(path, paths, stats)
-    if not paths:
-        return bytes(16)
-    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
-    digest.update(stats.tobytes())
-    return digest.digest()
-
-
-def item_table(
-    items: Sequence[Any],
-    fingerprint: Callable[[Any], Any] | None = None,
-    bases: Sequence[str] = (),
-    stats: bytes | None = None,
-) -> np.ndarray:
-    """The key and the fingerprint of each item, an ``(n, 4)`` int64 table (16
-    bytes each). ``fingerprint(item)``, when given, says what an item holds (by
-    value); ``stats``, the sizes and modification times of items that are the
-    files of a folder just listed (16 bytes each), spares their ``stat``."""
-    n = len(items)
-    table = bytearray(32 * n)
-    view = memoryview(table)
-    if stats is not None and len(stats) != 16 * n:
-        raise ValueError(f"{len(stats)} bytes of stats for {n} items")
-    for i, item in enumerate(items):
-        view[32 * i : 32 * i + 16] = _key(item)
-        if stats is not None:
-            fp = stats[16 * i : 16 * i + 16]
-        elif fingerprint is not None:
-            fp = xxhash.xxh3_128_digest(hash_value(fingerprint(item)).encode())
-        else:
-            fp = default_fingerprint(item, bases)
-        view[32 * i + 16 : 32 * i + 32] = fp
-    return np.frombuffer(bytes(table), dtype="<i8").reshape(n, 4)
-
-
-def same_items(pack: PackedDataset, table: np.ndarray) -> bool:
-    """Whether ``pack`` was filled from exactly these items, as they are now."""
-    try:
-        old = pack.item_table()
-    except PackCorrupted:
-        return False
-    return old is not None and old.shape == table.shape and bool(np.array_equal(old, table))
-
-
-def table_digest(table: np.ndarray | None) -> str:
-    """An item table in a few bytes (what a background check compares)."""
-    return "" if table is None else xxhash.xxh3_128_hexdigest(table.tobytes())
 
 
 # -- the filler --------------------------------------------------------------------------
@@ -172,7 +81,7 @@ class Filler:
     path:
         The pack's path: its segments are in ``<path>.fill/``; sealing writes it.
     items, table:
-        The dataset's items and their :func:`item_table`.
+        The dataset's items and their :func:`~mlcache.data.items.item_table`.
     base:
         The pack as it was (its unchanged samples are read from it), or None.
     load:
@@ -232,6 +141,8 @@ class Filler:
             self._match_base(base)
         self._segments: list[Segment] = []
         self._named: dict[str, int] = {}
+        #: the folder's mtime at the last listing, and when that listing was made
+        self._listed: tuple[int, int] | None = None
         self._mine: tuple[int, int, int, int] | None = None  # pid, fd, segment, size
         self._write_lock = threading.Lock()
         self._unwritable = False  # warned: records or the seal cannot be written
@@ -288,11 +199,7 @@ class Filler:
         when the pack is sealed (then :attr:`sealed` reads it)."""
         if self.sealed is not None or self._find_sealed():
             return True
-        try:
-            names = os.listdir(self.folder)
-        except FileNotFoundError:
-            names = []
-        for name in names:
+        for name in self._new_names():
             if name.endswith(".seg") and name not in self._named:
                 self._named[name] = len(self._segments)
                 self._segments.append(Segment(os.path.join(self.folder, name)))
@@ -300,6 +207,26 @@ class Filler:
             if not segment.broken:
                 self._scan(number, segment)
         return False
+
+    def _new_names(self) -> list[str]:
+        """The folder's names, listed only when it changed since the last listing
+        (a new segment changes its mtime; appends do not): a ``stat`` a miss
+        instead of a listing. A listing made within 50 ms of the folder's
+        mtime is not trusted to have seen everything of that clock tick."""
+        try:
+            mtime = os.stat(self.folder).st_mtime_ns
+        except FileNotFoundError:
+            return []
+        listed = self._listed
+        if listed is not None and listed[0] == mtime and listed[1] - mtime > 50_000_000:
+            return []
+        now = time.time_ns()
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        self._listed = (mtime, now)
+        return names
 
     def _find_sealed(self) -> bool:
         """Whether the file at :attr:`path` is now a sealed pack of these items."""
@@ -410,15 +337,25 @@ class Filler:
             return self.get(sample_index(i, self.n))
         return [self.get(j) for j in many]
 
-    def _read(self, i: int) -> dict[str, Any] | None:
-        """Item ``i``'s record, or None when it is damaged (then it is missing)."""
-        segment = self._segments[int(self.src[i])]
+    def _read(self, i: int, maps: dict[int, mmap.mmap] | None = None) -> dict[str, Any] | None:
+        """Item ``i``'s record, or None when it is damaged (then it is missing).
+        ``maps``: the segments mapped once (a seal reads every record)."""
+        number = int(self.src[i])
+        segment = self._segments[number]
         off = int(self.pos[i])
         try:
             fd = segment.open()
-            head = os.pread(fd, RECORD.size, off)
-            _m, _f, length, _k, _fp, psum, _h = RECORD.unpack(head)
-            payload = os.pread(fd, length, off + RECORD.size)
+            mapped = None if maps is None else maps.get(number)
+            if maps is not None and mapped is None and os.fstat(fd).st_size:
+                mapped = maps[number] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            if mapped is not None and off + RECORD.size <= len(mapped):
+                head = mapped[off : off + RECORD.size]
+                _m, _f, length, _k, _fp, psum, _h = RECORD.unpack(head)
+                payload = mapped[off + RECORD.size : off + RECORD.size + length]
+            else:
+                head = os.pread(fd, RECORD.size, off)
+                _m, _f, length, _k, _fp, psum, _h = RECORD.unpack(head)
+                payload = os.pread(fd, length, off + RECORD.size)
             if len(payload) != length or xxhash.xxh3_64_intdigest(payload) != psum:
                 raise EntryCorrupted("checksum mismatch")
             return decode_sample(payload, self.allow_pickle)
@@ -514,6 +451,15 @@ class Filler:
             return None
 
     def _in_order(self) -> Iterable[Mapping[str, Any]]:
+        maps: dict[int, mmap.mmap] = {}
+        try:
+            yield from self._in_order_from(maps)
+        finally:
+            for mapped in maps.values():
+                mapped.close()
+
+    def _in_order_from(self, maps: dict[int, mmap.mmap]) -> Iterable[Mapping[str, Any]]:
+        """The samples in item order (see :meth:`_in_order`), records read from ``maps``."""
         for i in range(self.n):
             src = int(self.src[i])
             if src == _BASE and self.base is not None:
@@ -523,7 +469,7 @@ class Filler:
                 except PackCorrupted as exc:
                     self._drop_base(exc)
             elif src >= 0:
-                recorded = self._read(i)
+                recorded = self._read(i, maps)
                 if recorded is not None:
                     yield recorded
                     continue
@@ -539,6 +485,7 @@ class Filler:
         """The pack (and its records' folder) is now ``path``."""
         old = self.folder
         self.path, self.folder, self._seen_file = path, path + ".fill", None
+        self._listed = None
         for segment in self._segments:
             if segment.path.startswith(old + os.sep):
                 segment.path = self.folder + segment.path[len(old) :]

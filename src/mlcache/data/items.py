@@ -1,0 +1,105 @@
+"""What each sample of a pack filled item by item is loaded from: every item's
+*key* (what it is: its path, or its value) and *fingerprint* (what it holds now),
+16 bytes each, as the pack's item table records them (``docs/format.md``).
+:mod:`mlcache.data.filling` compares them to tell which items changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from array import array
+from collections.abc import Callable, Sequence
+from stat import S_ISREG
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from ..errors import PackCorrupted
+from ..keys.hashing import hash_value
+from .reader import PackedDataset
+from .sources import add_stats, existing_path
+
+__all__ = ["default_fingerprint", "item_table", "same_items", "table_digest"]
+
+_STAT = struct.Struct("<qq")
+
+
+def _key(item: Any) -> bytes:
+    """What an item is: its path (a ``str`` or path), else its value."""
+    if isinstance(item, (str, os.PathLike)):
+        name = os.fspath(item)
+        raw = name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
+        return xxhash.xxh3_128_digest(b"p" + raw)
+    return xxhash.xxh3_128_digest(b"v" + hash_value(item).encode())
+
+
+def default_fingerprint(item: Any, bases: Sequence[str] = ()) -> bytes:
+    """What an item holds now: a file by its size and modification time (one
+    ``stat``); a folder by its files'; a tuple or list by the files it names
+    (relative to ``bases`` too); any other item by nothing (its value is its key)."""
+    if isinstance(item, (str, os.PathLike)):
+        try:
+            st = os.stat(item)
+        except (OSError, ValueError, TypeError):
+            pass
+        else:
+            if S_ISREG(st.st_mode):
+                return _STAT.pack(st.st_size, st.st_mtime_ns)
+    paths: list[str] = []
+    stats = array("q")
+    for part in item if isinstance(item, (tuple, list)) else (item,):
+        path = existing_path(part, bases)
+        if path is None:
+            continue
+        paths.append(path)
+        with contextlib.suppress(OSError):  # removed meanwhile: its absence counts
+            add_stats(path, paths, stats)
+    if not paths:
+        return bytes(16)
+    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
+    digest.update(stats.tobytes())
+    return digest.digest()
+
+
+def item_table(
+    items: Sequence[Any],
+    fingerprint: Callable[[Any], Any] | None = None,
+    bases: Sequence[str] = (),
+    stats: bytes | None = None,
+) -> np.ndarray:
+    """The key and the fingerprint of each item, an ``(n, 4)`` int64 table (16
+    bytes each). ``fingerprint(item)``, when given, says what an item holds (by
+    value); ``stats``, the sizes and modification times of items that are the
+    files of a folder just listed (16 bytes each), spares their ``stat``."""
+    n = len(items)
+    table = bytearray(32 * n)
+    view = memoryview(table)
+    if stats is not None and len(stats) != 16 * n:
+        raise ValueError(f"{len(stats)} bytes of stats for {n} items")
+    for i, item in enumerate(items):
+        view[32 * i : 32 * i + 16] = _key(item)
+        if stats is not None:
+            fp = stats[16 * i : 16 * i + 16]
+        elif fingerprint is not None:
+            fp = xxhash.xxh3_128_digest(hash_value(fingerprint(item)).encode())
+        else:
+            fp = default_fingerprint(item, bases)
+        view[32 * i + 16 : 32 * i + 32] = fp
+    return np.frombuffer(bytes(table), dtype="<i8").reshape(n, 4)
+
+
+def same_items(pack: PackedDataset, table: np.ndarray) -> bool:
+    """Whether ``pack`` was filled from exactly these items, as they are now."""
+    try:
+        old = pack.item_table()
+    except PackCorrupted:
+        return False
+    return old is not None and old.shape == table.shape and bool(np.array_equal(old, table))
+
+
+def table_digest(table: np.ndarray | None) -> str:
+    """An item table in a few bytes (what a background check compares)."""
+    return "" if table is None else xxhash.xxh3_128_hexdigest(table.tobytes())
