@@ -453,3 +453,23 @@ def test_every_damaged_layout_is_a_corrupted_entry(value: Any, tmp_path: Path) -
         except (EntryCorrupted, UnknownFormat):
             pass
     assert 20 <= tried < 200  # every place of the layout was damaged
+
+
+def test_mutating_a_returned_tensor_never_changes_the_next_hit(tmp_path: Path) -> None:
+    import time
+
+    mem = Memory(tmp_path, verbose=0, allow_pickle=False)
+
+    @mem.cache
+    def small(k: int) -> Any:  # small: later hits come from the in-process tier
+        torch.manual_seed(k)
+        return {"sd": torch.nn.Linear(3, 2).state_dict(), "t": torch.arange(4.0)}
+
+    want = small(1)
+    time.sleep(0.1)  # settled: the tier may keep the entry (not asserted)
+    for _ in range(4):
+        got = small(1)
+        assert torch.equal(got["t"], want["t"])
+        assert torch.equal(got["sd"]["weight"], want["sd"]["weight"])
+        got["t"].zero_()
+        got["sd"]["weight"].add_(1)
