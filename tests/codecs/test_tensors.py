@@ -410,6 +410,7 @@ def test_a_damaged_ordered_dict_node_is_a_miss(tmp_path: Path) -> None:
             decode(forged, allow_pickle=False)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch: 3-5 s here
 def test_a_process_that_has_not_imported_torch_reads_tensors(tmp_path: Path) -> None:
     path = tmp_path / "e"
     sd = torch.nn.Linear(3, 2).to(torch.bfloat16).state_dict()
