@@ -654,3 +654,20 @@ def test_a_sample_has_the_same_types_loaded_recorded_and_sealed(src, tmp_path, a
     if not allow_pickle:
         assert shape_of(sealed[3])["ids"] == ("ndarray", "<i8", (3,))
         assert shape_of(sealed[3])["meta"]["deep"]["z"] == "int64"
+
+
+def test_an_edit_between_two_runs_of_a_fill_reloads_the_edited_record(src, tmp_path):
+    """Records of an item edited (or removed) since they were written are never
+    used: the edited item is loaded again, its new value comes back."""
+    cache = tmp_path / "cache"
+    ds = Files(src, cache_dir=cache)
+    for i in range(20):
+        ds[i]
+    edit(src / "005.txt", 55)
+    (src / "006.txt").unlink()
+    later = Files(src, cache_dir=cache)
+    check_all(later, values_of(src))
+    names = sorted(os.listdir(src))
+    assert sorted(later.loads) == sorted(["005.txt", *names[19:]])
+    assert later[5]["value"] == 55 and len(later) == 39
+    assert len(packs(cache)) == 1 and fills(cache) == []
