@@ -29,6 +29,8 @@ _STAT = struct.Struct("<qq")
 
 def _key(item: Any) -> bytes:
     """What an item is: its path (a ``str`` or path), else its value."""
+    if item.__class__ is str:  # the common item: a path listed by the dataset
+        return xxhash.xxh3_128_digest(b"p" + item.encode("utf-8", "surrogateescape"))
     if isinstance(item, (str, os.PathLike)):
         name = os.fspath(item)
         raw = name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
@@ -75,20 +77,21 @@ def item_table(
     value); ``stats``, the sizes and modification times of items that are the
     files of a folder just listed (16 bytes each), spares their ``stat``."""
     n = len(items)
-    table = bytearray(32 * n)
-    view = memoryview(table)
     if stats is not None and len(stats) != 16 * n:
         raise ValueError(f"{len(stats)} bytes of stats for {n} items")
-    for i, item in enumerate(items):
-        view[32 * i : 32 * i + 16] = _key(item)
-        if stats is not None:
-            fp = stats[16 * i : 16 * i + 16]
-        elif fingerprint is not None:
-            fp = xxhash.xxh3_128_digest(hash_value(fingerprint(item)).encode())
-        else:
-            fp = default_fingerprint(item, bases)
-        view[32 * i + 16 : 32 * i + 32] = fp
-    return np.frombuffer(bytes(table), dtype="<i8").reshape(n, 4)
+    keys = b"".join(map(_key, items))
+    if stats is not None:
+        fps = bytes(stats)
+    elif fingerprint is not None:
+        fps = b"".join(
+            xxhash.xxh3_128_digest(hash_value(fingerprint(item)).encode()) for item in items
+        )
+    else:
+        fps = b"".join(default_fingerprint(item, bases) for item in items)
+    table = np.empty((n, 4), dtype="<i8")
+    table[:, :2] = np.frombuffer(keys, dtype="<i8").reshape(n, 2)
+    table[:, 2:] = np.frombuffer(fps, dtype="<i8").reshape(n, 2)
+    return table
 
 
 def same_items(pack: PackedDataset, table: np.ndarray) -> bool:
