@@ -671,3 +671,17 @@ def test_an_edit_between_two_runs_of_a_fill_reloads_the_edited_record(src, tmp_p
     assert sorted(later.loads) == sorted(["005.txt", *names[19:]])
     assert later[5]["value"] == 55 and len(later) == 39
     assert len(packs(cache)) == 1 and fills(cache) == []
+
+
+def test_a_segment_started_right_after_a_look_is_seen_by_the_next_look(src, tmp_path):
+    """Another filler's first record, within a millisecond of this one's look (a
+    DataLoader's workers starting together): the next miss reads it, never loads
+    it again. Twenty rounds, so a folder's coarse modification time would tell."""
+    for round_ in range(20):
+        cache = tmp_path / f"cache{round_}"
+        a, b = Files(src, cache_dir=cache), Files(src, cache_dir=cache)
+        a[0]  # a's segment
+        a[1]  # a looks (its own segment only), loads, records
+        b[2]  # b's segment, now
+        assert a[2]["value"] == 2
+        assert a.loads == ["000.txt", "001.txt"], round_
