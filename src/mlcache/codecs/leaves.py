@@ -11,6 +11,14 @@ looked up once per type and cached, so that mlcache never imports pandas, torch
 or scipy before such a value is met, and a plain tree costs nothing more.
 Exact types only: a subclass is another type (pickle, or unstored).
 
+A leaf may also say what identifies a value for its key: an optional method
+``token(value)`` returning any value mlcache hashes (a tuple of its settings,
+its arrays). Then the type is *one module*: the leaf both stores it and keys it
+(:mod:`mlcache.keys.hashing` consults the leaf of an exact type, after the
+hashers of :func:`mlcache.register_hasher`, before its own rules for a
+library's types). The built-in leaves have no ``token``: how mlcache keys
+pandas, torch or scipy values is its own (:mod:`mlcache.keys`).
+
 Decoding an entry whose leaf name this process has not registered is
 :class:`~mlcache.errors.UnknownFormat`: a miss that leaves the entry in place
 (another process may read it), as for an unregistered codec.
@@ -28,7 +36,19 @@ from ..errors import InvalidRegistration, RegistryError, UnknownFormat
 if TYPE_CHECKING:  # codecs/__init__ imports this module: no import back at run time
     from . import Segments
 
-__all__ = ["Leaf", "get_leaf", "leaf_for", "leaves", "register_leaf", "unknown_leaf"]
+__all__ = [
+    "LISTENERS",
+    "Leaf",
+    "get_leaf",
+    "leaf_for",
+    "leaves",
+    "register_leaf",
+    "unknown_leaf",
+]
+
+#: called after each registration (the key's dispatch, above this layer, caches
+#: what it decided per type: :mod:`mlcache.keys.hashing` clears it)
+LISTENERS: list[Callable[[], None]] = []
 
 
 @runtime_checkable
@@ -128,6 +148,8 @@ def register_leaf(leaf: Leaf, *, replace: bool = False) -> None:
     for t in leaf.types:
         _BY_TYPENAME[t] = leaf
     _RESOLVED.clear()
+    for listener in LISTENERS:
+        listener()
 
 
 def leaf_for(t: type) -> Leaf | None:

@@ -92,6 +92,7 @@ from typing import Any
 
 import xxhash
 
+from ..codecs.leaves import LISTENERS, leaf_for
 from ..errors import InvalidRegistration
 from .blocks import block_digests, chunk_block_digests
 
@@ -394,6 +395,7 @@ _LIBRARY_BASES: list[tuple[str, str, Handler]] = []
 _CALLABLE_KINDS: dict[type, Handler] = {}
 #: type -> its handler (None: __reduce_ex__), decided once per type
 _RESOLVED: dict[type, Handler | None] = {}
+LISTENERS.append(_RESOLVED.clear)  # a leaf registered may key its type (its token())
 #: types whose stream mlcache defines itself: register_hasher refuses them
 _OWN: set[type] = {object}
 
@@ -489,6 +491,11 @@ def _resolve(t: type) -> Handler | None:
         handler = _BY_TYPE.get(klass)
         if handler is not None:
             return handler
+    leaf = leaf_for(t)  # a type stored and keyed by one leaf (mlcache.codecs.leaves)
+    token = getattr(leaf, "token", None)
+    if leaf is not None and callable(token):
+        why = f"the token() of its leaf {leaf.name!r}"
+        return lambda h, obj: _identified_by(h, obj, token(obj), why)
     handler = _BY_LIBRARY.get(str(t.__module__).partition(".")[0])
     if handler is not None:
         return handler
