@@ -435,3 +435,47 @@ def test_a_filler_killed_while_sealing_loses_nothing(tmp_path):
     assert fills.loads() == [], "every item was recorded: the next run loads none"
     assert len(fills.packs()) == 1 and fills.fill_folders() == []
     # (the killed seal's scratch folder, a few kB, goes at a later build once 10 s old)
+
+
+# -- an up-front fill in worker processes, its parent killed ---------------------------------
+UP_FRONT = """
+import json, sys
+from fillds import Files, wrong_samples
+
+if __name__ == "__main__":
+    ds = Files(sys.argv[1], sleep=float(sys.argv[2]), num_workers=2, fill="up-front")
+    print(json.dumps({"wrong": wrong_samples(ds), "n": len(ds)}), flush=True)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead: it only waits for its parent
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_an_up_front_fill_in_workers_killed_loses_only_what_was_not_recorded(tmp_path):
+    """``num_workers=2``: the parent records what its workers load; SIGKILLed, its
+    workers end too, and the next run loads exactly what no record holds."""
+    fills = Fills(tmp_path, 120)
+    fills.write("upfront.py", UP_FRONT)
+    proc = fills.start("upfront.py", str(fills.src), "0.01")
+    wait_for_loads(fills, 60, proc)
+    kill(proc)
+    assert fills.packs() == []
+    pids = {pid for _name, pid in fills.loads()} - {proc.pid}
+    assert pids, "no worker loaded"
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "workers of a killed parent go on"
+        time.sleep(0.05)
+    recorded = fills.recorded()
+    assert recorded and recorded <= {name for name, _pid in fills.loads()}
+    fills.log.unlink()
+    assert fills.run("verify.py", str(fills.src)) == {"wrong": [], "n": 120}
+    assert sorted(name for name, _pid in fills.loads()) == sorted(set(fills.names()) - recorded)
+    assert len(fills.packs()) == 1 and fills.fill_folders() == []
