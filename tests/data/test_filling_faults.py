@@ -408,10 +408,9 @@ def test_workers_killed_mid_epoch_the_next_run_loads_only_the_rest(loader_fills,
     recorded = fills.recorded()
     assert recorded < loaded and len(loaded - recorded) <= 2  # the two being loaded
     fills.log.unlink()
-    first, second = epochs(fills, method, False, 2)
+    (first,) = epochs(fills, method, False, 1)
     assert sorted(first["seen"]) == fills.names() and first["wrong"] == 0
     assert sorted(name for name, _pid in fills.loads()) == sorted(set(fills.names()) - recorded)
-    assert second["sealed"] and not second["filling"] and second["wrong"] == 0
 
 
 # -- killed while sealing ------------------------------------------------------------------
