@@ -360,7 +360,10 @@ class PackBuilder:
         as they are read. ``damaged``: the ``file_id`` of the pack found damaged
         while reading, removed (unless another process replaced it already) and
         filled again."""
-        self._make_folder()
+        try:
+            self._make_folder()
+        except OSError as exc:  # a read-only place: the samples are loaded, unstored
+            logger.debug("mlcache: cannot make the folder of %s: %s", self.pack_path, exc)
         self._filler: Filler | None = None
         #: module-level values before any load: what filling changes is state
         self._watched_before = watched_digests(self._watched)

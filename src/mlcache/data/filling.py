@@ -41,6 +41,7 @@ import contextlib
 import logging
 import mmap
 import os
+import re
 import secrets
 import shutil
 import struct
@@ -145,6 +146,8 @@ class Filler:
         self._listed: tuple[int, int] | None = None
         self._mine: tuple[int, int, int, int] | None = None  # pid, fd, segment, size
         self._write_lock = threading.Lock()
+        #: the first sample's index and field names (every sample has them)
+        self._fields: tuple[int, frozenset[Any]] | None = None
         self._unwritable = False  # warned: records or the seal cannot be written
         self._load_error: BaseException | None = None
         self._seal_checked = time.monotonic()
@@ -379,6 +382,7 @@ class Filler:
         """Append item ``i``'s sample to this process's segment. A sample that cannot
         be recorded (a full disk, a folder removed meanwhile) is loaded again by a
         later read: one warning, and the read goes on."""
+        self._same_fields(i, sample)
         data = record_bytes(self._ks[i], self._fps[i], encode_sample(sample, self.allow_pickle, i))
         try:
             with self._write_lock:
@@ -391,6 +395,26 @@ class Filler:
                 self._found(self._ks[i], self._fps[i], number, off)
         except OSError as exc:
             self._cannot_write(exc, "record samples of")
+
+    def _same_fields(self, i: int, sample: Mapping[str, Any]) -> None:
+        """Every sample of a pack has the fields of the first: one with others (an
+        optional JSON key) is refused when it is loaded, naming its item, not at
+        the seal an epoch later (as an up-front build refuses it)."""
+        first = self._fields
+        if first is None:
+            self._fields = (i, frozenset(sample))
+            return
+        j, names = first
+        if sample.keys() != names:
+            missing, extra = (
+                sorted(map(str, names - sample.keys())),
+                sorted(map(str, sample.keys() - names)),
+            )
+            raise ValueError(
+                f"sample {i} (item {self.items[i]!r}): fields differ from sample {j} (item "
+                f"{self.items[j]!r}): missing {missing}, extra {extra}; every sample of a "
+                "pack has the same fields (give a missing value as None: sample.get(key))"
+            )
 
     def _cannot_write(self, exc: OSError, what: str) -> None:
         """ONE warning per filler for what it cannot write (a read-only or full disk,
@@ -434,9 +458,20 @@ class Filler:
         with self._lock():
             if self.sealed is None and not self._find_sealed():
                 self.look_again()
-                self._adopt(self._seal(self._in_order(), self.table.tobytes()))
+                try:
+                    sealed = self._seal(self._in_order(), self.table.tobytes())
+                except (TypeError, ValueError) as exc:
+                    raise self._naming_the_item(exc) from None
+                self._adopt(sealed)
         assert self.sealed is not None
         return self.sealed
+
+    def _naming_the_item(self, exc: BaseException) -> BaseException:
+        """The pack writer's error about ``sample N``, with the item it came from."""
+        found = re.match(r"sample (\d+)\b", str(exc))
+        if exc is self._load_error or found is None or int(found[1]) >= self.n:
+            return exc
+        return type(exc)(f"{exc} (sample {found[1]} is item {self.items[int(found[1])]!r})")
 
     def try_seal(self) -> PackedDataset | None:
         """:meth:`seal`, or None when the pack cannot be written (a read-only or
