@@ -55,7 +55,7 @@ import xxhash
 
 from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn
 from .reader import PackedDataset
-from .records import MAGIC, RECORD, Segment, decode_sample, encode_sample, record_bytes
+from .records import MAGIC, RECORD, Segment, decode_sample, encode_sample, record_head
 from .sequence import sample_index, sample_indices
 from .values import read_back
 
@@ -383,15 +383,18 @@ class Filler:
         be recorded (a full disk, a folder removed meanwhile) is loaded again by a
         later read: one warning, and the read goes on."""
         self._same_fields(i, sample)
-        data = record_bytes(self._ks[i], self._fps[i], encode_sample(sample, self.allow_pickle, i))
+        payload = encode_sample(sample, self.allow_pickle, i)
+        head = record_head(self._ks[i], self._fps[i], payload)
+        size = len(head) + len(payload)
         try:
             with self._write_lock:
                 fd, number, off = self._writer()
-                view = memoryview(data)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
-                self._mine = (os.getpid(), fd, number, off + len(data))
+                written = os.writev(fd, (head, payload))  # one write, no copy of the payload
+                if written < size:  # a short write (a signal, a full disk): the rest
+                    rest = memoryview(head + payload)[written:]
+                    while rest:
+                        rest = rest[os.write(fd, rest) :]
+                self._mine = (os.getpid(), fd, number, off + size)
                 self._found(self._ks[i], self._fps[i], number, off)
         except OSError as exc:
             self._cannot_write(exc, "record samples of")

@@ -37,7 +37,15 @@ from ..codecs import select_codec
 from ..entry import EntryReader, decode, write_entry
 from ..errors import EntryCorrupted, UnsupportedValue
 
-__all__ = ["MAGIC", "RECORD", "Segment", "decode_sample", "encode_sample", "record_bytes"]
+__all__ = [
+    "MAGIC",
+    "RECORD",
+    "Segment",
+    "decode_sample",
+    "encode_sample",
+    "record_bytes",
+    "record_head",
+]
 
 #: a record's header: magic, flags (0), payload length, item key, item
 #: fingerprint, xxh3-64 of the payload, xxh3-64 of the 56 bytes before it
@@ -55,70 +63,100 @@ _COUNT, _NAME, _KIND, _LEN = (
     struct.Struct("<Q"),
 )
 _I64, _F64 = struct.Struct("<q"), struct.Struct("<d")
-_NONE, _BOOL, _INT, _FLOAT, _STR, _BYTES, _ARRAY, _SCALAR = range(8)
+_NONE, _BOOL, _INT, _FLOAT, _STR, _BYTES, _ARRAY, _SCALAR, _STRS, _DICT = range(10)
+#: how deep dicts nest in a plain sample
+_MAX_DEPTH = 16
 #: the dtype kinds of arrays a plain sample holds: bool, numbers, dates and durations
 _PLAIN_KINDS = frozenset("biufcmM")
 
 
 def _plain(sample: Mapping[str, Any]) -> bytes | None:
     """A sample of str-named fields that are None, bool, int (64-bit), float,
-    str, bytes, numeric numpy arrays or scalars, as ``PLAIN`` and each field in
-    turn (its name, a kind byte, its value: ~2 us a sample where an entry costs
-    ~20); None for any other sample."""
-    parts = [PLAIN, _COUNT.pack(len(sample))]
+    str, bytes, numeric numpy arrays or scalars, lists of str, and dicts of
+    these, as ``PLAIN`` and each field in turn (its name, a kind byte, its
+    value: a few us a sample where an entry costs ~20); None for any other."""
+    parts: list[Any] = [PLAIN]
+    return b"".join(parts) if _put_fields(parts, sample, 0) else None
+
+
+def _put_fields(parts: list[Any], fields: Mapping[str, Any], depth: int) -> bool:
+    """Append ``fields`` (their count, then name, kind and value each) to ``parts``;
+    False when one is not plain."""
     add = parts.append
-    for name, v in sample.items():
+    add(_COUNT.pack(len(fields)))
+    for name, v in fields.items():
         if type(name) is not str:
-            return None
+            return False
         try:
             raw = name.encode()
         except UnicodeEncodeError:
-            return None
+            return False
         add(_NAME.pack(len(raw)))
         add(raw)
-        t = type(v)
-        if v is None:
-            add(b"\x00")
-        elif t is bool:
-            add(b"\x01\x01" if v else b"\x01\x00")
-        elif t is int:
-            if not -(1 << 63) <= v < (1 << 63):
-                return None
-            add(b"\x02")
-            add(_I64.pack(v))
-        elif t is float:
-            add(b"\x03")
-            add(_F64.pack(v))
-        elif t is str or t is bytes:
-            try:
-                data = v.encode() if t is str else v
-            except UnicodeEncodeError:
-                return None
-            add(b"\x04" if t is str else b"\x05")
-            add(_LEN.pack(len(data)))
+        if not _put(parts, v, depth):
+            return False
+    return True
+
+
+def _put(parts: list[Any], v: Any, depth: int) -> bool:
+    """Append one value's kind byte and bytes to ``parts``; False when not plain."""
+    add = parts.append
+    t = type(v)
+    if v is None:
+        add(b"\x00")
+    elif t is bool:
+        add(b"\x01\x01" if v else b"\x01\x00")
+    elif t is int:
+        if not -(1 << 63) <= v < (1 << 63):
+            return False
+        add(b"\x02")
+        add(_I64.pack(v))
+    elif t is float:
+        add(b"\x03")
+        add(_F64.pack(v))
+    elif t is str or t is bytes:
+        try:
+            data = v.encode() if t is str else v
+        except UnicodeEncodeError:
+            return False
+        add(b"\x04" if t is str else b"\x05")
+        add(_LEN.pack(len(data)))
+        add(data)
+    elif t is np.ndarray or isinstance(v, np.generic):
+        dtype = v.dtype
+        if dtype.kind not in _PLAIN_KINDS or dtype.fields is not None:
+            return False
+        code = dtype.str.encode()
+        if t is np.ndarray:
+            add(b"\x06")
+            add(_KIND.pack(len(code)))
+            add(code)
+            add(_KIND.pack(v.ndim))
+            add(struct.pack(f"<{v.ndim}Q", *v.shape))
+            data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)  # joined: one copy
+            add(_LEN.pack(data.nbytes))
             add(data)
-        elif t is np.ndarray or isinstance(v, np.generic):
-            dtype = v.dtype
-            if dtype.kind not in _PLAIN_KINDS or dtype.fields is not None:
-                return None
-            code = dtype.str.encode()
-            if t is np.ndarray:
-                add(b"\x06")
-                add(_KIND.pack(len(code)))
-                add(code)
-                add(_KIND.pack(v.ndim))
-                add(struct.pack(f"<{v.ndim}Q", *v.shape))
-                data = np.ascontiguousarray(v).tobytes()
+        else:
+            add(b"\x07")
+            add(_KIND.pack(len(code)))
+            add(code)
+            add(v.tobytes())
+    elif t is list and all(type(x) is str for x in v):  # what a pack's strs field gives
+        add(b"\x08")
+        add(_COUNT.pack(len(v)))
+        try:
+            for x in v:
+                data = x.encode()
                 add(_LEN.pack(len(data)))
                 add(data)
-            else:
-                add(b"\x07")
-                add(_KIND.pack(len(code)))
-                add(code)
-                add(v.tobytes())
-        else:
-            return None
-    return b"".join(parts)
+        except UnicodeEncodeError:
+            return False
+    elif t is dict and depth < _MAX_DEPTH:
+        add(b"\x09")
+        return _put_fields(parts, v, depth + 1)
+    else:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=256)
@@ -133,56 +171,76 @@ def _dtype(code: bytes) -> np.dtype:
 def _unplain(payload: bytes) -> dict[str, Any]:
     """The sample :func:`_plain` wrote (its arrays writable, private)."""
     try:
-        view, pos = memoryview(payload), 4
-        (count,) = _COUNT.unpack_from(view, pos)
-        pos += 4
-        out: dict[str, Any] = {}
-        for _ in range(count):
-            (n,) = _NAME.unpack_from(view, pos)
-            name = bytes(view[pos + 2 : pos + 2 + n]).decode()
-            pos += 2 + n
-            kind = view[pos]
-            pos += 1
-            if kind == _NONE:
-                value: Any = None
-            elif kind == _BOOL:
-                value, pos = view[pos] == 1, pos + 1
-            elif kind == _INT:
-                value, pos = _I64.unpack_from(view, pos)[0], pos + 8
-            elif kind == _FLOAT:
-                value, pos = _F64.unpack_from(view, pos)[0], pos + 8
-            elif kind in (_STR, _BYTES):
-                (n,) = _LEN.unpack_from(view, pos)
-                data = bytes(view[pos + 8 : pos + 8 + n])
-                if len(data) != n:
-                    raise ValueError("truncated")
-                value, pos = (data.decode() if kind == _STR else data), pos + 8 + n
-            elif kind in (_ARRAY, _SCALAR):
-                n = view[pos]
-                dtype = _dtype(bytes(view[pos + 1 : pos + 1 + n]))
-                pos += 1 + n
-                if kind == _SCALAR:
-                    value = np.frombuffer(view, dtype, 1, pos)[0]
-                    pos += dtype.itemsize
-                else:
-                    ndim = view[pos]
-                    shape = struct.unpack_from(f"<{ndim}Q", view, pos + 1)
-                    pos += 1 + 8 * ndim
-                    (n,) = _LEN.unpack_from(view, pos)
-                    pos += 8
-                    count_ = n // dtype.itemsize if dtype.itemsize else 0
-                    if count_ * dtype.itemsize != n or math.prod(shape) != count_:
-                        raise ValueError("an array's size does not match its shape")
-                    value = np.frombuffer(view, dtype, count_, pos).reshape(shape).copy()
-                    pos += n
-            else:
-                raise ValueError(f"kind {kind}")
-            out[name] = value
+        view = memoryview(payload)
+        out, pos = _get_fields(view, 4, 0)
         if pos != len(view):
             raise ValueError("trailing bytes")
     except (ValueError, TypeError, IndexError, struct.error, UnicodeDecodeError) as exc:
         raise EntryCorrupted(f"a plain record is damaged ({exc})") from None
     return out
+
+
+def _get_fields(view: memoryview, pos: int, depth: int) -> tuple[dict[str, Any], int]:
+    """The fields at ``pos`` (as :func:`_put_fields` wrote them) and the position after."""
+    (count,) = _COUNT.unpack_from(view, pos)
+    pos += 4
+    out: dict[str, Any] = {}
+    for _ in range(count):
+        (n,) = _NAME.unpack_from(view, pos)
+        name = bytes(view[pos + 2 : pos + 2 + n]).decode()
+        pos += 2 + n
+        out[name], pos = _get(view, pos, depth)
+    return out, pos
+
+
+def _get(view: memoryview, pos: int, depth: int) -> tuple[Any, int]:
+    """The value at ``pos`` (as :func:`_put` wrote it) and the position after."""
+    kind = view[pos]
+    pos += 1
+    if kind == _NONE:
+        return None, pos
+    if kind == _BOOL:
+        return view[pos] == 1, pos + 1
+    if kind == _INT:
+        return _I64.unpack_from(view, pos)[0], pos + 8
+    if kind == _FLOAT:
+        return _F64.unpack_from(view, pos)[0], pos + 8
+    if kind in (_STR, _BYTES):
+        (n,) = _LEN.unpack_from(view, pos)
+        data = bytes(view[pos + 8 : pos + 8 + n])
+        if len(data) != n:
+            raise ValueError("truncated")
+        return (data.decode() if kind == _STR else data), pos + 8 + n
+    if kind in (_ARRAY, _SCALAR):
+        n = view[pos]
+        dtype = _dtype(bytes(view[pos + 1 : pos + 1 + n]))
+        pos += 1 + n
+        if kind == _SCALAR:
+            return np.frombuffer(view, dtype, 1, pos)[0], pos + dtype.itemsize
+        ndim = view[pos]
+        shape = struct.unpack_from(f"<{ndim}Q", view, pos + 1)
+        pos += 1 + 8 * ndim
+        (n,) = _LEN.unpack_from(view, pos)
+        pos += 8
+        count = n // dtype.itemsize if dtype.itemsize else 0
+        if count * dtype.itemsize != n or math.prod(shape) != count:
+            raise ValueError("an array's size does not match its shape")
+        return np.frombuffer(view, dtype, count, pos).reshape(shape).copy(), pos + n
+    if kind == _STRS:
+        (count,) = _COUNT.unpack_from(view, pos)
+        pos += 4
+        strs = []
+        for _ in range(count):
+            (n,) = _LEN.unpack_from(view, pos)
+            data = bytes(view[pos + 8 : pos + 8 + n])
+            if len(data) != n:
+                raise ValueError("truncated")
+            strs.append(data.decode())
+            pos += 8 + n
+        return strs, pos
+    if kind == _DICT and depth < _MAX_DEPTH:
+        return _get_fields(view, pos, depth + 1)
+    raise ValueError(f"kind {kind}")
 
 
 def encode_sample(sample: Mapping[str, Any], allow_pickle: bool, index: int = -1) -> bytes:
@@ -245,12 +303,17 @@ def decode_sample(payload: bytes, allow_pickle: bool) -> dict[str, Any]:
     return {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in value.items()}
 
 
-def record_bytes(key: bytes, fp: bytes, payload: bytes) -> bytes:
-    """One record: its header (:data:`RECORD`) then ``payload``."""
+def record_head(key: bytes, fp: bytes, payload: bytes) -> bytes:
+    """The header (:data:`RECORD`) of the record of ``payload``."""
     first = struct.pack(
         "<4sIQ16s16sQ", MAGIC, 0, len(payload), key, fp, xxhash.xxh3_64_intdigest(payload)
     )
-    return first + struct.pack("<Q", xxhash.xxh3_64_intdigest(first)) + payload
+    return first + struct.pack("<Q", xxhash.xxh3_64_intdigest(first))
+
+
+def record_bytes(key: bytes, fp: bytes, payload: bytes) -> bytes:
+    """One record: its header (:data:`RECORD`) then ``payload``."""
+    return record_head(key, fp, payload) + payload
 
 
 class Segment:
