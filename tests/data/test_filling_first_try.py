@@ -91,3 +91,24 @@ def test_an_empty_read_only_cache_dir_serves_the_samples_with_one_warning(tmp_pa
         assert [int(ds[i]["x"][2]) for i in range(20)] == list(range(20))
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "Read-only file system" in messages[0], messages
+
+
+class Five(CachedDataset):
+    def source_items(self):
+        return list(range(5))
+
+    def load_item(self, i):
+        return {"i": i}
+
+
+def test_repr_shows_what_other_processes_filled(tmp_path):
+    """print(ds) in a DataLoader's parent after its workers filled and sealed the
+    pack says so (it said 'filled 0 of 5' for ever)."""
+    parent = Five(cache_dir=tmp_path, progress=False)
+    assert "filled='0 of 5 samples'" in repr(parent)
+    worker = Five(cache_dir=tmp_path, progress=False)  # another reader fills it all
+    for i in range(5):
+        worker[i]
+    shown = repr(parent)
+    assert "filled" not in shown and "fields=['i']" in shown and "samples=5" in shown
+    assert [parent[i]["i"] for i in range(5)] == list(range(5))

@@ -80,6 +80,7 @@ attribute (``self.out_dir = mkdtemp()``), a warning names it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -426,11 +427,15 @@ class CachedDataset(PackBuilder, Sequence[Any]):
 
     def __repr__(self) -> str:
         pack, declared = self._pack, self._declared
+        filler = self._filler if pack is None else None
+        if filler is not None:
+            with contextlib.suppress(Exception):  # what other processes (workers) filled
+                if filler.look_again():
+                    pack, filler = filler.sealed, None
         try:  # a repr never builds, nor raises
             n, fields = (len(pack), pack.field_names) if pack is not None else (None, None)
         except PackCorrupted:
             n = fields = None
-        filler = self._filler if pack is None else None
         if filler is not None:
             n = len(filler)
         if declared is not None:
@@ -452,7 +457,9 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         )
 
     def get_batch(self, indices: Sequence[int]) -> dict[str, Any]:
-        """See :meth:`PackedDataset.get_batch` (``transform`` is not applied)."""
+        """See :meth:`PackedDataset.get_batch` (``transform`` is not applied). A pack
+        being filled is completed first: every item not yet stored is loaded now
+        (``ds[indices]`` reads only those samples)."""
         try:
             return self.packed.get_batch(indices)
         except PackCorrupted as exc:
