@@ -718,3 +718,17 @@ def test_random_damage_to_the_records_never_gives_a_wrong_sample(tmp_path):
         assert again <= {f"{i:03d}.txt" for i in range(damaged, 20)}, (trial, at)
         assert f"{damaged:03d}.txt" in again, (trial, at)  # every byte is checked
         assert len(packs(cache)) == 1 and fills(cache) == []
+
+
+@pytest.mark.parametrize("then", ["up-front", "few"])
+def test_a_fill_begun_as_read_and_ended_at_an_open_seals(src, tmp_path, then):
+    """Records made by reads and by an open's loads (fill='up-front', or the few
+    missing items an open loads itself) hold the same form: the seal takes both."""
+    cache = tmp_path / "cache"
+    ds = Typed(src, cache_dir=cache)
+    for i in range(20 if then == "up-front" else 35):
+        ds[i]
+    done = Typed(src, cache_dir=cache, fill="up-front" if then == "up-front" else "auto")
+    assert len(done.loads) == (20 if then == "up-front" else 5)
+    assert len(packs(cache)) == 1 and fills(cache) == []
+    assert shape_of(done[0]) == shape_of(done[39])

@@ -446,14 +446,16 @@ class Filler:
 
     # -- sealing ------------------------------------------------------------------------------
     def fill(self, samples: Iterable[tuple[int, Mapping[str, Any]]]) -> None:
-        """Record ``(index, sample)`` pairs loaded elsewhere (an up-front build)."""
+        """Record ``(index, sample)`` pairs loaded elsewhere (an up-front build), in
+        the form a read records them (:func:`~mlcache.data.values.read_back`): the
+        seal mixes both, and a 0-d array beside a numpy scalar is two kinds."""
         for i, sample in samples:
             if self.src[i] == _MISSING:
                 if not isinstance(sample, Mapping):
                     raise TypeError(
                         f"sample {i} is a {type(sample).__name__}, not a dict of fields"
                     )
-                self.record(i, sample)
+                self.record(i, read_back(sample, self.allow_pickle, i))
                 self.loaded += 1
 
     def seal(self) -> PackedDataset:
