@@ -21,6 +21,15 @@ from mlcache.errors import CacheWarning
 PARENT = os.getpid()
 
 
+@pytest.fixture(autouse=True)
+def _no_start_measured_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test decides from the default start costs: a start an earlier test
+    measured (a spawn on a loaded machine: seconds) would keep these builds serial."""
+    from mlcache.data import workers
+
+    monkeypatch.setattr(workers, "_started", {})
+
+
 class Slow:
     """Items of 5 ms each (a sleep: they pay for workers even on a busy machine)."""
 
