@@ -732,3 +732,38 @@ def test_a_fill_begun_as_read_and_ended_at_an_open_seals(src, tmp_path, then):
     assert len(done.loads) == (20 if then == "up-front" else 5)
     assert len(packs(cache)) == 1 and fills(cache) == []
     assert shape_of(done[0]) == shape_of(done[39])
+
+
+class Pairs(Files):
+    """A field a pack cannot store without pickle, whatever the other samples hold."""
+
+    def load_item(self, path: str) -> dict[str, Any]:
+        sample = super().load_item(path)
+        return {"value": sample["value"], "pair": (sample["value"], 1)}
+
+
+class PairsUpFront(CachedDataset):
+    def __init__(self, root: Path, **kw: Any) -> None:
+        self.root = str(root)
+        super().__init__(progress=False, **kw)
+
+    def load_source(self) -> Any:
+        for name in sorted(os.listdir(self.root)):
+            value = int(Path(self.root, name).read_text())
+            yield {"value": value, "pair": (value, 1)}
+
+
+def test_a_value_no_pack_stores_is_refused_at_its_first_load(src, tmp_path):
+    """A tuple (allow_pickle=False): refused by the read that loads it, in the
+    build's words, not after a whole epoch filled, by the seal and every later open."""
+    with pytest.raises(UnsupportedValue) as built:
+        PairsUpFront(src, cache_dir=tmp_path / "built")
+    cache = tmp_path / "cache"
+    ds = Pairs(src, cache_dir=cache)
+    with pytest.raises(UnsupportedValue) as read:
+        ds[0]
+    assert str(read.value) == str(built.value)
+    assert "field 'pair': a value of type builtins.tuple needs pickle" in str(read.value)
+    assert segments(cache) == [] and packs(cache) == []
+    ok = Pairs(src, cache_dir=cache, allow_pickle=True)
+    assert ok[3]["pair"] == (3, 1)

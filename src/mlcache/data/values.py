@@ -233,8 +233,9 @@ def read_back(sample: Any, allow_pickle: bool, index: int = -1) -> dict[str, Any
     as ``str`` and ``bytes``; the rest as it is. What only the other samples decide
     is left as it is: an int field promoted to float by a later sample, an empty
     list (an empty array or list of str, as the field holds), a NaN that is a
-    missing value in a text field. A list a pack refuses raises as it would at the
-    build (:class:`~mlcache.UnsupportedValue` naming sample ``index`` and the field).
+    missing value in a text field. A list, or a value of a type, that a pack refuses
+    raises as it would at the build (:class:`~mlcache.UnsupportedValue` naming sample
+    ``index`` and the field): a tuple, a set, a ``datetime``, an object.
     """
     if type(sample) is not dict:
         sample = dict(sample)
@@ -265,4 +266,12 @@ def _read_back(value: Any, allow_pickle: bool, label: str, index: int, depth: in
             k: _read_back(v, allow_pickle, f"{label}.{k}", index, depth + 1)
             for k, v in value.items()
         }
-    return value
+    if t is dict or isinstance(value, np.generic) or is_tensor(value) or is_na(value):
+        return value
+    # what a pack refuses whatever the other samples hold: refused now, at the
+    # read that loads it, in the pack writer's words, not at the seal an epoch later
+    raise UnsupportedValue(
+        f"sample {index}, field {label!r}: a value of type {t.__module__}.{t.__qualname__} "
+        "needs pickle; packs store numpy arrays, int, float, bool, str, bytes, None, lists of "
+        "numbers or of str, and dicts of these (pass allow_pickle=True to store other values)"
+    )
