@@ -400,18 +400,7 @@ class PackBuilder:
             with contextlib.suppress(OSError):
                 st = os.stat(self.pack_path)
                 ignore = (st.st_dev, st.st_ino)
-        filler = Filler(
-            self.pack_path,
-            items,
-            table,
-            base,
-            self.load_item,
-            self._local_lock,
-            self._seal_filled,
-            self._allow_pickle,
-            self._learn_while_filling,
-            ignore=ignore,
-        )
+        filler = self._filler_of(items, table, base, ignore)
         if filler.sealed is not None:
             return filler.sealed
         if not filler.present:
@@ -466,17 +455,28 @@ class PackBuilder:
                 base = self._fetch_remote(True) or base
                 if base is not None and same_items(base, table):
                     return base
-            filler = Filler(
-                self.pack_path,
-                items,
-                table,
-                base,
-                self.load_item,
-                self._local_lock,
-                self._seal_filled,
-                self._allow_pickle,
-            )
-            return self._fill_now(filler, progress)
+            return self._fill_now(self._filler_of(items, table, base), progress)
+
+    def _filler_of(
+        self,
+        items: list[Any],
+        table: np.ndarray,
+        base: PackedDataset | None,
+        ignore: tuple[int, int] | None = None,
+    ) -> Filler:
+        """The filler of this dataset's pack (see :class:`~mlcache.data.filling.Filler`)."""
+        return Filler(
+            self.pack_path,
+            items,
+            table,
+            base,
+            self.load_item,
+            self._local_lock,
+            self._seal_filled,
+            self._allow_pickle,
+            self._learn_while_filling,
+            ignore=ignore,
+        )
 
     def _seal_filled(self, samples: Iterable[Mapping[str, Any]], items: bytes) -> PackedDataset:
         """Write the sealed pack (published, for a remote folder); what filling
