@@ -767,3 +767,30 @@ def test_a_value_no_pack_stores_is_refused_at_its_first_load(src, tmp_path):
     assert segments(cache) == [] and packs(cache) == []
     ok = Pairs(src, cache_dir=cache, allow_pickle=True)
     assert ok[3]["pair"] == (3, 1)
+
+
+def test_random_damage_to_records_of_lists_and_dicts_never_gives_a_wrong_sample(tmp_path):
+    """The same with samples of lists, dicts, 0-d arrays and str (their own record
+    layouts): each read equals the sample of an undamaged pack, types included."""
+    import random
+
+    rng = random.Random(19)
+    src = make_source(tmp_path / "src", 24)
+    clean = Typed(src, cache_dir=tmp_path / "clean")
+    want = [str(clean[i]) + repr(shape_of(clean[i])) for i in range(24)]
+    assert len(packs(tmp_path / "clean")) == 1
+    for trial in range(24):
+        cache = tmp_path / f"cache{trial}"
+        ds = Typed(src, cache_dir=cache)
+        for i in range(16):
+            ds[i]
+        del ds
+        (seg,) = segments(cache)
+        data = bytearray(seg.read_bytes())
+        at = rng.randrange(len(data))
+        data[at] ^= 1 << rng.randrange(8)
+        seg.write_bytes(bytes(data))
+        later = Typed(src, cache_dir=cache)
+        got = [str(later[i]) + repr(shape_of(later[i])) for i in range(24)]
+        assert got == want, (trial, at)
+        assert len(packs(cache)) == 1

@@ -519,7 +519,7 @@ class Filler:
             except BaseException as exc:  # the user's error, not the cache's
                 self._load_error = exc
                 raise
-            yield loaded
+            yield read_back(loaded, self.allow_pickle, i)  # as the records beside it
 
     def _moved(self, path: str) -> None:
         """The pack (and its records' folder) is now ``path``."""
