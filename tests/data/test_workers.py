@@ -79,6 +79,19 @@ def test_slow_items_are_loaded_in_workers_in_order() -> None:
     assert here == list(range(len(here))) and 0 < len(here) <= 32
 
 
+def test_one_slow_start_does_not_keep_later_builds_serial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A start measured slow (a machine busy for a while) counts no more than the
+    default: the next build of slow items still uses its workers."""
+    from mlcache.data import workers
+
+    monkeypatch.setattr(workers, "_started", {"fork": 30.0, "spawn": 30.0})
+    got = list(load_many(Slow(), range(200), 2))
+    assert {s["pid"] for _, s in got} - {os.getpid()}
+    assert workers._started["fork"] < 30.0  # this start, measured
+
+
 def test_load_in_workers_yields_the_samples_alone() -> None:
     samples = list(load_in_workers(Slow(), range(100), 2))
     assert [s["i"] for s in samples] == list(range(100))

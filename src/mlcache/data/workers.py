@@ -19,11 +19,11 @@ How a call goes:
    (pandas on first use) that forked workers inherit.
 2. **Decide.** Workers are used when the rest is predicted to take at most
    :data:`_WORTH` of its time here. With ``S`` the time the workers take to
-   start (:data:`_START_SECONDS` until a start has been measured in this
-   process: a fork is cheap; a spawned child imports the main module and the
-   dataset's again), during which this process goes on loading, the rest
-   takes ``S + (here - S) / min(workers, CPUs)``, plus sending every sample
-   back. 2,000 tiny JSON items (tens of microseconds each) stay here; 8,000
+   start (:data:`_START_SECONDS`, or the last start measured in this process
+   when it was quicker: a fork is cheap; a spawned child imports the main
+   module and the dataset's again), during which this process goes on
+   loading, the rest takes ``S + (here - S) / min(workers, CPUs)``, plus
+   sending every sample back. 2,000 tiny JSON items (tens of microseconds each) stay here; 8,000
    small CSV files parsed by pandas (about a millisecond each) go to workers.
 3. **Load in workers, write here.** The workers are started once, the
    dataset reaching each of them once (inherited under fork, pickled once
@@ -80,9 +80,11 @@ _PROBE_SECONDS = 0.1
 #: workers are used when the rest would take at most this share of its time here
 _WORTH = 0.75
 #: the seconds from starting the workers to the first one ready, by start
-#: method, until this process has measured one (on a 2-core VM: 15-50 ms to
-#: fork two; 0.5-2 s to spawn two, each a new interpreter importing numpy,
-#: mlcache, the main module and the dataset's)
+#: method, at most (on a 2-core VM: 15-50 ms to fork two; 0.5-2 s to spawn two,
+#: each a new interpreter importing numpy, mlcache, the main module and the
+#: dataset's). A start measured slower (a machine busy for a while) does not
+#: raise it: this process goes on loading while workers start, so a slow start
+#: costs little, and one slow start must not keep every later build serial
 _START_SECONDS = {"fork": 0.05, "spawn": 0.5}
 #: the last start measured in this process, by start method
 _started: dict[str, float] = {}
@@ -185,7 +187,7 @@ def _method_if_worth(
         return None
 
     def worth(method: str) -> bool:
-        start = min(_started.get(method, _START_SECONDS[method]), here)
+        start = min(_started.get(method, _START_SECONDS[method]), _START_SECONDS[method], here)
         there = start + (here - start) / cores + rest * per_transfer
         return there <= _WORTH * here
 
