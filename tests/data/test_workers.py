@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from typing import Any
@@ -237,3 +238,18 @@ def test_a_parallel_build_is_the_serial_build(tmp_path: Any) -> None:
         assert parallel[i]["i"] == serial[i]["i"] == i
         np.testing.assert_array_equal(parallel[i]["sq"], serial[i]["sq"])
     assert {parallel[i]["pid"] for i in range(250)} - {os.getpid()}  # workers built it
+
+
+def test_a_build_after_s3_was_used_still_forks(s3_bucket) -> None:
+    """fsspec's event loop and its executor's idle threads (left by any S3 access
+    before the build) do not make fork unsafe: fsspec makes a new loop in a forked
+    child. Before, they kept the build serial (or spawned, at seconds a start)."""
+    import fsspec
+
+    url, options = s3_bucket
+    fs = fsspec.filesystem("s3", **options)
+    fs.pipe_file(f"{url}/x", b"1")
+    assert fs.cat_file(f"{url}/x") == b"1"
+    assert any(t.name == "fsspecIO" for t in threading.enumerate())
+    got = list(load_many(Slow(), list(range(120)), 2))
+    assert len({s["pid"] for _, s in got} - {os.getpid()}) == 2  # forked workers loaded

@@ -365,10 +365,13 @@ def _main_is_guarded() -> bool:
 
 
 def _other_threads() -> int:
-    """Threads other than this one, except two kinds of helpers that sleep and
-    that a forked worker never needs: mlcache's hashing threads (forgotten by a
-    forked child: see mlcache.keys.hashing) and tqdm's monitor (started by the first
-    progress bar on a terminal, ours included; it wakes every 10 s)."""
+    """Threads other than this one, except helpers that a forked child never
+    inherits in use: mlcache's hashing threads (forgotten by a forked child: see
+    mlcache.keys.hashing), tqdm's monitor (started by the first progress bar on a
+    terminal, ours included; it wakes every 10 s), and fsspec's event loop
+    (``fsspecIO``, started by the first async file system such as S3: fsspec makes
+    a new loop in a forked child, ``os.register_at_fork``) with the idle threads of
+    its loop's default executor (``asyncio_N``: DNS lookups)."""
     me = threading.current_thread()
     return sum(
         1
@@ -377,6 +380,8 @@ def _other_threads() -> int:
         and t.is_alive()
         and not t.name.startswith("mlcache-hash")
         and type(t).__name__ != "TMonitor"
+        and t.name != "fsspecIO"
+        and not t.name.startswith("asyncio_")
     )
 
 
