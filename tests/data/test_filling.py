@@ -794,3 +794,54 @@ def test_random_damage_to_records_of_lists_and_dicts_never_gives_a_wrong_sample(
         got = [str(later[i]) + repr(shape_of(later[i])) for i in range(24)]
         assert got == want, (trial, at)
         assert len(packs(cache)) == 1
+
+
+def test_records_left_by_a_run_killed_after_its_seal_are_removed(src, tmp_path):
+    """Killed between the seal's rename and the removal of the records: the next
+    open reads the sealed pack and removes the records (no second copy on disk)."""
+    cache = tmp_path / "cache"
+    ds = Files(src, cache_dir=cache)
+    for i in range(39):
+        ds[i]
+    (fill,) = fills(cache)
+    kept = {p.name: p.read_bytes() for p in fill.iterdir()}
+    ds[39]  # sealed: the records go
+    assert fills(cache) == [] and len(packs(cache)) == 1
+    fill.mkdir()
+    for name, data in kept.items():
+        (fill / name).write_bytes(data)
+    again = Files(src, cache_dir=cache)
+    check_all(again, values_of(src))
+    assert again.loads == []
+    assert fills(cache) == [], "the records of a sealed pack stay on disk"
+
+
+class Broken(Files):
+    """Item 7's file cannot be parsed (a corrupt file in a folder of thousands)."""
+
+    def load_item(self, path: str) -> dict[str, Any]:
+        if path.endswith("007.txt"):
+            raise ValueError("cannot parse 007.txt")
+        return super().load_item(path)
+
+
+def test_an_item_that_fails_to_load_does_not_stop_the_next_open(src, tmp_path):
+    """An epoch that skipped a broken item (the user caught its error): the next
+    open still opens (the error is raised by the read of that item, as in the first
+    epoch), and the other samples come from the records without a load."""
+    cache = tmp_path / "cache"
+    ds = Broken(src, cache_dir=cache)
+    failed = []
+    for i in range(40):
+        try:
+            ds[i]
+        except ValueError:
+            failed.append(i)
+    assert failed == [7] and len(ds.loads) == 39
+    again = Broken(src, cache_dir=cache)
+    assert again[3]["value"] == 3 and again[39]["value"] == 39
+    with pytest.raises(ValueError, match="cannot parse 007.txt"):
+        again[7]
+    assert again.loads == []
+    with pytest.raises(ValueError, match="cannot parse 007.txt"):
+        Broken(src, cache_dir=cache, fill="up-front")  # asked to load everything: raised

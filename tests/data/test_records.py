@@ -89,3 +89,27 @@ def test_a_damaged_plain_payload_is_refused() -> None:
     forged = payload.replace(b"<i4", b"|O8")  # an object dtype is never read
     with pytest.raises(EntryCorrupted):
         decode_sample(forged, allow_pickle=False)
+
+
+def test_only_segments_of_sealed_items_are_removed_as_redundant(tmp_path) -> None:
+    """A segment whose records all hold items of the sealed table goes; one with a
+    record of another fingerprint (another process filling an edit) stays."""
+    from mlcache.data.records import record_bytes, remove_redundant_records
+
+    table = np.arange(16, dtype="<i8").reshape(4, 4)  # 4 items: key + fingerprint rows
+    rows = [table[i].tobytes() for i in range(4)]
+    folder = tmp_path / "p.pack.fill"
+    folder.mkdir()
+    payload = encode_sample({"x": 1}, allow_pickle=False)
+    (folder / "1-a.seg").write_bytes(b"".join(record_bytes(r[:16], r[16:], payload) for r in rows))
+    other = rows[2][:16] + b"\x01" * 16  # item 2 with another fingerprint
+    (folder / "2-b.seg").write_bytes(
+        record_bytes(rows[0][:16], rows[0][16:], payload)
+        + record_bytes(other[:16], other[16:], payload)
+    )
+    remove_redundant_records(str(folder), table)
+    assert sorted(p.name for p in folder.iterdir()) == ["2-b.seg"]
+    (folder / "2-b.seg").unlink()
+    (folder / "3-c.seg").write_bytes(record_bytes(rows[1][:16], rows[1][16:], payload)[:-3])  # torn
+    remove_redundant_records(str(folder), table)
+    assert not folder.exists()

@@ -33,6 +33,7 @@ from .fetch import publish, remote_lease
 from .filling import Filler
 from .items import same_items, table_digest
 from .reader import PackedDataset
+from .records import remove_redundant_records
 from .sources import (
     GRACE_SECONDS,
     DeclaredSource,
@@ -390,6 +391,7 @@ class PackBuilder:
         items, table = self._items_now()
         self._record.write(table_digest(table))
         if base is not None and same_items(base, table):
+            remove_redundant_records(self.pack_path + ".fill", table)  # a seal killed
             return base
         # a spawned child re-running the script must not fill (nor, with
         # force_recache, remove the records of) the pack its parent fills
@@ -408,8 +410,15 @@ class PackBuilder:
         missing = len(filler.missing)
         few = filler.present > 0 and missing <= max(8, filler.n // 100)
         eager = self._fill == "up-front" or (self._fill == "auto" and self._num_workers > 0)
-        if not missing or few or eager:
+        if not missing or eager:
             return self._fill_now(filler, progress)
+        if few:  # an edit: load it now and seal again, unless loading it fails
+            try:
+                return self._fill_now(filler, progress)
+            except Exception as exc:  # the user's error: raised by the read, as in epoch 1
+                logger.info(
+                    "mlcache: %s: %s; the rest is filled as it is read", self.pack_path, exc
+                )
         logger.info(
             "mlcache: %s fills %s as it is read (%d of %d samples to load)",
             type(self).__qualname__,

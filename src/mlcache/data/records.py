@@ -45,6 +45,7 @@ __all__ = [
     "encode_sample",
     "record_bytes",
     "record_head",
+    "remove_redundant_records",
 ]
 
 #: a record's header: magic, flags (0), payload length, item key, item
@@ -314,6 +315,41 @@ def record_head(key: bytes, fp: bytes, payload: bytes) -> bytes:
 def record_bytes(key: bytes, fp: bytes, payload: bytes) -> bytes:
     """One record: its header (:data:`RECORD`) then ``payload``."""
     return record_head(key, fp, payload) + payload
+
+
+def remove_redundant_records(folder: str, table: np.ndarray) -> None:
+    """Remove the segments of ``folder`` whose every record holds an item of
+    ``table`` as it is (its key and fingerprint): the records of a pack that was
+    sealed, left by a run killed between the seal and their removal. A segment
+    with any other record (another process filling another version) stays; the
+    folder goes once empty. Housekeeping: never raises."""
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(".seg")]
+    except OSError:
+        return
+    rows = table.tobytes()
+    sealed = {rows[32 * i : 32 * i + 32] for i in range(len(table))}
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        off, redundant = 0, True
+        while off + RECORD.size <= len(data):
+            magic, _flags, length, key, fp, _psum, hsum = RECORD.unpack_from(data, off)
+            if magic != MAGIC or xxhash.xxh3_64_intdigest(data[off : off + 56]) != hsum:
+                break  # a torn end: nothing after it
+            if key + fp not in sealed:
+                redundant = False
+                break
+            off += RECORD.size + length
+        if redundant:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
 
 
 class Segment:
