@@ -4,9 +4,9 @@ from ``source_items()`` and ``load_item()`` fills as its samples are read.
 Opening such a dataset lists its items and gives each a *key* (what it is: its
 path or its value) and a *fingerprint* (what it holds now: a file's size and
 modification time, a folder's files', or the dataset's
-``item_fingerprint(item)``): :func:`~mlcache.data.items.item_table`. A sealed pack records both for
-every sample (its ``items`` region); when they all match, the pack is read as any
-other (an O(1) open). Otherwise a :class:`Filler` serves the dataset:
+``item_fingerprint(item)``): :func:`~mlcache.data.items.item_table`. A sealed
+pack records both for every sample (its ``items`` region); when they all match,
+the pack is read as any other (an O(1) open). Otherwise a :class:`Filler` serves the dataset:
 
 - a sample whose item is unchanged comes from the old pack (the *base*);
 - one a filling process recorded comes from its record;
@@ -14,20 +14,23 @@ other (an O(1) open). Otherwise a :class:`Filler` serves the dataset:
 
 Records go to append-only *segment* files in ``<pack>.fill/``, one per process
 (DataLoader workers, forked or spawned, each write their own: no lock is taken to
-record). A record is one ``write``: a 64-byte header (magic, length, the item's key
-and fingerprint, the checksums of the payload and of the header: see
-:mod:`mlcache.data.records`, which owns the bytes), then the sample as an entry of
-the function cache's format (:mod:`mlcache.entry`: the npy codec, or pickle when the
-dataset allows it). The kernel keeps what a process wrote when it is killed; a
-record torn by a kill (or a crash of the machine) fails its length or its checksums
-and is ignored: the next run loads that item again, and nothing else.
+record). A record is one ``writev``: a 64-byte header (magic, length, the item's
+key and fingerprint, the checksums of the payload and of the header: see
+:mod:`mlcache.data.records`, which owns the bytes), then the sample: in a compact
+form for plain values (numbers, text, bytes, numeric arrays, lists of str, dicts),
+else as an entry of the function cache's format (:mod:`mlcache.entry`: the npy
+codec, or pickle when the dataset allows it). The kernel keeps what a process
+wrote when it is killed; a record torn by a kill (or a crash of the machine)
+fails its length or its checksums and is ignored: the next run loads that item
+again, and nothing else.
 
 When every item is present the pack is *sealed*: written anew in item order
 (from the base, the records, and new loads of records found damaged), with its
 item table, under the pack's build lock; then the segments are removed. A
 process that meets a missing item looks again first (for the sealed pack, and
-for other processes' records: a ``stat``, a ``listdir`` and a ``stat`` per
-segment, ~20 us against the milliseconds of a load), so that no item another
+for other processes' records: a ``stat`` of the pack and of the folder, listed
+again only when its mtime moved, and an ``fstat`` per segment, ~10-20 us against
+the milliseconds of a load), so that no item another
 process recorded is loaded twice (a DataLoader's persistent workers in their
 second epoch), and seals the pack when that look finds every item in (so the
 second epoch of a DataLoader whose workers each missed the other's last records
