@@ -24,11 +24,16 @@ PARENT = os.getpid()
 
 @pytest.fixture(autouse=True)
 def _no_start_measured_yet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test decides from the default start costs: a start an earlier test
-    measured (a spawn on a loaded machine: seconds) would keep these builds serial."""
+    """Each test decides from the default start costs (a start an earlier test
+    measured, a spawn on a loaded machine: seconds, would keep these builds
+    serial), and as in a fresh process: idle threads earlier tests of the run left
+    (Dask's offload pool) would make these builds spawn; how threads decide the
+    start method is tested by test_a_build_after_s3_was_used_still_forks and
+    tests/compat/test_dataset_cached.py."""
     from mlcache.data import workers
 
     monkeypatch.setattr(workers, "_started", {})
+    monkeypatch.setattr(workers, "_other_threads", lambda: 0)
 
 
 class Slow:
@@ -240,16 +245,25 @@ def test_a_parallel_build_is_the_serial_build(tmp_path: Any) -> None:
     assert {parallel[i]["pid"] for i in range(250)} - {os.getpid()}  # workers built it
 
 
-def test_a_build_after_s3_was_used_still_forks(s3_bucket) -> None:
+def test_a_build_after_s3_was_used_still_forks(
+    s3_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """fsspec's event loop and its executor's idle threads (left by any S3 access
     before the build) do not make fork unsafe: fsspec makes a new loop in a forked
     child. Before, they kept the build serial (or spawned, at seconds a start)."""
     import fsspec
 
+    from mlcache.data import workers
+
+    monkeypatch.undo()  # the real count of threads (the fixture's is 0)
+    monkeypatch.setattr(workers, "_started", {})
+    before = workers._other_threads()
     url, options = s3_bucket
     fs = fsspec.filesystem("s3", **options)
     fs.pipe_file(f"{url}/x", b"1")
     assert fs.cat_file(f"{url}/x") == b"1"
     assert any(t.name == "fsspecIO" for t in threading.enumerate())
-    got = list(load_many(Slow(), list(range(120)), 2))
-    assert len({s["pid"] for _, s in got} - {os.getpid()}) == 2  # forked workers loaded
+    assert workers._other_threads() == before  # S3's threads do not count
+    if before == 0:  # nothing else left by earlier tests: the build forks
+        got = list(load_many(Slow(), list(range(120)), 2))
+        assert len({s["pid"] for _, s in got} - {os.getpid()}) == 2
