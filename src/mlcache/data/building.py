@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import time
@@ -437,12 +436,8 @@ class PackBuilder:
         if missing:
             refuse_in_bootstrap(type(self))
             items = [filler.items[i] for i in missing]
-            workers = self._num_workers
-            samples: Iterable[Mapping[str, Any]]
-            if workers <= 1 or multiprocessing.current_process().daemon or len(items) < 2:
-                samples = map(self.load_item, items)
-            else:
-                samples = load_in_workers(self, items, workers)
+            # in this process when workers would not pay (or cannot: a daemon)
+            samples = load_in_workers(self, items, self._num_workers)
             desc = type(self).__qualname__
             shown = _progress(samples, desc, total=len(items), unit=" samples", enabled=progress)
             filler.fill(zip(missing, shown, strict=True))

@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -298,9 +297,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
                 "and load_item()"
             )
         items = list(self.source_items())
-        # a DataLoader worker (a daemon) rebuilding the pack cannot have children
-        if self._num_workers <= 1 or multiprocessing.current_process().daemon or len(items) < 2:
-            return Counted(map(self.load_item, items), len(items))
+        # in this process when workers would not pay (or cannot: a DataLoader's daemon)
         return Counted(load_in_workers(self, items, self._num_workers), len(items))
 
     def source_items(self) -> Iterable[Any]:
