@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mlcache import Memory
 from mlcache.memo.layout import is_entry
@@ -213,6 +214,7 @@ def test_verify_covers_packs(tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.timeout(900)  # every benchmark's quick run: ~170 s idle, over 300 s on a busy VM
 def test_bench_quick_runs_the_benchmarks_and_prints_ratios():
     res = run("bench", "--quick")
     assert res.returncode == 0, res.stderr[-2000:]
