@@ -221,7 +221,7 @@ def bench_scaling(
 def main() -> int:
     args = parse_args(__doc__.splitlines()[0])
     n, samples, items, trials = (
-        (100_000, 2_000, 8, 3) if args.quick else (12_500_000, 20_000, 16, 9)
+        (100_000, 2_000, 4, 1) if args.quick else (12_500_000, 20_000, 16, 9)
     )
     print(f"# bench_remote\n\n{machine_note()}")
     with scratch_dir(args.dir, "remote") as root, seaweedfs(os.path.join(root, "s3")) as endpoint:
@@ -231,8 +231,8 @@ def main() -> int:
         s3fs.S3FileSystem(**options).mkdir("bench")
         url = "s3://bench"
         hits, out = bench_hits(root, url, options, n, trials)
-        packs, out_c = bench_pack(root, url, options, samples, max(3, trials // 3))
-        scaling, out_d = bench_scaling(root, url, options, items, max(3, trials // 3))
+        packs, out_c = bench_pack(root, url, options, samples, max(trials, 3) // 3)
+        scaling, out_d = bench_scaling(root, url, options, items, max(trials, 3) // 3)
     return finish(args, "bench_remote", {**hits, "c": packs, "d": scaling}, out + out_c + out_d)
 
 

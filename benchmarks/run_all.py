@@ -1,6 +1,6 @@
 """Run every benchmark, each in its own process, and print a summary of the targets.
 
-    python benchmarks/run_all.py [--quick] [--dir PARENT]
+    python benchmarks/run_all.py [--quick] [--dir PARENT] [--only SCRIPT ...]
 
 Exits with 1 if a benchmark failed or (in a full run) missed a target.
 """
@@ -35,10 +35,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny smoke runs (a few seconds each)")
     p.add_argument("--dir", default=None, help="parent folder of the scratch cache folders")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=SCRIPTS,
+        metavar="SCRIPT",
+        help="run these scripts only (default: all of %(choices)s)",
+    )
     args = p.parse_args()
     rows, status = [], 0
     with tempfile.TemporaryDirectory(prefix="mlcache-bench-json-") as tmp:
-        for script in SCRIPTS:
+        for script in args.only or SCRIPTS:
             out = os.path.join(tmp, script + ".json")
             cmd = [sys.executable, os.path.join(HERE, script), "--json", out]
             cmd += ["--quick"] if args.quick else []

@@ -348,7 +348,9 @@ def _bench(args: argparse.Namespace) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     script = os.path.join(os.path.dirname(os.path.dirname(here)), "benchmarks", "run_all.py")
     if os.path.exists(script):
-        return subprocess.call([sys.executable, script, *(["--quick"] if args.quick else [])])
+        options = ["--quick"] if args.quick else []
+        options += ["--only", *args.only] if args.only else []
+        return subprocess.call([sys.executable, script, *options])
     print(
         "mlcache bench runs the scripts in benchmarks/ of a source checkout; "
         "run it from the repository folder",
@@ -468,6 +470,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--quick", action="store_true", help="a small, fast run (for CI)")
     bench = command("bench", "run benchmarks/ (a source checkout) and print ratios", json=False)
     bench.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
+    bench.add_argument(
+        "--only", nargs="+", metavar="SCRIPT", help="these scripts only (bench_hit.py ...)"
+    )
     return parser
 
 
