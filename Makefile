@@ -7,17 +7,32 @@ STAMP := $(BIN)/.mlcache-installed
 
 .PHONY: install demo test test-all lint docs package-check bench clean
 
-$(STAMP): pyproject.toml
+DEMO_STAMP := $(BIN)/.mlcache-demo-installed
+
+# pip speaks (no -q): a first `make demo` installs for a few minutes, and a silent
+# one looks hung
+$(BIN)/python:
+	@echo "== creating the virtual environment $(VENV)"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# the CPU wheel of torch first: a bare `torch` would pull a multi-GB CUDA build
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,torch]"
+
+# what the demo needs: torch's CPU wheel first (a bare `torch` would pull a multi-GB
+# CUDA build), then mlcache with tables, progress bars, the chart and joblib to compare
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	@echo "== installing torch 2.13.0 (the CPU wheel, ~200 MB) and mlcache with the demo's extras (rich, tqdm, matplotlib, joblib)"
+	$(BIN)/python -m pip install --progress-bar off torch==2.13.0
+	$(BIN)/python -m pip install --progress-bar off -e ".[demo,torch]"
+	touch $(DEMO_STAMP)
+
+# everything the tests, the linters and the guide need
+$(STAMP): pyproject.toml $(DEMO_STAMP)
+	@echo "== installing the test tools (pytest, ruff, mypy, scikit-learn, pandas, pyarrow, dask, s3fs, a SeaweedFS server, mkdocs)"
+	$(BIN)/python -m pip install --progress-bar off -e ".[dev,torch]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/mlcache demo
 
 lint: $(STAMP)
