@@ -573,6 +573,27 @@ def test_a_failing_store_returns_the_value_and_leaves_nothing(mem, monkeypatch, 
     assert f.check_call_in_cache(x)
 
 
+def test_a_cache_folder_removed_while_its_memory_lives_is_made_again(tmp_path):
+    """``rm -rf cache/`` beside a notebook kernel holding the Memory: the next call
+    computes, stores (no warning: warnings are errors here) and the one after hits,
+    as with joblib. With a size limit too (its counter lives in the folder)."""
+    import shutil
+
+    for limit in (None, "1M"):
+        CALLS.clear()
+        location = tmp_path / f"cache-{limit}"
+        mem = Memory(location, verbose=0, bytes_limit=limit)
+        f = mem.cache(double)
+        assert f(1) == 2.0 and f(1) == 2.0 and len(CALLS) == 1
+        shutil.rmtree(location)
+        assert f(1) == 2.0 and len(CALLS) == 2  # computed: the result is gone
+        assert f(1) == 2.0 and f(2) == 4.0 and f(2) == 4.0 and len(CALLS) == 3
+        assert f.check_call_in_cache(1) and f.check_call_in_cache(2)
+        assert (location / "CACHEDIR.TAG").is_file() and (location / ".gitignore").is_file()
+        mem.clear(warn=False)  # and it stays a cache: clear knows it as one
+        assert f(1) == 2.0 and len(CALLS) == 4
+
+
 def test_damaged_entry_is_a_miss_with_a_warning_then_overwritten(mem):
     f = mem.cache(double)
     f(np.arange(100.0))

@@ -121,6 +121,30 @@ class TestLocalStore(StoreTests):
         t = os.stat(path).st_mtime - seconds
         os.utime(path, (t, t))
 
+    def test_a_removed_cache_folder_is_made_again_by_the_next_write(self, tmp_path):
+        """The folder removed while the store is in use: a write, a lock and a
+        counter make it again, marked as a cache; a read is only a miss."""
+        for use in ("write", "lock", "counter"):
+            root = tmp_path / use
+            store = LocalStore(root)
+            put(store, "f/v/k", b"x")
+            shutil.rmtree(root)
+            assert not store.exists("f/v/k") and list(store.list()) == []
+            with pytest.raises(EntryNotFound):
+                store.open("f/v/k")
+            assert not root.exists()  # reading makes nothing
+            if use == "write":
+                put(store, "f/v/k", b"y")
+                assert get(store, "f/v/k") == b"y"
+            elif use == "lock":
+                with store.lock("f/v/k", 1.0) as held:
+                    assert held
+            else:
+                with store.shared_counter("size") as counter:
+                    assert counter is not None and counter.value == 0
+            assert (root / "CACHEDIR.TAG").is_file() and (root / ".gitignore").is_file()
+            assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
     def test_no_temporary_files_left_after_a_failed_write(self, store):
         with pytest.raises(RuntimeError), store.write("f/v/k") as f:
             f.write(b"x")

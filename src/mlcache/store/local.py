@@ -22,8 +22,8 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO, TypeVar
 
 from .._atomic import (
     TMP_MARK,
@@ -61,6 +61,7 @@ TOMB_MARK = ".removing-"
 _LOCK_SUFFIX = ".lock"
 _COUNTER = struct.Struct("<qd")  # value, time it was set
 logger = logging.getLogger("mlcache")
+_T = TypeVar("_T")
 #: one thread at a time per counter file in this process (the file lock is per process)
 _COUNTER_LOCKS: dict[str, threading.Lock] = {}
 _COUNTER_LOCKS_GUARD = threading.Lock()
@@ -97,7 +98,8 @@ class LocalStore:
         The folder; created (mode 0o700) if missing. A ``.gitignore`` is added
         unless one exists, so a cache inside a repository is never committed.
         A folder this user cannot write (a read-only mount, a team's shared
-        cache) is opened read-only: see :attr:`read_only`.
+        cache) is opened read-only: see :attr:`read_only`. Removed while in use,
+        it is made again (marked) by the next write, lock or counter.
     durable:
         fsync each entry and its folder before publishing (default True), so a
         power loss cannot leave a published but empty entry.
@@ -141,6 +143,37 @@ class LocalStore:
                 return
             raise StoreError(f"cannot write in the cache folder {root!r}: {exc.strerror}") from exc
 
+    def _remaking(self, make: Callable[[], _T]) -> _T:
+        """``make()``, once more after making the cache folder again when it failed
+        because the folder was removed (see :meth:`_make_again`)."""
+        try:
+            return make()
+        except FileNotFoundError:
+            if not self._make_again():
+                raise
+            return make()
+
+    def _make_again(self) -> bool:
+        """Make the cache folder again, marked, when it was removed while this store
+        was in use (``rm -rf cache/`` beside a notebook holding a ``Memory``), as
+        joblib does at its next write; return whether it was missing. What lives
+        below it (function folders, counters, locks, statistics) is made as each
+        is next written, as for a new cache."""
+        if os.path.isdir(self.location):
+            return False  # there: what was missing is something else, said by the caller
+        try:
+            os.makedirs(self.location, mode=self.mode, exist_ok=True)
+            _write_marker(self.location)
+            _write_gitignore(self.location)
+        except OSError as exc:
+            raise StoreError(
+                exc.errno,
+                f"the cache folder {self.location} was removed and cannot be made "
+                f"again ({exc.strerror})",
+            ) from exc
+        logger.info("mlcache: the cache folder %s was removed; made it again", self.location)
+        return True
+
     def _refuse(self) -> None:
         """Raise for a write to a read-only store."""
         raise StoreError(errno.EROFS, f"the cache folder {self.location} is read-only")
@@ -175,10 +208,14 @@ class LocalStore:
         path = os.path.join(self.location, check_name(name))
         if self.read_only:
             self._refuse()
-        with atomic_file(
-            path, durable=self.durable, root=self.location, folder_mode=self.mode
-        ) as f:
-            yield f
+        with contextlib.ExitStack() as stack:
+            yield self._remaking(
+                lambda: stack.enter_context(
+                    atomic_file(
+                        path, durable=self.durable, root=self.location, folder_mode=self.mode
+                    )
+                )
+            )
 
     def exists(self, name: str) -> bool:
         """Whether ``name`` is an entry (or a folder) here; a link is not one."""
@@ -210,7 +247,7 @@ class LocalStore:
         if self.read_only:  # nothing is computed into it: no one to wait for
             self._refuse()
         lock = f".{base}{_LOCK_SUFFIX}"
-        dfd = open_folder(self.location, folder, mode=self.mode)
+        dfd = self._remaking(lambda: open_folder(self.location, folder, mode=self.mode))
         try:
             fd = _lock_file(lock, dfd, os.path.join(self.location, folder, lock), timeout)
             try:
@@ -311,7 +348,7 @@ class LocalStore:
         if self.read_only:
             self._refuse()
         with _counter_lock(path):
-            fd = open_regular(path, os.O_RDWR | os.O_CREAT)
+            fd = self._remaking(lambda: open_regular(path, os.O_RDWR | os.O_CREAT))
             try:
                 if not _lockf(fd, timeout):
                     yield None
