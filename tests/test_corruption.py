@@ -210,3 +210,41 @@ def test_damaged_entries_many_trials(tmp_path):
 def test_damaged_packs_many_trials(tmp_path):
     trials = int(os.environ.get("MLCACHE_CORRUPTION_TRIALS", "1500")) // 3
     _check(damage_packs(str(tmp_path / "d"), trials, seed=1), "rebuilt")
+
+
+def test_an_entry_of_a_newer_mlcache_is_kept_never_removed_nor_overwritten(tmp_path):
+    """Two mlcache versions sharing a cache (a cluster mid-upgrade): this one meets
+    an entry of a newer entry format. Each call computes the right value and
+    returns it unstored (one warning, saying to upgrade); the newer entry stays
+    byte for byte, through verify(), `verify --fix` and prune's size scan."""
+    from mlcache.admin import prune, verify
+
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(plain_result)
+    f(1)
+    name = f._name((1,), {})
+    path = Path(mem.store.local_path(name))  # type: ignore[union-attr]
+    data = bytearray(path.read_bytes())
+    data[8:10] = (2).to_bytes(2, "little")  # written by a newer mlcache...
+    data[12:64] = bytes(range(52))  # ... whose header reads otherwise
+    newer = bytes(data)
+    path.write_bytes(newer)
+
+    older = Memory(tmp_path, verbose=0).cache(plain_result)  # the other version's process
+    before = CALLS["plain"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [older(1) for _ in range(3)] == [plain_result(1)] * 3
+    ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1 and "newer mlcache" in ours[0] and "damaged" not in ours[0]
+    assert CALLS["plain"] == before + 4  # three computed calls (and the reference)
+    assert not older.check_call_in_cache(1)  # not a result this version can load
+    assert older.call_and_shelve(1).get() == plain_result(1)
+    assert path.read_bytes() == newer
+
+    assert mem.verify() == []
+    found = verify(mem, str(tmp_path), fix=True)
+    assert [(d.name, d.unreadable, d.removed) for d in found] == [(name, True, False)]
+    assert "newer mlcache" in found[0].reason
+    prune(mem, max_size=10**9)
+    assert path.read_bytes() == newer

@@ -24,7 +24,14 @@ from .data.cached import remove_pack
 from .data.reader import PackedDataset
 from .data.replaced import replaced_by
 from .entry import open_entry, read_entry_info
-from .errors import EntryCorrupted, EntryNotFound, EntrySignatureError, PackCorrupted, UnknownFormat
+from .errors import (
+    EntryCorrupted,
+    EntryNotFound,
+    EntrySignatureError,
+    NewerFormat,
+    PackCorrupted,
+    UnknownFormat,
+)
 from .memo.eviction import plan_eviction
 from .memo.layout import cached_objects, entries, is_entry, is_stats
 from .memo.memory import Memory
@@ -362,6 +369,10 @@ def _check_entries(
             damaged.append(Damage(e.name, "entry", reason, str(exc)))
         except EntryCorrupted as exc:
             damaged.append(Damage(e.name, "entry", plain_reason(str(exc)), str(exc)))
+        except NewerFormat as exc:  # not damage: never removed
+            why = "written by a newer mlcache (a newer entry format): upgrade to read it"
+            damaged.append(Damage(e.name, "entry", why, str(exc), unreadable=True))
+            continue
         except (EntryNotFound, UnknownFormat):
             continue  # removed meanwhile; a codec not registered here is not damage
         except OSError as exc:

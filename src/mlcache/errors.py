@@ -23,8 +23,10 @@
      │         └── PackChanged                    a pack file changed under an open reader
      │                                            (mlcache.data.PackChanged)
      ├── UnknownFormat(CacheError, LookupError)  an entry written with a codec or compression
-     │                                            this process has not registered (a miss here,
-     │                                            the entry is left in place)
+     │    │                                       this process has not registered (a miss here,
+     │    │                                       the entry is left in place)
+     │    └── NewerFormat                         an entry or a pack written by a newer mlcache
+     │                                            (a higher format version): left in place too
      ├── UnhashableArgument(CacheError, TypeError)  an argument of a call cannot be hashed
      │                                            (the call runs uncached, with a warning)
      ├── UnsupportedValue(CacheError, TypeError)  a value no allowed codec can store
@@ -57,6 +59,7 @@ __all__ = [
     "EntryNotFound",
     "EntrySignatureError",
     "InvalidRegistration",
+    "NewerFormat",
     "PackChanged",
     "PackCorrupted",
     "RegistryError",
@@ -145,6 +148,13 @@ class UnknownFormat(CacheError, LookupError):
     has not registered (:func:`mlcache.register_codec`,
     :func:`mlcache.register_compressor`). The entry is not damaged, only unreadable
     here: a memoized call treats it as a miss and leaves it in place."""
+
+
+class NewerFormat(UnknownFormat):
+    """An entry or a pack was written by a newer mlcache (its format version is higher
+    than this one reads): a cache shared by two versions, a cluster mid-upgrade. Not
+    damage: a memoized call computes and leaves the entry as it is, unreplaced, and
+    ``verify --fix`` never removes it."""
 
 
 class UnhashableArgument(CacheError, TypeError):

@@ -121,3 +121,41 @@ def test_a_payload_the_codec_cannot_decode_is_corrupted(store, monkeypatch):
         EntryCorrupted, match=r"cannot decode the 'broken-test' payload \(LookupError"
     ):
         decode(open_entry(store, NAME), allow_pickle=False)
+
+
+def _rewrite(store: Store, edit: Any) -> None:
+    with store.open(NAME) as f:
+        data = bytearray(f.read())
+    edit(data)
+    with store.write(NAME) as f:
+        f.write(bytes(data))
+
+
+def test_a_newer_format_version_is_newer_format_not_damage(store):
+    """An entry a newer mlcache wrote (a higher version, and bytes after it that may
+    mean anything) is NewerFormat, an UnknownFormat: a miss that keeps the entry.
+    Our own entry whose version field alone was damaged is damage."""
+    from mlcache.errors import NewerFormat, UnknownFormat
+
+    def newer(data: bytearray) -> None:
+        data[8:10] = (2).to_bytes(2, "little")
+        data[12:64] = bytes(range(52))  # another header layout altogether
+
+    put(store, VALUE)
+    _rewrite(store, newer)
+    for read in (
+        lambda: open_entry(store, NAME),
+        lambda: read_entry_info(store, NAME),
+        lambda: open_entry(store, NAME, "r"),
+    ):
+        with pytest.raises(NewerFormat, match="newer mlcache.*version 2") as got:
+            read()
+        assert isinstance(got.value, UnknownFormat) and not isinstance(got.value, EntryCorrupted)
+
+    def flipped(data: bytearray) -> None:
+        data[9] ^= 0x10  # version 1 -> 4097, every other byte as written
+
+    put(store, VALUE)
+    _rewrite(store, flipped)
+    with pytest.raises(EntryCorrupted, match="damaged format version 4097"):
+        open_entry(store, NAME)

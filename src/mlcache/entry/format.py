@@ -9,7 +9,10 @@ integers are little-endian.
 offset    size    field
 ========  ======  ===========================================================
 0         8       magic ``b"\\x93MLCACHE"``
-8         2       format version (u16), currently 1
+8         2       format version (u16), currently 1; a reader meeting a
+                  higher one stops there (UnknownFormat: a newer writer's
+                  entry, kept), so a change an older reader cannot follow
+                  bumps it
 10        2       flags (u16): 1 signed, 2 the signature covers segment 0 too,
                   4 a block table follows the info
 12        4       layout length L (u32): JSON, how to decode the payload
@@ -62,7 +65,7 @@ from typing import Any, BinaryIO, NamedTuple
 import xxhash
 
 from ..codecs.compression import Compression, compressors
-from ..errors import ConfigError, EntryCorrupted, UnknownFormat
+from ..errors import ConfigError, EntryCorrupted, NewerFormat, UnknownFormat
 from .signing import KEY_ID_SIZE, MAC_SIZE
 
 __all__ = [
@@ -272,6 +275,17 @@ class Header:
         )
         if magic != MAGIC:
             raise EntryCorrupted(f"{where}: not an mlcache entry (bad magic)")
+        if version > FORMAT_VERSION:
+            # a newer mlcache's entry (a cache shared mid-upgrade): not damage, and
+            # nothing after the version may mean here what it means there; unless it
+            # is one of ours whose version field alone was damaged (its checksum
+            # holds with our version): damage, removed and written again
+            if _ours_but_version(head, where):
+                raise EntryCorrupted(f"{where}: damaged format version {version}")
+            raise NewerFormat(
+                f"{where}: written by a newer mlcache (entry format version {version}; "
+                f"this one reads version {FORMAT_VERSION}): upgrade mlcache to read it"
+            )
         if version != FORMAT_VERSION:
             raise EntryCorrupted(f"{where}: unsupported entry format version {version}")
         if _r != 0:
@@ -311,6 +325,17 @@ class Header:
         self.payload_off = p_off
         self.payload_len = p_len
         self.payload_sum = p_sum
+
+
+def _ours_but_version(head: bytes, where: str) -> bool:
+    """``head`` is a whole, checked header of this format once its version field
+    says :data:`FORMAT_VERSION` (the header checksum covers the version: a newer
+    writer's header passes it with 2**-64 odds)."""
+    try:
+        Header(head[:8] + FORMAT_VERSION.to_bytes(2, "little") + head[10:], where)
+    except (EntryCorrupted, UnknownFormat):
+        return False
+    return True
 
 
 def _head_need(head: bytes) -> int:

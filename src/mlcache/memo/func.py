@@ -103,6 +103,7 @@ class MemorizedFunc(Generic[P, R]):
         self._unkeyable_warned = False
         self._pickle_warned = False  # a result that needs pickle with allow_pickle=False
         self._foreign_warned: set[str] = set()  # entries seen unsigned or with another key
+        self._unreadable: set[str] = set()  # others' entries (newer): never replaced
         self._rename(self.func_id)
         functools.update_wrapper(self, func)
 
@@ -200,18 +201,18 @@ class MemorizedFunc(Generic[P, R]):
 
     # -- load and store -------------------------------------------------------------
     def _read(self, name: str, read: Callable[[], Any]) -> Any:
-        """``read()``, or ``_MISS`` when the entry is missing, unreadable or damaged
-        (a damaged entry is removed, with one warning)."""
+        """``read()``, or ``_MISS`` (missing, unreadable; damaged: removed, one warning)."""
         try:
             return read()
         except EntryNotFound:
             return _MISS
         except UnsupportedValue:
             return _MISS  # written with pickle, which is refused now: never unpickle it
-        except UnknownFormat as exc:  # not damaged: another process can read it
+        except UnknownFormat as exc:  # not damage: another process (a newer one) reads it
+            self._unreadable.add(name)  # so it is never removed nor overwritten here
             if "unknown-format" not in self._foreign_warned:
                 self._foreign_warned.add("unknown-format")
-                warn(f"mlcache: an entry of {self.func_id} is {exc}; recomputing", stacklevel=5)
+                warn(f"mlcache: {self.func_id}: {exc}; kept, computed here", stacklevel=5)
             return _MISS
         except OSError as exc:  # permissions, I/O errors: leave the entry in place
             warn(
@@ -259,8 +260,7 @@ class MemorizedFunc(Generic[P, R]):
         return base + tail if base.endswith(os.sep) else f"{base}{os.sep}{tail}"
 
     def _valid(self, name: str, path: str | None) -> bool:
-        """The cache_validation_callback's verdict on the entry's metadata (read from
-        its header only); an invalid entry is removed. Callback errors propagate."""
+        """The validation callback's verdict on the entry's header: False removes it."""
         callback = self.cache_validation_callback
         if callback is None:
             return True
@@ -320,8 +320,8 @@ class MemorizedFunc(Generic[P, R]):
                 self._pickle_warned = True
                 self._warn_unstored(f"is not stored: {exc}")
             return None
-        if ctx.writes.refuses_writes():  # a read-only cache (said once per Memory)
-            return None
+        if ctx.writes.refuses_writes() or name in self._unreadable:  # read-only (said
+            return None  # once per Memory), or another version's entry (said in _read)
         info = {
             "func": self.func_id,
             "time": time.time(),
@@ -501,7 +501,7 @@ class MemorizedFunc(Generic[P, R]):
             exists = self._store.exists(name)
         except (OSError, ValueError):
             return False
-        return exists and self._valid(name, self._path(name))
+        return exists and name not in self._unreadable and self._valid(name, self._path(name))
 
     def stats(self) -> FunctionStats:
         """This function's entries, bytes, last use, hits, misses and the seconds of

@@ -41,7 +41,7 @@ from typing import Any
 
 from ..codecs import codecs
 from ..entry import decode, keep_verified, open_entry, read_entry_info, write_entry
-from ..errors import EntryCorrupted, EntryNotFound
+from ..errors import EntryCorrupted, EntryNotFound, UnknownFormat
 from ..store import LocalFolders, Locking, Store
 from .layout import STATS, cached_objects, entry_folder, is_stats
 
@@ -332,8 +332,8 @@ def fold_idle(store: Store, folder: str, now: float | None = None) -> int:
             archive = _read_stats(store, archive_name)
         except EntryNotFound:
             archive = dict.fromkeys(_COUNTS, 0) | {"merged": []}
-        except (EntryCorrupted, ValueError):
-            return 0  # leave it for `verify --fix`; never count twice
+        except (EntryCorrupted, UnknownFormat, ValueError):
+            return 0  # leave it for `verify --fix` (or a newer mlcache); never count twice
         merged = set(archive.get("merged", []))
         names = {e.name.rpartition("/")[2] for e in present}
         for name in idle:
