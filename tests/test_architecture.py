@@ -176,6 +176,11 @@ FOREIGN_PRIVATES = {
     "_current_frames",
     "_parent",  # fsspec's AbstractFileSystem._parent: the parent of a path, no public twin
     "_strip_protocol",  # fsspec's documented classmethod for a URL's path
+    # the abstract methods of joblib's StoreBackendBase, which every joblib store
+    # backend implements (the adapter drives a user's backend through them)
+    "_open_item",
+    "_item_exists",
+    "_move_item",
 }
 
 

@@ -24,13 +24,15 @@ them. Optional powers are their own small protocols, checked once with
 Register a backend with :func:`mlcache.register_store_backend`; it then works
 as ``Memory(location, backend="name")``; a URL scheme can name it too
 (:func:`register_url_scheme`). :class:`mlcache.testing.stores.StoreTests` is the
-conformance suite a backend's tests subclass.
+conformance suite a backend's tests subclass. A backend written for joblib (a
+``StoreBackendBase`` subclass) registers as it is: an adapter (:data:`adapters`,
+:mod:`mlcache.store.joblib_adapter`) makes it a store.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
@@ -49,6 +51,7 @@ __all__ = [
     "SharedCounter",
     "SharedCounters",
     "Store",
+    "adapters",
     "backend_for",
     "check_name",
     "register_store_backend",
@@ -189,9 +192,13 @@ class Shared(Protocol):
         ...
 
 
+# joblib's wording starts each refusal: code written for joblib may match on it
+_NOT_A_STORE = "Store backend should inherit StoreBackendBase (joblib's) or implement"
+
+
 def _check_store(obj: object) -> None:
     if not isinstance(obj, type):
-        raise TypeError(f"a store backend must be a class, got {obj!r}")
+        raise TypeError(f"{_NOT_A_STORE} mlcache.store.Store, {obj!r} given (not a class)")
     missing = [
         m
         for m in ("open", "write", "exists", "delete", "list", "touch")
@@ -199,8 +206,8 @@ def _check_store(obj: object) -> None:
     ]
     if missing:
         raise TypeError(
-            f"{obj.__qualname__} is not a store: it lacks {', '.join(missing)} "
-            "(see mlcache.store.Store)"
+            f"{_NOT_A_STORE} mlcache.store.Store, {obj.__qualname__} given: "
+            f"it lacks {', '.join(missing)}"
         )
 
 
@@ -212,18 +219,50 @@ stores: Registry[type] = Registry("store backend", _check_store, UnknownBackend,
 _LAZY_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
+def _check_adapter(obj: object) -> None:
+    if not callable(obj):
+        raise TypeError(
+            f"a store adapter is a function (class -> store class or None), got {obj!r}"
+        )
+
+
+#: what makes another library's store backend class a :class:`Store` class: name ->
+#: a function given the class registered, which returns a store class for it, or
+#: None when the class is not that library's (tried in order, only for a class that
+#: is not a store itself)
+adapters: Registry[Callable[[type], type | None]] = Registry("store adapter", _check_adapter)
+adapters.register("joblib", "mlcache.store.joblib_adapter:adapt")
+
+
+def _adapted(backend_class: object) -> object:
+    """``backend_class`` as a store class: itself, or what an adapter makes of it."""
+    if not isinstance(backend_class, type):
+        return backend_class
+    try:
+        _check_store(backend_class)
+    except TypeError:
+        for name in adapters:
+            store_class = adapters[name](backend_class)
+            if store_class is not None:
+                return store_class
+    return backend_class
+
+
 def register_store_backend(name: str, backend_class: type | str, *, replace: bool = False) -> None:
     """Make ``backend_class`` usable as ``Memory(location, backend=name)``.
 
     The class is called as ``backend_class(location, **backend_options)`` and must
     implement :class:`Store`; ``"package.module:Class"`` registers it lazily
-    (imported on first use).
+    (imported on first use). A joblib backend class (a subclass of joblib's
+    ``StoreBackendBase``) is registered through its adapter
+    (:mod:`mlcache.store.joblib_adapter`): code that registers its backend with
+    joblib works with mlcache unchanged.
 
     Raises
     ------
     mlcache.errors.InvalidRegistration
-        (a ``ValueError`` and a ``TypeError``, as joblib's) when ``name`` is not a
-        short lowercase name, ``backend_class`` is not a store class, or ``name``
+        (a ``ValueError`` and a ``TypeError``, as joblib's, in joblib's words)
+        when ``name`` is not a one-line str, ``backend_class`` is not a store class, or ``name``
         is taken by another class and ``replace`` is false. Registering the same
         class again (a module reloaded, a notebook cell run again) replaces it,
         as joblib does.
@@ -249,12 +288,14 @@ def register_store_backend(name: str, backend_class: type | str, *, replace: boo
     >>> from mlcache.store.local import LocalStore
     >>> register_store_backend("mydisk", LocalStore)  # doctest: +SKIP
     """
+    if not isinstance(name, str):  # joblib's wording
+        raise InvalidRegistration(f"Store backend name should be a string, {name!r} given")
     if isinstance(backend_class, str) and not _LAZY_TARGET.fullmatch(backend_class):
         raise InvalidRegistration(
             f"cannot register store backend {name!r}: expected a store class or "
             f"'package.module:Class', got {backend_class!r}"
         )
-    stores.register(name, backend_class, replace=replace)
+    stores.register(name, _adapted(backend_class), replace=replace)  # type: ignore[arg-type]
 
 
 stores.register("local", "mlcache.store.local:LocalStore")
