@@ -16,7 +16,15 @@ import textwrap
 
 import pytest
 
-from mlcache import CacheError, ConfigError, Memory, RegistryError, errors, register_store_backend
+from mlcache import (
+    CacheError,
+    ConfigError,
+    MemorizedFunc,
+    Memory,
+    RegistryError,
+    errors,
+    register_store_backend,
+)
 from mlcache.store import stores
 from mlcache.store.local import LocalStore
 
@@ -91,6 +99,22 @@ def test_an_empty_or_multiline_backend_name_is_still_refused(name):
     assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize("name", [None, {}, [], 1])
+def test_a_name_that_is_not_a_str_is_refused_in_joblibs_words(name):
+    # joblib: ValueError("Store backend name should be a string, '...' given.")
+    with pytest.raises(errors.InvalidRegistration, match=r"^Store backend name should be a string"):
+        register_store_backend(name, LocalStore)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("impl", [None, dict, object()])
+def test_what_is_not_a_store_is_refused_in_joblibs_words(impl, backend_name):
+    # joblib: ValueError("Store backend should inherit StoreBackendBase, '...' given.")
+    with pytest.raises(
+        errors.InvalidRegistration, match="Store backend should inherit StoreBackendBase"
+    ):
+        register_store_backend(backend_name, impl)  # type: ignore[arg-type]
+
+
 def test_the_new_error_classes_are_public():
     import mlcache
 
@@ -104,6 +128,32 @@ def test_an_unknown_backend_is_a_type_error(tmp_path):
         Memory(tmp_path, backend="nope")
     assert isinstance(info.value, TypeError)
     assert isinstance(info.value, RegistryError)
+    assert str(info.value).startswith(f"Unknown location {tmp_path} or backend nope")  # joblib's
+
+
+def test_backend_options_the_backend_does_not_take_are_ignored_with_one_warning(tmp_path):
+    # joblib passes every option to its backend, which ignores what it does not know
+    with pytest.warns(errors.CacheWarning) as caught:
+        mem = Memory(tmp_path, verbose=0, backend_options={"parameter": 1, "durable": False})
+    assert len(caught) == 1
+    assert "'parameter'" in str(caught[0].message) and "durable" not in str(caught[0].message)
+    assert mem.store.durable is False  # type: ignore[union-attr]  # what it takes reaches it
+    assert mem.backend_options == {"parameter": 1, "durable": False}  # as given, as joblib's
+    assert mem.cache(g_plain)(3) == 6 and mem.cache(g_plain).check_call_in_cache(3)
+    # only unknown names are ignored: a bad value for a known one is the user's to fix
+    register_store_backend("compat-strict", _StrictStore)
+    try:
+        with pytest.raises(TypeError, match="rejected backend_options"):
+            Memory(tmp_path / "2", backend="compat-strict", backend_options={"level": "high"})
+    finally:
+        stores._entries.pop("compat-strict", None)
+
+
+class _StrictStore(LocalStore):
+    def __init__(self, location, *, level: int = 1):
+        if not isinstance(level, int):
+            raise TypeError(f"level must be an int, got {level!r}")
+        super().__init__(location)
 
 
 # -- Memory.cache ---------------------------------------------------------------------
@@ -187,6 +237,69 @@ def test_reduce_size_bad_items_limit_is_a_config_error(mem, items):
     with pytest.raises(ConfigError, match="items_limit") as info:
         mem.reduce_size(items_limit=items)
     assert isinstance(info.value, ValueError)
+
+
+# -- MemorizedFunc made directly -------------------------------------------------------
+def test_memorized_func_takes_joblibs_constructor_form(tmp_path):
+    # joblib: MemorizedFunc(func, location, backend="local", ignore=None, mmap_mode=None,
+    # compress=False, verbose=1, timestamp=None, cache_validation_callback=None)
+    calls = []
+
+    def double(x):
+        calls.append(x)
+        return 2 * x
+
+    for location in (str(tmp_path / "a"), tmp_path / "b"):
+        func = MemorizedFunc(double, location, verbose=0, timestamp=12.5)
+        assert (func(3), func(3)) == (6, 6) and func.check_call_in_cache(3)
+        assert func.timestamp == 12.5 and func.memory.location == str(location)
+    assert calls == [3, 3]  # once per location
+    positional = MemorizedFunc(double, str(tmp_path / "c"), "local", ["x"], None, 3, 0)
+    assert positional(1) == positional(2) == 2  # x ignored: one entry for both calls
+    assert positional.compress == 3 and positional.ignore == ["x"]
+    refused = MemorizedFunc(
+        double, str(tmp_path / "d"), verbose=0, cache_validation_callback=lambda meta: False
+    )
+    refused(4), refused(4)
+    assert calls.count(4) == 2  # the callback refused the entry: recomputed
+    assert MemorizedFunc(double, mem_at(tmp_path / "e")).memory.location == str(tmp_path / "e")
+
+
+def mem_at(path):
+    return Memory(path, verbose=0)
+
+
+def test_memorized_func_says_what_is_wrong_with_its_memory(tmp_path):
+    with pytest.raises(ConfigError, match="no cache location"):
+        MemorizedFunc(g_plain, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="backend and compress are the Memory's"):
+        MemorizedFunc(g_plain, mem_at(tmp_path), compress=3)
+    with pytest.raises(TypeError, match="a Memory or a cache location"):
+        MemorizedFunc(g_plain, 3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="cache_validation_callback needs to be callable"):
+        MemorizedFunc(g_plain, str(tmp_path), cache_validation_callback=3)  # type: ignore[arg-type]
+
+
+def test_async_memorized_func_takes_joblibs_constructor_form(tmp_path):
+    import asyncio
+
+    from mlcache.memo.func import AsyncMemorizedFunc
+
+    calls = []
+
+    async def triple(x):
+        calls.append(x)
+        return 3 * x
+
+    func = AsyncMemorizedFunc(triple, str(tmp_path), verbose=0)
+    assert asyncio.run(func(2)) == asyncio.run(func(2)) == 6 and calls == [2]
+
+
+def test_a_shelved_result_has_joblibs_attributes(mem):
+    result = mem.cache(g_plain).call_and_shelve(5)
+    assert result.get() == 10
+    assert result.store_backend is mem.store_backend  # joblib's attributes
+    assert result.func == result.func_id
 
 
 # -- verbose ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from ..errors import ConfigError, ConfigTypeError
 from ..keys.code_version import CODE_MODES
 from ..store import backend_for
 
-__all__ = ["MMAP_MODES", "MemoryConfig"]
+__all__ = ["MMAP_MODES", "MemoryConfig", "check_callback", "check_mmap_mode", "split_options"]
 
 #: accepted ``mmap_mode`` values (``"w+"`` would truncate the cached file)
 MMAP_MODES = (None, "r", "r+", "c")
@@ -37,6 +38,32 @@ def _options(options: Any) -> Any:
     if options is None:
         return {}
     return dict(options) if isinstance(options, Mapping) else options
+
+
+def split_options(factory: Any, options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the ``backend_options`` the store class ``factory`` takes, the names of those
+    it does not take). joblib passes every option on and its backends ignore what
+    they do not know, so code written for it may pass more than a backend takes;
+    a factory taking ``**kwargs`` (or whose signature is unknown) takes them all."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return options, []
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return options, []
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in options.items() if k in named}, sorted(set(options) - named)
+
+
+def check_callback(callback: Any) -> Any:
+    """``callback`` (a ``cache_validation_callback``) if it is None or callable."""
+    if callback is not None and not callable(callback):
+        # joblib's wording and ValueError; a TypeError too, as mlcache raised before
+        raise ConfigTypeError(
+            "cache_validation_callback needs to be callable. "
+            f"Got {callback!r} ({type(callback).__name__})."
+        )
+    return callback
 
 
 def check_mmap_mode(mode: Any) -> str | None:

@@ -22,7 +22,7 @@ import time
 import types
 from collections.abc import Callable, Iterable
 from multiprocessing.reduction import ForkingPickler
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 
 from .._log import logger_for, logging_configured
 from ..codecs import select_codec
@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..keys.call import CallKeyer
 from ..keys.identity import call_state, func_identity
+from .config import check_callback
 from .context import MemoContext
 from .layout import is_entry
 from .locking import MISS as _MISS
@@ -73,17 +74,24 @@ def _nbytes(segment: Any) -> int:
 class MemorizedFunc(Generic[P, R]):
     """A memoized function: call it as the original. See :meth:`Memory.cache`."""
 
+    memory_at: ClassVar[Callable[..., Memory]]  # joblib's form's Memory: set by memory.py
+
     def __init__(
         self,
         func: Callable[P, R],
-        memory: Memory,
-        *,
+        memory: Memory | str | os.PathLike[str],
+        backend: str = "local",
         ignore: Iterable[str] | None = None,
-        verbose: int = 1,
         mmap_mode: str | None = None,
+        compress: bool | int | tuple[str, int] | None = None,
+        verbose: int = 1,
+        timestamp: float | None = None,
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = None,
+        *,
         version: str | None = None,
     ) -> None:
+        memory = MemorizedFunc.memory_at(memory, backend, mmap_mode, compress, verbose)
+        self.timestamp = memory.timestamp if timestamp is None else timestamp  # joblib's
         self.func = func
         self.version = version
         self.memory = memory
@@ -91,8 +99,7 @@ class MemorizedFunc(Generic[P, R]):
         self.mmap_mode = mmap_mode
         self.compress = memory.compress
         self._verbose = verbose
-        self.cache_validation_callback = cache_validation_callback
-        self.func_id = func_identity(func)
+        self.cache_validation_callback = check_callback(cache_validation_callback)
         context = memory.context
         assert context is not None  # Memory.cache makes a MemorizedFunc only with a store
         #: what this function shares with the other functions of its Memory
@@ -104,7 +111,7 @@ class MemorizedFunc(Generic[P, R]):
         self._pickle_warned = False  # a result that needs pickle with allow_pickle=False
         self._foreign_warned: set[str] = set()  # entries seen unsigned or with another key
         self._unreadable: set[str] = set()  # others' entries (newer): never replaced
-        self._rename(self.func_id)
+        self._rename(func_identity(func))
         functools.update_wrapper(self, func)
 
     def _rename(self, func_id: str) -> None:
@@ -586,15 +593,8 @@ def _rebuild_func(
     func_id: str | None = None,
     version: str | None = None,
 ) -> MemorizedFunc[Any, Any]:
-    memorized = cls(
-        func,
-        memory,
-        ignore=ignore,
-        verbose=verbose,
-        mmap_mode=mmap_mode,
-        cache_validation_callback=callback,
-        version=version,
-    )
+    kwargs: dict[str, Any] = {"cache_validation_callback": callback, "version": version}
+    memorized = cls(func, memory, ignore=ignore, mmap_mode=mmap_mode, verbose=verbose, **kwargs)
     if func_id is not None and func_id != memorized.func_id:
         memorized._rename(func_id)
     return memorized

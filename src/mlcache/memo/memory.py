@@ -33,12 +33,13 @@ from ..errors import (
     ConfigTypeError,
     EntryCorrupted,
     EntryNotFound,
+    UnknownBackend,
     UnknownFormat,
     warn,
 )
 from ..store import Shared, Store, stores
 from ..store.local import default_location
-from .config import MemoryConfig, check_mmap_mode
+from .config import MemoryConfig, check_callback, check_mmap_mode, split_options
 from .context import MemoContext, WriteGate, store_powers
 from .eviction import SizeGuard, enforce_limits
 from .func import AsyncMemorizedFunc, MemorizedFunc
@@ -175,11 +176,7 @@ class Memory:
             warn("compressed results cannot be memory-mapped; they will be read into memory")
         self.store: Store | None = None
         if self._config.location is not None:
-            factory = stores[self._config.backend]
-            try:
-                self.store = factory(self._config.location, **self._config.backend_options)
-            except TypeError as exc:
-                raise TypeError(f"backend {backend!r} rejected backend_options: {exc}") from None
+            self.store = self._open_store(self._config)
         self._secret = secret
         self.timestamp = time.time()  # joblib's attribute
         #: what the functions this Memory memoizes share (None without a store)
@@ -189,6 +186,31 @@ class Memory:
         # the Memory's own shortcuts to its context's parts
         self._signer: Signer | None = self.context.signer if self.context else None
         self._usage: UsageLog | None = self.context.usage if self.context else None
+
+    @staticmethod
+    def _open_store(c: MemoryConfig) -> Store:
+        """The store of ``c``'s location; options its backend does not take are
+        ignored with one warning, as joblib ignores them."""
+        try:
+            factory = stores[c.backend]
+        except UnknownBackend as exc:  # joblib's words first: code may match on them
+            raise UnknownBackend(
+                f"Unknown location {c.location} or backend {c.backend}: {exc}"
+            ) from None
+        options, unknown = split_options(factory, c.backend_options)
+        if unknown:
+            warn(
+                f"mlcache: the store backend {c.backend!r} takes no backend_options "
+                f"{', '.join(map(repr, unknown))}; ignored",
+                stacklevel=4,
+            )
+        try:
+            store: Store = factory(c.location, **options)
+        except TypeError as exc:
+            if not options:  # e.g. joblib's own error for an incomplete joblib backend
+                raise
+            raise TypeError(f"backend {c.backend!r} rejected backend_options: {exc}") from None
+        return store
 
     def _make_context(self, store: Store) -> MemoContext:
         """Resolve, once, what every memoized function of this Memory uses."""
@@ -354,12 +376,7 @@ class Memory:
             A version you set by hand (``"2"``): the code is then not checked,
             and changing this string is what makes the results stale.
         """
-        if cache_validation_callback is not None and not callable(cache_validation_callback):
-            # joblib's wording and ValueError; a TypeError too, as mlcache raised before
-            raise ConfigTypeError(
-                "cache_validation_callback needs to be callable. "
-                f"Got {cache_validation_callback!r} ({type(cache_validation_callback).__name__})."
-            )
+        check_callback(cache_validation_callback)
         if mmap_mode is not False:
             check_mmap_mode(mmap_mode)
         if version is not None and (not isinstance(version, str) or not version):
@@ -491,6 +508,41 @@ class Memory:
             except UnknownFormat:
                 continue  # a codec or compression not registered here: not damaged
         return damaged
+
+
+def memory_at(
+    memory: Memory | str | os.PathLike[str] | None,
+    backend: str = "local",
+    mmap_mode: str | None = None,
+    compress: bool | int | tuple[str, int] | None = None,
+    verbose: int = 1,
+) -> Memory:
+    """The Memory of a :class:`MemorizedFunc` made directly: ``memory`` itself, or
+    for joblib's form ``MemorizedFunc(func, location, backend, ...)`` a Memory of
+    that location with those options."""
+    if isinstance(memory, Memory):
+        if backend != "local" or compress is not None:
+            raise ConfigError(
+                "MemorizedFunc(func, memory): backend and compress are the Memory's; "
+                "give them to Memory(...), or give a location instead of a Memory"
+            )
+        return memory
+    if memory is None:  # a MemorizedFunc needs a store; joblib fails at the first call
+        raise ConfigError(
+            "MemorizedFunc(func, None): no cache location; Memory(None).cache(func) "
+            "gives a function that is simply called"
+        )
+    if not isinstance(memory, (str, os.PathLike)):
+        raise ConfigTypeError(
+            f"MemorizedFunc(func, memory): memory must be a Memory or a cache location "
+            f"(str or pathlib.Path), got {type(memory).__name__}"
+        )
+    return Memory(memory, backend, mmap_mode, False if compress is None else compress, verbose)
+
+
+# MemorizedFunc(func, location, ...) makes its Memory with it (func.py cannot import
+# this module, which imports func.py)
+MemorizedFunc.memory_at = staticmethod(memory_at)
 
 
 def _rebuild_memory(

@@ -49,6 +49,16 @@ class MemorizedResult:
         """The :class:`~mlcache.Memory` that stored the result."""
         return self.context.owner
 
+    @property
+    def func(self) -> str:
+        """The identity of the function that computed it (joblib's name for it)."""
+        return self.func_id
+
+    @property
+    def store_backend(self) -> Any:
+        """The store holding it (joblib's attribute; ``.location`` is the cache's)."""
+        return self.context.store
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "memory" in state and "context" not in state:  # pickled by mlcache 0.1
             state["context"] = state.pop("memory").context
