@@ -11,6 +11,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import shutil
 import signal
 import struct
@@ -218,7 +219,8 @@ def test_clear_everything_refuses_without_a_terminal_and_dry_run_lists(tmp_path)
     before = state(tmp_path)
     res = run("--location", loc, "clear")
     assert res.returncode == 2 and "no terminal" in res.stderr
-    assert "mlcache clear --yes" in res.stderr and "mlcache clear --dry-run" in res.stderr
+    where = f"mlcache --location {loc}"
+    assert f"{where} clear --yes" in res.stderr and f"{where} clear --dry-run" in res.stderr
     assert state(tmp_path) == before
     res = run("--location", loc, "clear", "--dry-run")
     assert res.returncode == 0 and "would remove" in res.stdout and "mine/d.pack" in res.stdout
@@ -311,7 +313,7 @@ def test_verify_says_why_in_plain_words_and_suggests_fix(tmp_path):
     assert f"damaged entry {entry.parent.parent.name}/" in text
     assert "its data changed after it was written" in text
     assert "damaged dataset pack mine/d.pack:" in text
-    assert "run `mlcache verify --fix`" in text and "--all-packs" in text
+    assert f"run `mlcache --location {tmp_path} verify --fix`" in text and "--all-packs" in text
     for jargon in ("block", "region", "checksum mismatch", "Traceback"):
         assert jargon not in text
     out = json.loads(run("--location", str(tmp_path), "verify", "--json").stdout)
@@ -507,3 +509,90 @@ def test_a_scripts_function_is_named_by_its_name_alone(tmp_path):
     res = run("--location", str(loc), "clear", "preprocess")
     assert res.returncode == 0, res.stderr
     assert state(loc)[0] == 0  # its one result is gone
+
+
+def _in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command run from ``folder``, as a user in their project folder runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "mlcache", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env=env(),
+        cwd=folder,
+    )
+
+
+def _hint(text: str, verb: str) -> list[str]:
+    """The command a message suggests (between backticks), as words."""
+    found = re.findall(r"`(mlcache [^`]*)`", text)
+    return shlex.split(next(c for c in found if f" {verb} " in c + " "))
+
+
+def test_hints_repeat_the_options_that_chose_the_cache(tmp_path):
+    (tmp_path / "cache").mkdir()
+    mem = Memory(tmp_path / "cache", verbose=0)
+    mem.cache(np.add)(1, 2)
+    res = _in(tmp_path, "--location", "cache", "clear")
+    assert res.returncode == 2
+    hint = _hint(res.stderr, "clear")
+    assert hint == ["mlcache", "--location", "cache", "clear", "--yes"], res.stderr
+    # the suggestion, run as given, empties that cache (and not the default one)
+    assert _in(tmp_path, *hint[1:]).returncode == 0
+    assert not [e for e in mem.store.list() if is_entry(e.name)]
+    # verify's hint too
+    mem.cache(np.add)(1, 2)
+    [entry] = [e for e in mem.store.list() if is_entry(e.name)]
+    path = Path(mem.store.local_path(entry.name))
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    res = _in(tmp_path, "verify", "--location", "cache")
+    assert res.returncode == 1
+    hint = _hint(res.stdout, "verify")
+    assert hint == ["mlcache", "--location", "cache", "verify", "--fix"], res.stdout
+    assert _in(tmp_path, *hint[1:]).returncode == 0 and not path.exists()
+
+
+def test_a_bare_command_prints_the_help():
+    res = run()
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: mlcache") and "verify" in res.stdout
+
+
+def test_ls_has_a_totals_line_and_thousands_separators(tmp_path):
+    mem = Memory(tmp_path, verbose=0)
+    square = mem.cache(np.square)
+    for i in range(1_001):
+        square(i)
+    square(3)
+    out = run("--location", str(tmp_path), "ls").stdout
+    row = next(line for line in out.splitlines() if "square" in line)
+    assert re.search(r"\b1,001\b", row), out
+    total = out.strip().splitlines()[-1]
+    assert total.startswith("total: 1,001 results of 1 function, "), total
+    assert "0 dataset packs" in total
+
+
+def test_a_scripts_function_is_shown_under_the_current_folder_and_taken_back(tmp_path):
+    (tmp_path / "train.py").write_text(
+        "from mlcache import Memory\n"
+        "mem = Memory('cache', verbose=0)\n"
+        "@mem.cache\n"
+        "def fit(x):\n"
+        "    return x + 1\n"
+        "fit(1)\n"
+    )
+    subprocess.run([sys.executable, "train.py"], cwd=tmp_path, check=True, env=env())
+    out = _in(tmp_path, "--location", "cache", "ls").stdout
+    [name] = re.findall(r"^(\S*fit@\S+)", out, re.MULTILINE)
+    assert name == "__main__.train.fit@train.py", out
+    # elsewhere, the absolute path; from the folder, the short name is accepted back
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    assert f"@{tmp_path}/train.py" in _in(other, "--location", "../cache", "ls").stdout
+    res = _in(tmp_path, "--location", "cache", "info", name)
+    assert res.returncode == 0 and "1 entry" in res.stdout, res.stderr
+    res = _in(tmp_path, "--location", "cache", "clear", name)
+    assert res.returncode == 0 and "removed" in res.stdout, res.stderr

@@ -15,6 +15,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -62,6 +63,38 @@ def _n(count: int, what: str, plural: str | None = None) -> str:
     return f"{count:,} {plural or what + 's'}"
 
 
+def _short(func: str) -> str:
+    """A function's name as a reader wants it: a script's path (``__main__.f@/home/me/
+    proj/train.py``) relative to the current folder when it lies below it, else under
+    ``~``; :func:`_full` turns it back."""
+    name, at, path = func.rpartition("@")
+    if not at or not os.path.isabs(path):
+        return func
+    here = os.getcwd()
+    if here != os.sep and path.startswith(os.path.join(here, "")):
+        return f"{name}@{os.path.relpath(path, here)}"
+    home = os.path.expanduser("~")
+    if home != "~" and path.startswith(os.path.join(home, "")):
+        return f"{name}@~{path[len(home) :]}"
+    return func
+
+
+def _full(name: str) -> str:
+    """A name as given on the command line, with the script path :func:`_short` gave
+    made absolute again (``f@train.py``, ``f@~/proj/train.py``)."""
+    func, at, path = name.rpartition("@")
+    if not at or not path or os.path.isabs(path) or "://" in path:
+        return name
+    return f"{func}@{os.path.abspath(os.path.expanduser(path))}"
+
+
+def _again(args: argparse.Namespace, *words: str) -> str:
+    """A command to suggest, with the options that chose this cache (``mlcache
+    --location cache clear --yes``): without them it would act on another cache."""
+    where = ["--location", args.location] if args.location else []
+    return "`" + shlex.join(["mlcache", *where, *words]) + "`"
+
+
 def _dump(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
@@ -92,12 +125,12 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
         return OK
     rows = [
         [
-            f.func or f.folder,
-            str(f.entries),
+            _short(f.func) if f.func else f.folder,
+            f"{f.entries:,}",
             _size(f.size),
             _age(f.last_used),
-            str(f.hits),
-            str(f.misses),
+            f"{f.hits:,}",
+            f"{f.misses:,}",
             _secs(f.saved),
         ]
         for f in funcs
@@ -119,11 +152,25 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
     ]
     headers = ["pack", "made by", "state", "samples", "size", "last use", "fields"]
     print_table(f"Datasets in {location}", headers, rows)
+    print()
+    print(_totals(funcs, found))
     return OK
 
 
+def _totals(funcs: list[Any], found: list[admin.PackInfo]) -> str:
+    """``ls``'s last line: what the cache holds, and what it saved."""
+    results = sum(f.entries for f in funcs)
+    line = (
+        f"total: {_n(results, 'result')} of {_n(sum(1 for f in funcs if f.entries), 'function')}"
+        f", {_size(sum(f.size for f in funcs))}; {_n(len(found), 'dataset pack')}, "
+        f"{_size(sum(p.size for p in found))}"
+    )
+    saved = sum(f.saved for f in funcs)
+    return line + (f"; hits saved {_secs(saved)} of computing" if saved else "")
+
+
 def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
-    st = admin.find_function(mem, args.name)
+    st = admin.find_function(mem, _full(args.name))
     chosen = [] if st is not None else admin.find_packs(location, args.name)
     entries = admin.function_entries(mem, st) if st is not None else []
     if args.json and (st is not None or chosen):
@@ -138,7 +185,8 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
         return OK
     if st is not None:
         print(
-            f"{st.func or st.folder}: {_n(st.entries, 'entry', 'entries')}, {_size(st.size)}, "
+            f"{_short(st.func) if st.func else st.folder}: {_n(st.entries, 'entry', 'entries')}, "
+            f"{_size(st.size)}, "
             f"{_n(st.hits, 'hit')}, {_n(st.misses, 'miss', 'misses')}, "
             f"{_secs(st.saved)} of computing saved"
         )
@@ -201,7 +249,7 @@ def _what(cleared: admin.Cleared) -> str:
         parts.append(
             f"{_n(results, 'result')} of {_n(len(cleared.functions), 'function')}"
             if len(cleared.functions) > 1
-            else f"{cleared.functions[0].func or cleared.functions[0].folder} "
+            else f"{_short(cleared.functions[0].func) or cleared.functions[0].folder} "
             f"({_n(results, 'result')})"
         )
     if cleared.packs:
@@ -216,6 +264,7 @@ def _confirmed(question: str) -> bool:
 
 
 def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
+    args.name = _full(args.name) if args.name else None
     plan = admin.clear(mem, location, args.name, dry_run=True)
     if (plan is None or not plan.size) and _is_empty(mem, location):
         return _empty(location, args, missing=False)
@@ -230,8 +279,8 @@ def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             print(
                 f"mlcache clear: this would remove {_what(plan)} from {location}; there is no "
-                "terminal to confirm on: run `mlcache clear --yes` to remove it, "
-                "`mlcache clear --dry-run` to list it",
+                f"terminal to confirm on: run {_again(args, 'clear', '--yes')} to remove it, "
+                f"{_again(args, 'clear', '--dry-run')} to list it",
                 file=sys.stderr,
             )
             return USAGE
@@ -328,8 +377,8 @@ def _verify(mem: Memory, location: str, args: argparse.Namespace) -> int:
     fixable = [b for b in left if not b.unreadable and (b.rebuildable or not args.fix)]
     if fixable and not args.fix:
         print(
-            "run `mlcache verify --fix` to remove the damaged entries and dataset packs: "
-            "mlcache makes them again when they are next used"
+            f"run {_again(args, 'verify', '--fix')} to remove the damaged entries and dataset "
+            "packs: mlcache makes them again when they are next used"
             + (
                 "; packs made by pack() are kept unless you add --all-packs "
                 "(mlcache cannot rebuild them)"
@@ -409,7 +458,7 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--location", default=argparse.SUPPRESS, help=_WHERE)
     shared = argparse.ArgumentParser(add_help=False, parents=[where])
     shared.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=_JSON)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    sub = parser.add_subparsers(dest="command", metavar="command")
 
     def command(name: str, help: str, json: bool = True) -> argparse.ArgumentParser:
         parents = [shared if json else where]
@@ -497,6 +546,9 @@ def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def _run(argv: list[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # a bare `mlcache`: what it can do
+        parser.print_help()
+        return OK
     if args.command in ("demo", "bench") and args.json:
         parser.error(f"mlcache {args.command} has no --json output")
     if args.command == "demo":
