@@ -88,6 +88,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .._log import logger_for
 from .._util import slug
 from ..errors import PackCorrupted, warn
 from ..keys.code_version import code_version
@@ -104,6 +105,7 @@ from .sources import (
     UNUSED_PACKS_KEPT_FOR,
     DeclaredSource,
     SourceRecord,
+    attribute_files,
     attributes_first,
     check_mode,
     read_state,
@@ -115,6 +117,9 @@ from .workers import Counted, load_in_workers
 __all__ = ["UNUSED_PACKS_KEPT_FOR", "CachedDataset", "remove_pack"]
 
 logger = logging.getLogger("mlcache")
+
+#: the classes already told that nothing of their items is fingerprinted
+_SAID_UNFINGERPRINTED: set[type] = set()
 
 
 class CachedDataset(PackBuilder, Sequence[Any]):
@@ -260,7 +265,11 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         with attributes_first(self):  # the user's methods run from here on
             if self._fill:  # per item: the source counts item by item
                 own = cls.source_fingerprint is not base.source_fingerprint
-                self._source = self.source_fingerprint() if own else "by item"
+                # and by the files its attributes name (the table.npy of rows):
+                # one changed is a new pack (every row may have changed)
+                files = "" if own else self._attribute_files()
+                items_source = ("by item", files) if files else "by item"
+                self._source = self.source_fingerprint() if own else items_source
                 self.pack_path = self._name_pack()
                 self._pack = self._open_filled(force_recache, progress, check_source)
             else:
@@ -330,12 +339,16 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         """
         plain = type(self).source_items is CachedDataset.source_items
         declared = getattr(self, "_declared", None)
+        local = self._remote is None
         if plain and declared is not None:
-            return declared.digest()  # one listdir, one stat per file
-        files = self.source_files()
-        if plain:
-            return source_fingerprint(files, None)  # the items are source_files()
-        return source_fingerprint(files, self.source_items, self._folder_attributes())
+            found = declared.digest(local)  # one listdir, one stat per file
+        elif plain:  # the items are source_files()
+            found = source_fingerprint(self.source_files(), None, local=local)
+        else:
+            items, bases = self.source_items, self._folder_attributes()
+            found = source_fingerprint(self.source_files(), items, bases, local)
+        files = self._attribute_files()
+        return hash_value(("attributes", found, files)) if files else found
 
     def item_fingerprint(self, item: Any) -> Any:
         """What ``item`` holds now, compared by value at each open to tell which
@@ -345,29 +358,67 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         attribute; nothing for any other item (its value is its identity). Override
         it for items whose content the default cannot see (a row id: its
         ``updated_at``; a URL: its ETag)."""
-        return default_fingerprint(item, self._folder_attributes())
+        return default_fingerprint(item, self._folder_attributes(), self._remote is None)
 
     def _folder_attributes(self) -> list[str]:
-        """The dataset's attributes that are folders (items may name files in them)."""
-        return [
-            os.fspath(v)
-            for v in vars(self).values()
-            if isinstance(v, (str, os.PathLike)) and os.path.isdir(v)
-        ][:4]
+        """The dataset's attributes that are folders (items may name files in
+        them), the cache's own folder left out."""
+        root = getattr(self, "_root", None)
+        inside = os.path.join(root, "") if root else None
+        found = []
+        for v in vars(self).values():
+            if isinstance(v, (str, os.PathLike)) and os.path.isdir(v):
+                path = os.path.abspath(v)
+                if inside is None or not os.path.join(path, "").startswith(inside):
+                    found.append(os.fspath(v))
+        return found[:4]
+
+    def _attribute_files(self) -> str:
+        """The files the key attributes name, by path and stat (or ``""``): the
+        dataset's source along with its items (see
+        :func:`~mlcache.data.sources.attribute_files`)."""
+        values = [getattr(self, n, None) for n in self._key_names]
+        return attribute_files(values, self._root, self._remote is None)
 
     def _items_now(self) -> tuple[list[Any], np.ndarray]:
         """The items as they are now, and their table: the key and the fingerprint
         of each (:func:`mlcache.data.items.item_table`)."""
         cls, base, declared = type(self), CachedDataset, self._declared
         own = cls.item_fingerprint is not base.item_fingerprint
+        local = self._remote is None
         if cls.source_items is base.source_items and declared is not None and not own:
-            paths, stats = declared.listed()
+            paths, stats = declared.listed(local)
             if declared.paths is None:  # a folder listed: each file stat'ed once
                 return paths, item_table(paths, stats=stats.tobytes())
         items = list(self.source_items())
         if own:
             return items, item_table(items, self.item_fingerprint)
-        return items, item_table(items, bases=self._folder_attributes())
+        table = item_table(items, bases=self._folder_attributes(), local=local)
+        if len(table) and not table[:, 2:].any():
+            self._say_nothing_is_fingerprinted(len(table))
+        return items, table
+
+    def _say_nothing_is_fingerprinted(self, n: int) -> None:
+        """Once per class and process: none of the ``n`` items names a file, so a
+        change of what ``load_item`` reads is seen only through the files the
+        attributes name (if none, not at all); say how to declare it."""
+        cls = type(self)
+        if cls in _SAID_UNFINGERPRINTED or (
+            type(self).source_fingerprint is not CachedDataset.source_fingerprint
+        ):
+            return
+        _SAID_UNFINGERPRINTED.add(cls)
+        if self._attribute_files():
+            return  # the file of the rows is the source: a change of it is a new pack
+        logger_for(1).warning(
+            "mlcache: %s: none of its %d items names a file, nor does any attribute, so "
+            "a change of what load_item reads is not seen and its old samples are "
+            "served: define item_fingerprint(item) (what an item holds now: an "
+            "updated_at, an ETag) or source_fingerprint() (a data version, a "
+            "manifest's checksum)",
+            cls.__qualname__,
+            n,
+        )
 
     # -- reading ----------------------------------------------------------------------
     def __mlcache_token__(self) -> tuple[Any, ...]:

@@ -9,6 +9,7 @@ Nothing here opens or builds a pack: :mod:`mlcache.data.cached` does, with these
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import json
 import logging
@@ -18,7 +19,7 @@ import shutil
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from stat import S_ISREG
 from typing import Any
 
@@ -36,15 +37,18 @@ __all__ = [
     "DeclaredSource",
     "SourceRecord",
     "add_stats",
+    "attribute_files",
     "attributes_first",
     "check_mode",
     "existing_path",
     "files_digest",
     "items_digest",
+    "path_parts",
     "read_state",
     "remove_older_versions",
     "remove_pack",
     "source_fingerprint",
+    "stat_fields",
     "warn_if_new_every_run",
     "write_state",
 ]
@@ -167,8 +171,8 @@ class DeclaredSource:
         """The declaration itself (not the files): what a recorded fingerprint is for."""
         return hash_value(("declared", self.folder, self.pattern, self.paths))
 
-    def listed(self) -> tuple[list[str], array]:
-        """The files and, for a folder, their sizes and modification times.
+    def listed(self, local: bool = True) -> tuple[list[str], array]:
+        """The files and, for a folder, their :func:`stat_fields` (four each).
 
         The folder is listed by ``os.listdir`` and each name that matches is
         stat'ed once (a folder or other non-file is then left out): with one stat
@@ -196,18 +200,23 @@ class DeclaredSource:
             if not regular(st.st_mode):
                 left_out.add(path)
                 continue
-            add((st.st_size, st.st_mtime_ns))
+            # inlined stat_fields (the one loop that grows with the dataset)
+            add(
+                (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+                if local
+                else (st.st_size, st.st_mtime_ns, 0, 0)
+            )
         return ([p for p in paths if p not in left_out] if left_out else paths), stats
 
     def files(self) -> list[str]:
         """The declared files, as absolute paths."""
         return self.listed()[0]
 
-    def digest(self) -> str:
-        """Paths, sizes and modification times of the files, as :func:`files_digest`."""
-        paths, stats = self.listed()
+    def digest(self, local: bool = True) -> str:
+        """Paths and :func:`stat_fields` of the files, as :func:`files_digest`."""
+        paths, stats = self.listed(local)
         if self.paths is not None:
-            return files_digest(paths)
+            return files_digest(paths, local)
         digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
         digest.update(stats.tobytes())
         return digest.hexdigest()
@@ -272,52 +281,99 @@ class SourceRecord:
         self.thread.start()
 
 
+def stat_fields(st: os.stat_result, local: bool = True) -> tuple[int, int, int, int]:
+    """What a file's ``stat`` says of its content: size, modification time, and
+    (``local``) inode and change time, from the same call at no extra cost.
+
+    The last two catch a file replaced by one of equal size and modification
+    time (``cp -p``, ``rsync -t``, ``tar x``, a checkout that restores times):
+    the copy is a new inode, or its ctime (which no user call can set) moved.
+    They are this machine's: a pack in a remote ``cache_dir``, shared by
+    machines that each hold their own copy of the files, counts size and
+    modification time only (``local=False``), or each machine would refill it
+    for the others."""
+    if local:
+        return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
+    return st.st_size, st.st_mtime_ns, 0, 0
+
+
 def source_fingerprint(
     files: Iterable[str | os.PathLike[str]] | None,
     items: Callable[[], Iterable[Any]] | None,
     bases: Sequence[str] = (),
+    local: bool = True,
 ) -> str:
     """The default source fingerprint of a dataset (see
-    :meth:`~mlcache.data.CachedDataset.source_fingerprint`): ``files`` by path, size
-    and modification time, then, when the dataset defines its own items,
+    :meth:`~mlcache.data.CachedDataset.source_fingerprint`): ``files`` by path and
+    :func:`stat_fields`, then, when the dataset defines its own items,
     ``items()`` by value and the files they name (relative to ``bases`` too)."""
-    found = "" if files is None else files_digest(files)
+    found = "" if files is None else files_digest(files, local)
     if items is None:
         return found  # the items are the files: counted above
-    return hash_value(("items", found, items_digest(items(), bases)))
+    return hash_value(("items", found, items_digest(items(), bases, local)))
 
 
-def files_digest(files: Iterable[str | os.PathLike[str]]) -> str:
-    """Paths, sizes and modification times of ``files`` (which must exist)."""
+def files_digest(files: Iterable[str | os.PathLike[str]], local: bool = True) -> str:
+    """Paths and :func:`stat_fields` of ``files`` (which must exist)."""
     paths, stats = [], array("q")
     for f in files:  # the one cost that grows with the dataset when opening it
         path = os.fspath(f)
         if not os.path.isabs(path):
             path = os.path.abspath(path)
-        st = os.stat(path)
         paths.append(path)
-        stats.extend((st.st_size, st.st_mtime_ns))
+        stats.extend(stat_fields(os.stat(path), local))
     digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
     digest.update(stats.tobytes())
     return digest.hexdigest()
 
 
-def items_digest(items: Iterable[Any], bases: Sequence[str] = ()) -> str:
+#: how deep :func:`path_parts` looks into an item (``{"image": [(p, q)]}`` is 3)
+_PARTS_DEPTH = 4
+
+
+def path_parts(item: Any, depth: int = 0) -> Iterator[Any]:
+    """The parts of ``item`` that may name a file: the item itself if it is a
+    ``str`` or path; else the values of a dict (the MONAI datalist's ``{"image":
+    p, "label": y}``; not its keys, which name fields), the members of a tuple
+    or list (``(path, label)``, a namedtuple) and the fields of a dataclass, a
+    few levels deep. Other values (numbers, arrays, sets) name no file."""
+    if isinstance(item, (str, os.PathLike)):
+        yield item
+        return
+    if depth >= _PARTS_DEPTH:
+        return
+    if isinstance(item, (tuple, list)):
+        parts: Iterable[Any] = item
+    elif isinstance(item, Mapping):
+        parts = item.values()
+    elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+        parts = [getattr(item, f.name) for f in dataclasses.fields(item)]
+    else:
+        return
+    for part in parts:
+        if isinstance(part, (str, os.PathLike)):  # the common part: no generator
+            yield part
+        else:
+            yield from path_parts(part, depth + 1)
+
+
+def items_digest(items: Iterable[Any], bases: Sequence[str] = (), local: bool = True) -> str:
     """The items of ``source_items()``: by value (their order and count too), and
-    every existing file or folder they name by its path, size and modification
-    time: an item that is a path, or a tuple or list holding paths (``(path,
-    label)``), or a name relative to one of ``bases`` (the dataset's own folder
-    attributes, for ``os.listdir(self.root)``). A folder counts by every file in
-    it (editing ``p0/a.txt`` changes nothing of ``p0`` itself)."""
+    every existing file or folder they name by its path and :func:`stat_fields`:
+    an item that is a path, or any part of it :func:`path_parts` finds (``(path,
+    label)``, ``{"image": path, "label": y}``), or a name relative to one of
+    ``bases`` (the dataset's own folder attributes, for ``os.listdir(self.root)``).
+    A folder counts by every file in it (editing ``p0/a.txt`` changes nothing of
+    ``p0`` itself)."""
     items = list(items)
     paths, stats = [], array("q")
     for item in items:
-        for part in item if isinstance(item, (tuple, list)) else (item,):
+        for part in path_parts(item):
             path = existing_path(part, bases)
             if path is None:
                 continue
             paths.append(path)
-            add_stats(path, paths, stats)
+            add_stats(path, paths, stats, local)
     digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
     digest.update(stats.tobytes())
     digest.update(hash_value(items).encode())
@@ -340,10 +396,10 @@ def existing_path(part: Any, bases: Sequence[str]) -> str | None:
     return None
 
 
-def add_stats(path: str, paths: list[str], stats: array) -> None:
-    """Size and modification time of ``path``; of a folder, of each file in it too."""
+def add_stats(path: str, paths: list[str], stats: array, local: bool = True) -> None:
+    """:func:`stat_fields` of ``path``; of a folder, of each file in it too."""
     st = os.stat(path)
-    stats.extend((st.st_size, st.st_mtime_ns))
+    stats.extend(stat_fields(st, local))
     if not os.path.isdir(path):
         return
     for folder, subdirs, files in os.walk(path):
@@ -355,7 +411,37 @@ def add_stats(path: str, paths: list[str], stats: array) -> None:
             except OSError:  # removed meanwhile: its absence counts
                 continue
             paths.append(inner)
-            stats.extend((st.st_size, st.st_mtime_ns))
+            stats.extend(stat_fields(st, local))
+
+
+def attribute_files(values: Iterable[Any], root: str, local: bool = True) -> str:
+    """The regular files that ``values`` (a dataset's key attributes) name, by
+    path and :func:`stat_fields`, or ``""`` when they name none: the
+    ``self.path = "table.npy"`` that ``load_item(i)`` reads rows of.
+
+    Only ``str`` and path values count, and only existing regular files outside
+    the cache folder ``root``; a folder attribute counts through the items that
+    name files in it (a folder also holds outputs, logs and caches, which would
+    make every open a miss, and walking it would cost a ``stat`` per file the
+    items do not use)."""
+    inside = os.path.join(root, "")
+    paths, stats = [], array("q")
+    for value in values:
+        if not isinstance(value, (str, os.PathLike)):
+            continue
+        try:
+            st = os.stat(value)
+            path = os.path.abspath(os.fsdecode(os.fspath(value)))
+        except (OSError, ValueError, TypeError):  # not a file: a name, a label, a URL
+            continue
+        if S_ISREG(st.st_mode) and not path.startswith(inside):
+            paths.append(path)
+            stats.extend(stat_fields(st, local))
+    if not paths:
+        return ""
+    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
+    digest.update(stats.tobytes())
+    return digest.hexdigest()
 
 
 # -- state: module-level values a build changes ------------------------------------

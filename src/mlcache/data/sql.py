@@ -24,9 +24,18 @@ Example, with the standard library's sqlite3::
         def source_fingerprint(self):
             return self.query().fingerprint()
 
-A database cannot tell cheaply whether its rows changed, so the fingerprint is
-the query text, its parameters and the ``data_version`` you give: change any of
-them to rebuild.
+The fingerprint is the query text, its parameters and the ``data_version`` you
+give: change any of them to rebuild. Without a ``data_version``, a sqlite
+database (a path, a ``sqlite3`` connection, a SQLAlchemy engine or connection on
+sqlite) counts by its files' own ``stat`` (the database and its ``-wal``, and
+any attached one), which costs nothing and changes with every committed write;
+any other database cannot tell cheaply whether its rows changed, and a warning
+says once that their changes will not be seen.
+
+``connection`` is a DB-API 2 connection (anything with ``cursor()``), the path of
+a sqlite file, or a SQLAlchemy ``Engine`` or ``Connection`` (the query then runs
+on its DB-API connection, in the driver's own parameter style: ``?`` for
+sqlite, ``%s`` for psycopg); SQLAlchemy itself is never imported.
 
 Columns become fields, named as the query names them. A name that repeats (a
 join's ``SELECT t.id, u.id``) is kept under a new name, as ``pandas.read_csv``
@@ -43,10 +52,18 @@ dict per row; iterating the source yields one dict per row.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..errors import warn
 from ..keys.hashing import hash_value
+from .sources import stat_fields
+
+#: said once a process: a query whose row changes no fingerprint can see
+_SAID_UNVERSIONED: set[str] = set()
 
 __all__ = ["SqlSource", "from_sql", "unique_names"]
 
@@ -101,8 +118,15 @@ class SqlSource:
     ) -> None:
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query must be a non-empty SQL string")
-        if not hasattr(connection, "cursor"):
-            raise TypeError(f"connection must be a DB-API connection, got {connection!r}")
+        if isinstance(connection, (str, os.PathLike)):
+            if not os.path.isfile(connection):
+                raise FileNotFoundError(f"no sqlite database at {os.fspath(connection)!r}")
+            connection = os.path.abspath(connection)
+        elif not (hasattr(connection, "cursor") or _alchemy(connection)):
+            raise TypeError(
+                "connection must be a DB-API connection, the path of a sqlite file or a "
+                f"SQLAlchemy Engine or Connection, got {connection!r}"
+            )
         self.query = query
         self.connection = connection
         self.params = params
@@ -112,23 +136,89 @@ class SqlSource:
         self.arraysize = arraysize
 
     def fingerprint(self) -> str:
-        """Changes with the query text, its parameters and ``data_version``."""
+        """Changes with the query text, its parameters and ``data_version``; without
+        a ``data_version``, with a sqlite database's files (see the module docstring)."""
         params = dict(self.params) if isinstance(self.params, dict) else list(self.params)
-        return hash_value((" ".join(self.query.split()), params, self.data_version))
+        given = (" ".join(self.query.split()), params, self.data_version)
+        if self.data_version is not None:
+            return hash_value(given)
+        files = self._sqlite_files()
+        if files is not None:
+            return hash_value((*given, files))
+        if not _SAID_UNVERSIONED:
+            _SAID_UNVERSIONED.add("said")
+            kind = type(self.connection).__qualname__
+            warn(
+                f"mlcache: from_sql on a {kind} connection without data_version: a change "
+                "of its rows is not seen (only a sqlite file tells it for free), so the "
+                "pack keeps serving the rows of its build; pass data_version= and change "
+                "it when the rows change",
+                stacklevel=2,
+            )
+        return hash_value(given)
+
+    def _sqlite_files(self) -> list[tuple[str, tuple[int, ...]]] | None:
+        """The files of a sqlite database (each attached one, and its ``-wal``
+        when it holds any frame) with their stat; None when the database is not
+        a sqlite file (another database, ``:memory:``) or cannot be asked."""
+        try:
+            with self._dbapi() as con:
+                raw = _driver_connection(con)
+                if not isinstance(raw, sqlite3.Connection):
+                    return None
+                names = [row[2] for row in raw.execute("PRAGMA database_list")]
+            found: list[tuple[str, tuple[int, ...]]] = []
+            for name in names:
+                if not name:  # an in-memory or temporary database: no file tells
+                    return None
+                found.append((name, stat_fields(os.stat(name))))
+                with contextlib.suppress(FileNotFoundError):
+                    wal = os.stat(name + "-wal")
+                    if wal.st_size:  # an empty -wal is none: made by a mere open
+                        # not its ctime: sqlite run as root chowns the -wal at each
+                        # open, reads too; a write moves its mtime all the same
+                        found.append((name + "-wal", stat_fields(wal)[:3]))
+            return found or None
+        except Exception:  # a connection of another thread, a closed one: unknown
+            return None
+
+    @contextlib.contextmanager
+    def _dbapi(self) -> Iterator[Any]:
+        """The DB-API connection to run on: the one given; one opened on the sqlite
+        file (closed after); a SQLAlchemy engine's (back to its pool after) or
+        connection's."""
+        given = self.connection
+        if isinstance(given, str):
+            con = sqlite3.connect(given)
+            try:
+                yield con
+            finally:
+                con.close()
+        elif hasattr(given, "cursor"):
+            yield given
+        elif callable(getattr(given, "raw_connection", None)):  # a SQLAlchemy Engine
+            con = given.raw_connection()
+            try:
+                yield con
+            finally:
+                con.close()
+        else:  # a SQLAlchemy Connection: its pooled DB-API connection
+            yield given.connection
 
     def _batches(self) -> Iterator[tuple[list[str], list[Any]]]:
         """The column names (made unique) and the rows, ``arraysize`` at a time."""
-        cursor = self.connection.cursor()
-        try:
-            cursor.execute(self.query, self.params)
-            names = unique_names([str(d[0]) for d in cursor.description or ()])
-            while True:
-                rows = cursor.fetchmany(self.arraysize)  # streams: bounded memory
-                if not rows:
-                    return
-                yield names, rows
-        finally:
-            cursor.close()
+        with self._dbapi() as con:
+            cursor = con.cursor()
+            try:
+                cursor.execute(self.query, self.params)
+                names = unique_names([str(d[0]) for d in cursor.description or ()])
+                while True:
+                    rows = cursor.fetchmany(self.arraysize)  # streams: bounded memory
+                    if not rows:
+                        return
+                    yield names, rows
+            finally:
+                cursor.close()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for names, rows in self._batches():
@@ -139,6 +229,25 @@ class SqlSource:
         """The rows as columns: ``{name: values}`` for each ``arraysize`` rows."""
         for names, rows in self._batches():
             yield dict(zip(names, zip(*rows)))
+
+
+def _alchemy(connection: Any) -> bool:
+    """Whether ``connection`` is a SQLAlchemy ``Engine`` or ``Connection`` (by its
+    module, so that SQLAlchemy need not be installed, nor imported, to check)."""
+    module = type(connection).__module__ or ""
+    return module.split(".")[0] == "sqlalchemy" and (
+        callable(getattr(connection, "raw_connection", None))
+        or hasattr(getattr(connection, "connection", None), "cursor")
+    )
+
+
+def _driver_connection(con: Any) -> Any:
+    """The driver's own connection under a SQLAlchemy pool's proxy (or ``con``)."""
+    for name in ("driver_connection", "dbapi_connection"):  # SQLAlchemy 2.0, 1.4
+        inner = getattr(con, name, None)
+        if inner is not None:
+            return inner
+    return con
 
 
 def from_sql(
