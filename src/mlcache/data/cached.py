@@ -50,10 +50,12 @@ What the pack is keyed by (any change is a rebuild; so is ``force_recache=True``
   (:func:`mlcache.keys.hashing.hash_value`, at every open: a large attribute that
   does not change the samples, such as a lookup table or an output folder,
   belongs in ``cache_ignore``);
-- the source fingerprint (:meth:`CachedDataset.source_fingerprint`): the paths,
-  sizes and modification times of ``source_files()`` and of the items of
-  ``source_items()`` that are paths of existing files, the value of the other
-  items; or whatever your ``source_fingerprint()`` returns. A dataset filled
+- the source fingerprint (:meth:`CachedDataset.source_fingerprint`): the paths
+  and ``stat`` (size, modification time, inode, ctime) of ``source_files()``, of
+  the files the items of ``source_items()`` name (a path, or inside a tuple, a
+  dict, a dataclass), and of the files the key attributes name (``self.path =
+  "table.npy"``), the value of the items; or whatever your
+  ``source_fingerprint()`` returns. A dataset filled
   item by item (``load_item()``) is not rebuilt when an item changes: each
   item's key and fingerprint (:meth:`CachedDataset.item_fingerprint`) are
   compared, and only the changed items are loaded again (a
@@ -326,16 +328,19 @@ class CachedDataset(PackBuilder, Sequence[Any]):
     def source_fingerprint(self) -> str:
         """A string that changes when the source data changes.
 
-        The default combines the files of ``source_files()`` (path, size and
-        modification time of each) and, when the class defines ``source_items()``,
-        its items: by value (:func:`mlcache.keys.hashing.hash_value`: the list, its
-        order and count), and each existing file or folder they name by its path,
-        size and modification time: an item that is a path, a tuple or list
-        holding paths (``(path, label)``), or a name relative to a folder the
-        dataset holds as an attribute (``os.listdir(self.root)``); a folder by
-        every file in it. Opening then costs one ``stat`` per file: override this with
-        something cheaper (a data version, a manifest's checksum) when that is
-        too slow.
+        The default combines the files of ``source_files()`` (path, size,
+        modification time, inode and ctime of each: one ``stat``), the files the
+        key attributes name (``self.path = "table.npy"``; not folders, nor the
+        cache folder) and, when the class defines ``source_items()``, its items:
+        by value (:func:`mlcache.keys.hashing.hash_value`: the list, its order and
+        count), and each existing file or folder they name: an item that is a
+        path, any path inside it (a tuple or list, a dict's values, a
+        dataclass's fields: ``(path, label)``, ``{"image": path}``), or a name
+        relative to a folder the dataset holds as an attribute
+        (``os.listdir(self.root)``); a folder by every file in it. Opening then
+        costs one ``stat`` per file: override this with something cheaper (a
+        data version, a manifest's checksum) when that is too slow; what it
+        returns is then the whole source fingerprint.
         """
         plain = type(self).source_items is CachedDataset.source_items
         declared = getattr(self, "_declared", None)
@@ -352,10 +357,12 @@ class CachedDataset(PackBuilder, Sequence[Any]):
 
     def item_fingerprint(self, item: Any) -> Any:
         """What ``item`` holds now, compared by value at each open to tell which
-        items changed (only those are loaded again). The default: a file's size and
-        modification time; a folder's files'; the files a tuple or list names
-        (``(path, label)``), or names relative to a folder the dataset holds as an
-        attribute; nothing for any other item (its value is its identity). Override
+        items changed (only those are loaded again). The default: a file's size,
+        modification time, inode and ctime (one ``stat``); a folder's files'; the
+        files any part of the item names (a tuple or list, a dict's values, a
+        dataclass: ``(path, label)``, ``{"image": path, "label": y}``), or names
+        relative to a folder the dataset holds as an attribute; nothing for any
+        other item (its value is its identity: opening says so once). Override
         it for items whose content the default cannot see (a row id: its
         ``updated_at``; a URL: its ETag)."""
         return default_fingerprint(item, self._folder_attributes(), self._remote is None)
