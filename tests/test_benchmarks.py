@@ -38,6 +38,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     ),
     "bench_hit.py": ("(b) joblib / mlcache, mmap", "(c) diskcache"),
     "bench_miss.py": (),
+    "bench_new_run.py": ("new run: joblib / mlcache", "repeated: joblib / mlcache"),
     "bench_data.py": (
         "open 20,000 / open 2,000 samples",
         "open at 20,000 samples, ms",
