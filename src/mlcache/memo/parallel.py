@@ -55,11 +55,16 @@ def cached_map(
         Deprecated name of ``executor`` (it clashed with ``Memory(backend=)``,
         the store); accepted with a ``DeprecationWarning`` for one release.
 
-    Results come back in the order of ``items``: cached ones as a hit returns
-    them, computed ones as the workers returned them; with ``mmap_mode="r"``
-    those are loaded from the cache too, so that they carry their entry's name
-    as hits do (passed on to the next memoized step, they are not hashed again).
+    Returns
+    -------
+    list
+        The results in the order of ``items``: cached ones as a hit returns
+        them, computed ones as the workers returned them; with ``mmap_mode="r"``
+        those are loaded from the cache too, so that they carry their entry's name
+        as hits do (passed on to the next memoized step, they are not hashed again).
 
+    Examples
+    --------
     >>> import tempfile
     >>> from mlcache import Memory, cached_map
     >>> square = Memory(tempfile.mkdtemp(), verbose=0).cache(lambda x: x * x)
