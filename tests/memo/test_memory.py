@@ -1036,6 +1036,27 @@ def test_pickled_memory_keeps_an_absolute_location(tmp_path, monkeypatch):
     assert again.location == str(tmp_path / "relative_cache")
 
 
+try:
+    from joblib import Memory as _JoblibMemory
+except ImportError:  # a test dependency; the test below then skips
+    _JoblibMemory = object  # type: ignore[assignment,misc]
+
+
+class JoblibMemory(Memory, _JoblibMemory):  # type: ignore[misc]
+    """What docs/functions.md gives nilearn: a Memory that is also a joblib.Memory."""
+
+
+def test_a_subclass_of_memory_pickles_and_copies_as_itself(tmp_path):
+    import copy
+
+    joblib = pytest.importorskip("joblib")
+    mem = JoblibMemory(tmp_path / "cache", verbose=0)
+    for again in (pickle.loads(pickle.dumps(mem)), copy.deepcopy(mem), copy.copy(mem)):
+        assert type(again) is JoblibMemory and isinstance(again, joblib.Memory)
+        assert again.location == mem.location
+        assert again.cache(double)(np.ones(2)).tolist() == [2.0, 2.0]
+
+
 def test_stored_metadata_has_the_size(mem):
     ref = mem.cache(double).call_and_shelve(np.ones(10))
     meta = ref.metadata

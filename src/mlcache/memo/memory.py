@@ -323,7 +323,10 @@ class Memory:
         )
         # the signing secret travels only when it was given (not the key file's)
         secret = self._secret if self._secret is not None and self._secret is not True else None
-        return (_rebuild_memory, (args, c.allow_pickle, secret, c.code))
+        # a subclass comes back as itself (one that also subclasses joblib.Memory
+        # passes the isinstance checks of libraries such as nilearn in workers, and
+        # after sklearn's clone, which deep-copies)
+        return (_rebuild_memory, (args, c.allow_pickle, secret, c.code, type(self)))
 
     @overload
     def cache(
@@ -550,8 +553,10 @@ def _rebuild_memory(
     allow_pickle: bool,
     secret: str | bytes | bool | None = None,
     code: str = "transitive",
+    cls: type[Memory] | None = None,
 ) -> Memory:
-    return Memory(*args, allow_pickle=allow_pickle, secret=secret, code=code)
+    # cls is absent from what mlcache 0.3.0 and before pickled
+    return (cls or Memory)(*args, allow_pickle=allow_pickle, secret=secret, code=code)
 
 
 _lock = threading.Lock()
