@@ -101,15 +101,17 @@ class LocalStore:
         cache) is opened read-only: see :attr:`read_only`. Removed while in use,
         it is made again (marked) by the next write, lock or counter.
     durable:
-        fsync each entry and its folder before publishing (default True), so a
-        power loss cannot leave a published but empty entry.
+        fsync each entry and its folder before publishing, so that a result
+        survives a power cut (default False: a write torn or lost by one is caught
+        by the entry's checksum, a miss and never a wrong value, and the fsyncs
+        were most of a small miss's time).
     mode:
         Permission bits for the folders mlcache creates (default 0o700: only the
         owner can read cached values).
     """
 
     def __init__(
-        self, location: str | os.PathLike[str], *, durable: bool = True, mode: int = 0o700
+        self, location: str | os.PathLike[str], *, durable: bool = False, mode: int = 0o700
     ) -> None:
         root = cache_folder(location)
         self.location = root
