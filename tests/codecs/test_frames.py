@@ -32,6 +32,12 @@ npy = codecs["npy"]
 N = 7
 
 
+def _objects(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
 def _column_kinds() -> dict[str, Any]:
     """One column of each kind, N rows."""
     return {
@@ -55,6 +61,8 @@ def _column_kinds() -> dict[str, Any]:
         ),
         "object-str": np.array(["a", None, "c", "d", "é", "", "x" * 100], dtype=object),
         "object-none": np.array([None] * N, dtype=object),
+        "object-str-nan-na": _objects(["a", np.nan, None, "d", pd.NA, "", float("nan")]),
+        "object-nan": _objects([np.nan] * N),
         "object-bytes": np.array([b"a", None, b"", b"\x00\xff", b"e", b"f", b"g"], dtype=object),
         "category": pd.Categorical(list("abcabca")),
         "category-ordered": pd.Categorical(
@@ -130,16 +138,27 @@ def assert_frame_same(got: Any, want: Any) -> None:
         assert list(got.dtypes) == list(want.dtypes)
         _same_index(got.columns, want.columns)
         _same_index(got.index, want.index)
+        for i in range(want.shape[1]):
+            _same_objects(got.iloc[:, i], want.iloc[:, i])
     elif isinstance(want, pd.Series):
         pd.testing.assert_series_equal(got, want, check_exact=True, check_freq=True)
         assert got.dtype == want.dtype
+        _same_objects(got, want)
         _same_index(got.index, want.index)
     else:
         _same_index(got, want)
 
 
+def _same_objects(got: Any, want: Any) -> None:
+    """An ``object`` array's elements of the same types: None, NaN and pd.NA are
+    all "missing" to pandas' comparisons, but not to the code that reads them."""
+    if want.dtype == object:
+        assert [type(v) for v in got] == [type(v) for v in want]
+
+
 def _same_index(got: Any, want: Any) -> None:
     pd.testing.assert_index_equal(got, want, exact=True, check_exact=True)
+    _same_objects(got, want)
     assert type(got) is type(want) and got.names == want.names and got.dtype == want.dtype
     if isinstance(want, (pd.DatetimeIndex, pd.TimedeltaIndex)):
         assert got.freq == want.freq
@@ -293,7 +312,7 @@ def frames(draw: st.DrawFn) -> Any:
         "float": lambda: np.array(draw(st.lists(st.floats(allow_nan=True), min_size=n, max_size=n)), dtype=np.float64),  # noqa: E501
         "Int64": lambda: pd.array(draw(st.lists(st.none() | st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n)), dtype="Int64"),  # noqa: E501
         "string": lambda: pd.array(draw(st.lists(st.none() | _text, min_size=n, max_size=n)), dtype="string"),  # noqa: E501
-        "object": lambda: _objects(draw(st.lists(st.none() | _text, min_size=n, max_size=n))),
+        "object": lambda: _objects(draw(st.lists(st.sampled_from([None, np.nan, pd.NA]) | _text, min_size=n, max_size=n))),  # noqa: E501
         "category": lambda: pd.Categorical(draw(st.lists(st.none() | st.sampled_from("abc"), min_size=n, max_size=n)), categories=list("abcd"), ordered=draw(st.booleans())),  # noqa: E501
         "datetime-tz": lambda: pd.DatetimeIndex(np.array(draw(st.lists(st.integers(-(2**62), 2**62), min_size=n, max_size=n)), dtype="M8[ns]")).tz_localize("UTC").tz_convert("Asia/Kolkata"),  # noqa: E501
     }  # fmt: skip
@@ -305,12 +324,6 @@ def frames(draw: st.DrawFn) -> Any:
     names = draw(st.lists(st.none() | _text | st.integers(-5, 5), min_size=k, max_size=k))
     df.columns = pd.Index(names, dtype=object)
     return df
-
-
-def _objects(values: list[Any]) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
 
 
 @settings(max_examples=40, deadline=None)
@@ -331,7 +344,9 @@ def _refused() -> dict[str, Any]:
     with_attrs.attrs["source"] = "x"
     return {
         "object-python-objects": pd.DataFrame({"a": pd.Series([object(), "x"], dtype=object)}),
-        "object-nan-and-str": pd.DataFrame({"a": pd.Series(["x", np.nan], dtype=object)}),
+        "object-negative-nan-and-str": pd.Series(["x", -np.nan], dtype=object),
+        "object-numpy-nan-and-str": pd.Series(["x", np.float64("nan")], dtype=object),
+        "object-number-and-str": pd.Series(["x", 1.5], dtype=object),
         "object-str-subclass": pd.DataFrame({"a": pd.Series([np.str_("x")], dtype=object)}),
         "object-mixed-bytes-str": pd.Series([b"x", "y"], dtype=object),
         "sparse": pd.DataFrame({"a": pd.arrays.SparseArray([0, 0, 1])}),
@@ -598,6 +613,49 @@ def test_repeated_object_strings_are_stored_once(tmp_path: Path) -> None:
         assert column[1] is column[301]  # one object per distinct string, as pickle gives
 
 
+def test_object_strings_with_nan_among_them_are_stored_typed(tmp_path: Path) -> None:
+    """A column of strings given a non-range index is reindexed: the rows it lacks
+    become NaN among the strings. Such a frame is stored without pickle, each
+    missing value (None, NaN, pd.NA) coming back as it was."""
+    n = 2000
+    words = pd.Series([f"id{i % 997}" for i in range(n)], dtype=object)
+    index = pd.Index(np.arange(n) * 2, name="row")
+    df = pd.DataFrame({"s": words}, index=index)  # NaN from row 2000 on
+    assert df["s"].dtype == object and df["s"].isna().sum() == n // 2
+    rare = _objects([("w", None, np.nan, pd.NA)[i % 4] for i in range(n)])
+    df["rare"] = pd.Series(rare, index=index, dtype=object)  # (an array would become "str")
+    assert df["rare"].dtype == object
+    mem = Memory(tmp_path / "cache", verbose=0, allow_pickle=False)
+    runs = []
+
+    @mem.cache
+    def load(k: int) -> Any:
+        runs.append(k)
+        return {"frame": df, "series": words.reindex(index), "index": pd.Index(df["s"])}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # stored: no "needs pickle" warning
+        load(1)
+        got = load(1)
+    assert runs == [1]
+    assert_frame_same(got["frame"], df)
+    assert_frame_same(got["series"], words.reindex(index))
+    assert_frame_same(got["index"], pd.Index(df["s"]))
+    assert got["frame"]["s"].iloc[-1] is np.nan and got["frame"]["rare"].iloc[-1] is pd.NA
+    for got in round_trips(df, tmp_path):
+        assert_frame_same(got, df)
+
+
+def test_object_nan_is_refused_by_readers_before_it() -> None:
+    """A column holding NaN or NA is always stored as codes, which readers that know
+    only None (-1) refuse as damage: they never read NaN back as None."""
+    for values in (["a", np.nan], ["a", pd.NA], ["b", "a", None, np.nan]):
+        node = npy.encode(pd.Series(values, dtype=object)).layout["tree"]["v"]
+        assert "codes" in node and "words" in node
+    node = npy.encode(pd.Series(["a", None], dtype=object)).layout["tree"]["v"]
+    assert node == {"k": "obj", "n": 2, "v": ["a", None]}  # as before: unchanged
+
+
 def test_string_columns_of_the_first_layout_still_read() -> None:
     """Entries written before the buffers layout hold an IPC stream ("s")."""
     from mlcache.codecs import Encoded
@@ -686,6 +744,7 @@ def forged_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "i": np.arange(n),
             "s": pd.array(words, dtype="str"),
             "o": pd.Series(words, dtype=object),
+            "p": pd.Series([np.nan if w is None else w for w in words], dtype=object),
             "c": pd.Categorical(words),
             "t": pd.date_range("2020", periods=n, freq="min", tz="UTC"),
             "m": pd.array(np.arange(n), dtype="Int64"),

@@ -20,7 +20,10 @@ kind (``"k"``)            stored as
                           ``string``/``str`` dtypes
 ``obj``                   *strings*, or int32 codes + each distinct string
                           once: an ``object`` column holding only ``str`` (or
-                          only ``bytes``) and ``None``
+                          only ``bytes``) and missing values, ``None``, NaN
+                          (what reindexing puts in) or ``pd.NA``: codes -1,
+                          -2, -3 (NaN or NA: always codes, which older
+                          readers refuse rather than read as ``None``)
 ``interval``              its two ends, each a column node, + ``closed``
 ``arrow``                 an Arrow IPC stream segment: a ``pd.ArrowDtype``
                           column (``dtype_backend="pyarrow"``), as it is
@@ -46,6 +49,7 @@ met; pyarrow is needed for string columns only.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -133,6 +137,11 @@ def column_kind(pd: Any, values: Any) -> str | None:
         if dtype.kind == "O":
             types = set(map(type, values))
             types.discard(type(None))
+            types.discard(type(pd.NA))
+            if float in types:  # NaN is missing too (what reindexing puts in), if only NaN
+                if not all(_is_nan(v) for v in values if type(v) is float):
+                    return None
+                types.discard(float)
             if types <= {str} or types == {bytes}:
                 return "obj" if _has_arrow() else None
         return None
@@ -164,6 +173,15 @@ def column_kind(pd: Any, values: Any) -> str | None:
             return "tz" if type(again.tz) is type(dtype.tz) else None
         return "period"
     return None
+
+
+#: the bits of ``float("nan")`` (numpy's ``nan`` too): the one NaN an ``obj`` column
+#: gives back (another payload or sign would not come back the same: refused)
+_NAN_BITS = struct.pack("<d", float("nan"))
+
+
+def _is_nan(v: float) -> bool:
+    return v != v and struct.pack("<d", v) == _NAN_BITS
 
 
 def _na_code(na: Any) -> str | None:
@@ -262,14 +280,26 @@ def encode_column(pd: Any, values: Any, add: Add) -> dict[str, Any]:
         node = {"k": "str", "storage": values.dtype.storage, "na": na, "n": n}
         return {**node, **_strings(add, array)}
     if kind == "obj":
+        values = np.asarray(values, dtype=object)
         binary = any(type(v) is bytes for v in values)
-        array = pa.array(values, type=pa.large_binary() if binary else pa.large_string())
-        if n >= _DICT_MIN:
-            encoded = array.dictionary_encode()
-            if len(encoded.dictionary) <= n // 4:  # repeated: each string stored once
-                codes = encoded.indices.fill_null(-1).to_numpy().astype(np.int32, copy=False)
-                words = _strings(add, encoded.dictionary)
-                return {"k": "obj", "n": n, "codes": add(_contiguous(codes)), "words": words}
+        # which missing value each null is (Arrow has one null): NaN, pd.NA, else None
+        text = pa.large_binary() if binary else pa.large_string()
+        array = pa.array(values, type=text, from_pandas=True)  # None, NaN, NA: nulls
+        at = np.zeros(0, dtype=np.intp)
+        if array.null_count:
+            at = np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))
+        nan = at[np.array([type(values[i]) is float for i in at], dtype=bool)]
+        nas = at[np.array([values[i] is pd.NA for i in at], dtype=bool)]
+        marked = bool(len(nan) or len(nas))
+        encoded = array.dictionary_encode() if marked or n >= _DICT_MIN else None
+        # repeated strings are each stored once; NaN and NA need codes (below -1, which
+        # readers before them refuse as damage rather than read as None)
+        if encoded is not None and (marked or len(encoded.dictionary) <= n // 4):
+            codes = encoded.indices.fill_null(_NONE_CODE).to_numpy().astype(np.int32, copy=True)
+            codes[nan] = _NAN_CODE
+            codes[nas] = _NA_CODE
+            words = _strings(add, encoded.dictionary)
+            return {"k": "obj", "n": n, "codes": add(_contiguous(codes)), "words": words}
         return {"k": "obj", "n": n, **_strings(add, array)}
     raise TypeError(f"pandas column of dtype {values.dtype} cannot be stored without pickle")
 
@@ -280,6 +310,8 @@ _SMALL_STRINGS = 256
 #: object columns at least this long whose distinct strings are at most a quarter
 #: of them store each string once (as pickle does) plus int32 codes
 _DICT_MIN = 1024
+#: the codes of an ``obj`` column's missing values (then the distinct strings, from 0)
+_NONE_CODE, _NAN_CODE, _NA_CODE = -1, -2, -3
 
 
 def _strings(add: Add, array: Any) -> dict[str, Any]:
@@ -400,11 +432,12 @@ def decode_column(pd: Any, node: dict[str, Any], segments: Segments) -> Any:
     if kind == "obj" and "codes" in node:  # repeated strings: one object per distinct one
         words = _strings_back(node["words"], segments).to_numpy(zero_copy_only=False)
         codes = _array(segments, node["codes"], np.dtype(np.int32), (n,), "C")
-        if n and (codes.min() < -1 or codes.max() >= len(words)):
+        if n and (codes.min() < _NA_CODE or codes.max() >= len(words)):
             raise ValueError("bad string codes")
-        table = np.empty(len(words) + 1, dtype=object)
-        table[:-1] = words
-        return table[codes]  # code -1 is the last entry: None
+        table = np.empty(len(words) + 3, dtype=object)
+        table[:-3] = words
+        table[_NA_CODE], table[_NAN_CODE], table[_NONE_CODE] = pd.NA, np.nan, None
+        return table[codes]  # a negative code counts from the end: a missing value
     if kind == "obj":
         out = _strings_back(node, segments).to_numpy(zero_copy_only=False)
         if out.dtype != object or len(out) != n:
