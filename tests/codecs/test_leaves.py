@@ -185,3 +185,56 @@ def test_registration_is_checked() -> None:
             name = "no spaces allowed"
 
         register_leaf(Bad())
+
+
+class Ratio2(fractions.Fraction):
+    """Another type of this test's own, for a leaf with a second layout."""
+
+
+class TwoLayouts:
+    """Stores a Ratio2 with denominator 1 in the first layout, others under its other
+    name (a later layout that older readers must not read)."""
+
+    name = "test.Ratio2"
+    types: tuple[str, ...] = (f"{Ratio2.__module__}.{Ratio2.__qualname__}",)
+
+    def can_encode(self, value: Any) -> bool:
+        return True
+
+    def encode(self, value: Any, add: Any) -> dict[str, Any]:
+        if value.denominator == 1:
+            return {"n": str(value.numerator)}
+        return {"x": "test.Ratio2.v2", "n": str(value.numerator), "d": str(value.denominator)}
+
+    def decode(self, node: dict[str, Any], segments: Any) -> Any:
+        d = int(node["d"]) if node["x"] == "test.Ratio2.v2" else 1
+        return Ratio2(int(node["n"]), d)
+
+
+def test_a_leaf_stores_a_later_layout_under_another_name(tmp_path: Path) -> None:
+    """Readers that know only the first name miss (UnknownFormat, the entry kept)
+    on the later layout and still read the first."""
+    leaf = TwoLayouts()
+    register_leaf(leaf, replace=True, also=("test.Ratio2.v2",))
+    value = [Ratio2(3), Ratio2(1, 3)]
+    tree = npy.encode(value).layout["tree"]
+    assert [n["x"] for n in tree] == ["test.Ratio2", "test.Ratio2.v2"]
+    write(npy, value, tmp_path / "e")
+    assert read(npy, tmp_path / "e", None) == value
+    register_leaf(leaf, replace=True)  # a reader before the second layout
+    with pytest.raises(UnknownFormat, match="test.Ratio2.v2"):
+        read(npy, tmp_path / "e", None)
+    with pytest.raises(ValueError, match="the key 'x'"):  # a name it did not register
+        npy.encode(value)
+    write(npy, [Ratio2(5)], tmp_path / "first")
+    assert read(npy, tmp_path / "first", None) == [Ratio2(5)]
+    with pytest.raises(InvalidRegistration, match="is taken"):
+        register_leaf(leaf, replace=True, also=("test.Ratio",))  # another leaf's name
+    register_leaf(leaf, replace=True, also=("test.Ratio2.v2",))
+    with pytest.raises(InvalidRegistration, match="is taken"):
+
+        class Other(FractionLeaf):
+            name = "test.Other2"
+            types = ("test.NoSuchType",)
+
+        register_leaf(Other(), also=("test.Ratio2.v2",))  # another leaf's other name

@@ -322,6 +322,182 @@ def test_a_state_dict_through_memory_without_pickle(tmp_path: Path) -> None:
     assert EntryReader(str(entries[0])).codec == "npy"  # no pickle in the entry
 
 
+# -- storages: tied tensors, views, memory formats ------------------------------------------
+class Tied(torch.nn.Module):
+    """A language-model head tied to its embedding (one Parameter, two names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+
+def shares(a: Any, b: Any) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_a_tied_state_dict_through_memory_loads_a_tied_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stored here, read in a fresh process (a user's next run): the model loaded
+    from it is tied, as with torch.save or joblib."""
+    from tests.scripts import ScriptFolder
+
+    folder = ScriptFolder(tmp_path)
+    folder.write(
+        "tiedmodel.py",
+        """
+        import os, torch
+        from mlcache import Memory
+
+        class Tied(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(10, 4)
+                self.head = torch.nn.Linear(4, 10, bias=False)
+                self.head.weight = self.emb.weight
+
+        mem = Memory(os.environ["CACHE"], verbose=0, allow_pickle=False)
+
+        @mem.cache
+        def train(seed):
+            with open(os.environ["LOG"], "a") as f:
+                f.write("computed\\n")
+            torch.manual_seed(seed)
+            return Tied().state_dict()
+        """,
+    )
+    folder.write(
+        "load.py",
+        """
+        import torch
+        from tiedmodel import Tied, train
+
+        model = Tied()
+        model.load_state_dict(train(0), assign=True)
+        with torch.no_grad():
+            model.emb.weight[0, 0] = 123.0  # a tied model: the head sees it
+            print(float(model.head.weight[0, 0]))
+        """,
+    )
+    monkeypatch.setenv("CACHE", str(folder.cache))
+    monkeypatch.setenv("LOG", str(folder.log))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tiedmodel  # type: ignore[import-not-found]
+
+    sys.modules.pop("tiedmodel")  # (another test's folder would be another module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # stored: no "not stored" warning
+        want = tiedmodel.train(0)
+    assert shares(want["emb.weight"], want["head.weight"])
+    assert folder.log.read_text() == "computed\n"
+    out = folder.execute("load.py")
+    assert not folder.log.exists()  # a hit, stored without pickle
+    assert out.stdout.split() == ["123.0"]
+
+
+@pytest.mark.parametrize("mmap_mode", [None, "r", "c", "r+"])
+def test_views_of_one_storage_keep_sharing_it(mmap_mode: str | None, tmp_path: Path) -> None:
+    base = random_tensor(torch.float32, (6, 5))
+    sd = Tied().state_dict()
+    value = {
+        "sd": sd,
+        "base": base,
+        "row": base[2],  # offset 10
+        "t": base.t(),  # strides (1, 5)
+        "cols": base[1:, ::2],  # gaps: offset 5, strides (5, 2)
+        "bytes": base.view(torch.uint8)[3:],  # another dtype over the same bytes
+        "same": [base, base],
+    }
+    encoded = npy.encode(value)
+    stored = sum(memoryview(s).nbytes for s in encoded.segments)
+    assert stored == base.nbytes + sd["emb.weight"].nbytes  # each storage once
+    write(npy, value, tmp_path / "e")
+    got = read(npy, tmp_path / "e", mmap_mode)
+    assert shares(got["sd"]["emb.weight"], got["sd"]["head.weight"])
+    for name in ("base", "row", "t", "cols", "bytes"):
+        want = value[name]
+        assert_same_tensor(got[name], want)
+        assert shares(got[name], got["base"]), name
+        assert got[name].stride() == want.stride(), name
+        assert got[name].storage_offset() == want.storage_offset(), name
+    assert shares(got["same"][0], got["same"][1]) and shares(got["same"][0], got["base"])
+    got["base"][2, 0] = -1.0  # one storage: every view sees the write
+    assert got["row"][0] == -1.0 and got["t"][0, 2] == -1.0 and got["same"][1][2, 0] == -1.0
+
+
+@pytest.mark.parametrize("mmap_mode", [None, "r", "c"])
+def test_a_channels_last_tensor_keeps_its_memory_format(
+    mmap_mode: str | None, tmp_path: Path
+) -> None:
+    x = random_tensor(torch.bfloat16, (2, 3, 4, 5)).to(memory_format=torch.channels_last)
+    w = torch.nn.Parameter(random_tensor(torch.float32, (2, 3, 1, 1, 2)))
+    w.data = w.data.to(memory_format=torch.channels_last_3d)
+    value = {"x": x, "w": w, "t": random_tensor(torch.int16, (3, 4)).t()}
+    encoded = npy.encode(value)
+    assert sum(memoryview(s).nbytes for s in encoded.segments) == sum(
+        t.nbytes for t in value.values()
+    )  # its own elements only, as before
+    write(npy, value, tmp_path / "e")
+    got = read(npy, tmp_path / "e", mmap_mode)
+    for name, want in value.items():
+        assert_same_tensor(got[name], want)
+        assert got[name].stride() == want.stride(), name
+    assert got["x"].is_contiguous(memory_format=torch.channels_last)
+    assert got["w"].is_contiguous(memory_format=torch.channels_last_3d)
+    assert type(got["w"]) is torch.nn.Parameter and got["w"].requires_grad
+
+
+def test_a_lone_contiguous_tensor_keeps_the_first_layout() -> None:
+    """Readers before storages read these entries as they always did."""
+    value = {"a": torch.arange(4.0), "slice": torch.arange(10.0)[2:5], "sd": Tied().state_dict()}
+    tree = npy.encode(value).layout["tree"]["d"]
+    assert [n["x"] for _, n in tree[:2]] == ["torch.Tensor", "torch.Tensor"]
+    assert "seg" in tree[0][1] and "stride" not in tree[0][1]
+    items = tree[2][1]["items"]["t"][0]
+    assert [n["t"][1]["x"] for n in items] == ["torch.Tensor.strided"] * 2  # tied
+
+
+def test_readers_without_storages_miss_and_keep_such_entries(tmp_path: Path) -> None:
+    """A process that knows only the first layout (no 'torch.Tensor.strided') finds
+    an unknown leaf: UnknownFormat, a miss that keeps the entry, never the bytes of a
+    storage read as one tensor's elements."""
+    from mlcache.codecs import register_leaf
+    from mlcache.codecs.tensors import STRIDED
+    from mlcache.entry import decode
+    from mlcache.errors import UnknownFormat
+
+    x = torch.arange(24.0).reshape(1, 2, 3, 4).to(memory_format=torch.channels_last)
+    write(npy, {"x": x}, tmp_path / "e")
+    register_leaf(TensorLeaf(), replace=True)  # as before: no other name
+    try:
+        with pytest.raises(UnknownFormat, match="torch.Tensor.strided"):
+            decode(EntryReader(str(tmp_path / "e")), allow_pickle=False)
+    finally:
+        register_leaf(leaf, replace=True, also=(STRIDED,))
+    assert torch.equal(read(npy, tmp_path / "e", None)["x"], x)
+
+
+@pytest.mark.parametrize("mmap_mode", [None, "r"])
+def test_entries_of_the_first_tensor_layout_still_read(mmap_mode: str | None) -> None:
+    """The committed fixture written by mlcache 0.3.0: each tensor its own elements."""
+    path = Path(__file__).parents[1] / "entry" / "fixtures" / "entry_v1_tensors.mlc"
+    got = read(npy, path, mmap_mode)
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(4, 3, generator=g)
+    assert list(got) == ["f32", "bf16", "param", "channels_last", "transposed", "tied"]
+    assert_same_tensor(got["f32"], torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert_same_tensor(got["bf16"], torch.linspace(-2, 2, 5).to(torch.bfloat16))
+    assert_same_tensor(got["param"], torch.nn.Parameter(torch.ones(2, dtype=torch.float64)))
+    assert_same_tensor(got["channels_last"], torch.arange(24.0).reshape(1, 2, 3, 4))
+    assert got["channels_last"].is_contiguous()  # what that layout kept
+    assert_same_tensor(got["transposed"], torch.arange(6).reshape(2, 3).t())
+    assert type(got["tied"]) is collections.OrderedDict
+    for name in ("emb.weight", "head.weight"):
+        assert_same_tensor(got["tied"][name], weight)
+
+
 # -- OrderedDict (a state_dict) -----------------------------------------------------
 def test_a_state_dict_stays_an_ordered_dict_with_its_metadata(tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
@@ -432,8 +608,10 @@ def test_a_process_that_has_not_imported_torch_reads_tensors(tmp_path: Path) -> 
         torch.nn.Parameter(torch.ones(2)),
         collections.OrderedDict(w=random_tensor(torch.complex64, (2,))),
         torch.empty(2, 2, device="meta"),
+        [torch.ones(3, 2).t(), torch.ones(3, 2).t()[1]][1:],  # a view alone
+        (lambda b: [b[1:], b[::2]])(random_tensor(torch.float16, (6,))),  # one storage
     ],
-    ids=["bfloat16", "parameter", "ordered-dict", "meta"],
+    ids=["bfloat16", "parameter", "ordered-dict", "meta", "strided", "shared"],
 )
 def test_every_damaged_layout_is_a_corrupted_entry(value: Any, tmp_path: Path) -> None:
     """Each place of the layout replaced by values of other types and ranges (the

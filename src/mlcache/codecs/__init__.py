@@ -118,11 +118,12 @@ def _register_builtin() -> None:
     from .pickle import PickleCodec
     from .polars import PolarsLeaf
     from .sparse import SparseLeaf
-    from .tensors import TensorLeaf
+    from .tensors import STRIDED, TensorLeaf
 
     register_codec(NumpyCodec())
     register_codec(PickleCodec())
-    register_leaf(TensorLeaf())  # torch and scipy are imported only when such a value is met
+    # torch and scipy are imported only when such a value is met
+    register_leaf(TensorLeaf(), also=(STRIDED,))  # (a view of a shared storage)
     register_leaf(SparseLeaf())
     register_leaf(OrderedDictLeaf())  # a state_dict()
     # pandas, pyarrow and polars likewise

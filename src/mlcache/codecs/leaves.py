@@ -21,13 +21,24 @@ pandas, torch or scipy values is its own (:mod:`mlcache.keys`).
 
 Decoding an entry whose leaf name this process has not registered is
 :class:`~mlcache.errors.UnknownFormat`: a miss that leaves the entry in place
-(another process may read it), as for an unregistered codec.
+(another process may read it), as for an unregistered codec. So a leaf whose
+nodes gain a layout that an older reader would misread stores those nodes under
+another name (``register_leaf(leaf, also=(name,))``; ``encode`` returns
+``{"x": name, ...}``): older readers do not know the name and miss, keeping the
+entry, while nodes of the first layout keep the first name and still read.
+
+Leaves of one tree may share what they store (tensors that are views of one
+storage): :func:`tree_scope` is the state of the ``npy`` tree being encoded or
+decoded (its root value, and one dict per leaf), so that a leaf can find what
+else the tree holds and what it has already added.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._registry import Registry
@@ -39,10 +50,14 @@ if TYPE_CHECKING:  # codecs/__init__ imports this module: no import back at run 
 __all__ = [
     "LISTENERS",
     "Leaf",
+    "TreeScope",
     "get_leaf",
     "leaf_for",
     "leaves",
     "register_leaf",
+    "stores_as",
+    "tree",
+    "tree_scope",
     "unknown_leaf",
 ]
 
@@ -101,12 +116,18 @@ leaves: Registry[Leaf] = Registry("leaf", _check_leaf, names=_LEAF_NAME)
 
 #: "module.QualName" -> the leaf for that exact type
 _BY_TYPENAME: dict[str, Leaf] = {}
+#: another name a leaf's nodes are stored under (``also``) -> that leaf
+_ALSO: dict[str, Leaf] = {}
 #: type -> its leaf (None: no leaf), decided once per type
 _RESOLVED: dict[type, Leaf | None] = {}
 
 
-def register_leaf(leaf: Leaf, *, replace: bool = False) -> None:
+def register_leaf(leaf: Leaf, *, replace: bool = False, also: tuple[str, ...] = ()) -> None:
     """Register a leaf instance under ``leaf.name`` for the types ``leaf.types``.
+
+    ``also`` are other names its nodes may be stored under (its ``encode``
+    returns ``{"x": name, ...}``): a later layout of its nodes that readers
+    before it must not misread (to them an unknown leaf: a miss, the entry kept).
 
     Raises :class:`~mlcache.errors.InvalidRegistration` for an object that is not
     a leaf, a name another leaf holds, or a type another leaf handles (unless
@@ -131,8 +152,13 @@ def register_leaf(leaf: Leaf, *, replace: bool = False) -> None:
         _check_leaf(leaf)
     except TypeError as exc:
         raise InvalidRegistration(f"cannot register leaf: {exc}") from None
-    if not leaves.can_hold(leaf.name):
-        raise InvalidRegistration(f"invalid leaf name {leaf.name!r}: expected {_LEAF_NAME[1]}")
+    for name in (leaf.name, *also):
+        if not leaves.can_hold(name):
+            raise InvalidRegistration(f"invalid leaf name {name!r}: expected {_LEAF_NAME[1]}")
+    for name in also:
+        other = leaves.get(name) if name in leaves else _ALSO.get(name)
+        if name == leaf.name or (other is not None and other.name != leaf.name):
+            raise InvalidRegistration(f"leaf {leaf.name!r}: the name {name!r} is taken")
     if not replace:
         for t in leaf.types:
             old = _BY_TYPENAME.get(t)
@@ -147,6 +173,11 @@ def register_leaf(leaf: Leaf, *, replace: bool = False) -> None:
             del _BY_TYPENAME[t]
     for t in leaf.types:
         _BY_TYPENAME[t] = leaf
+    for name, old_leaf in list(_ALSO.items()):
+        if old_leaf.name == leaf.name:
+            del _ALSO[name]
+    for name in also:
+        _ALSO[name] = leaf
     _RESOLVED.clear()
     for listener in LISTENERS:
         listener()
@@ -177,9 +208,53 @@ def get_leaf(name: object) -> Leaf:
     (``ValueError``, damage, for a name that is not a leaf name at all)."""
     if not isinstance(name, str) or not leaves.can_hold(name):
         raise ValueError(f"bad leaf name {name!r}")
+    if name in _ALSO:
+        return _ALSO[name]
     if name not in leaves:
         raise unknown_leaf(name)
     try:
         return leaves[name]
     except RegistryError:
         raise unknown_leaf(name) from None
+
+
+def stores_as(leaf: Leaf, name: object) -> bool:
+    """Whether ``leaf``'s nodes may be stored under ``name`` (its own or an ``also``)."""
+    return name == leaf.name or (isinstance(name, str) and _ALSO.get(name) is leaf)
+
+
+class TreeScope:
+    """What the leaves of one ``npy`` tree share while it is encoded or decoded:
+    the tree's ``root`` value (None when decoding) and one dict per leaf name."""
+
+    __slots__ = ("_memos", "root")
+
+    def __init__(self, root: Any = None) -> None:
+        self.root = root
+        self._memos: dict[str, dict[Any, Any]] = {}
+
+    def memo(self, name: str) -> dict[Any, Any]:
+        """The leaf ``name``'s own dict for this tree (empty at first)."""
+        return self._memos.setdefault(name, {})
+
+
+_SCOPE: ContextVar[TreeScope | None] = ContextVar("mlcache_leaf_tree", default=None)
+
+
+@contextmanager
+def tree(root: Any = None) -> Iterator[TreeScope]:
+    """Make a new :class:`TreeScope` the current one while a tree is encoded
+    (``root``: the value) or decoded: a tree inside a leaf (an ordered dict's
+    items) is a scope of its own, as its segments are numbered on their own."""
+    token = _SCOPE.set(TreeScope(root))
+    try:
+        yield _SCOPE.get()  # type: ignore[misc]
+    finally:
+        _SCOPE.reset(token)
+
+
+def tree_scope() -> TreeScope:
+    """The current tree's scope; a fresh one (shared with nothing) when a leaf is
+    used outside a tree."""
+    scope = _SCOPE.get()
+    return TreeScope() if scope is None else scope

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import Encoded, Segments
-from .leaves import get_leaf, leaf_for
+from .leaves import get_leaf, leaf_for, stores_as, tree
 
 _SCALARS = (type(None), bool, int, float, str)
 _MAX_DEPTH = 100
@@ -59,8 +59,9 @@ class NumpyCodec:
 
     def encode(self, value: Any) -> Encoded:
         segments: list[Any] = []
-        tree = self._enc(value, segments)
-        return Encoded({"tree": tree}, segments)
+        with tree(value):  # what its leaves share (tensors of one storage)
+            node = self._enc(value, segments)
+        return Encoded({"tree": node}, segments)
 
     def _enc(self, v: Any, segs: list[Any]) -> Any:
         t = type(v)
@@ -93,9 +94,10 @@ class NumpyCodec:
                 return len(segs) - 1
 
             node = leaf.encode(v, add)
-            if "x" in node:
+            name = node.get("x", leaf.name)  # another name of its own: a later layout
+            if not stores_as(leaf, name):
                 raise ValueError(f"the leaf {leaf.name!r} returned a node with the key 'x'")
-            return {"x": leaf.name, **node}
+            return {"x": name, **{k: x for k, x in node.items() if k != "x"}}
         a: np.ndarray = v
         if a.flags.c_contiguous:
             order = "C"
@@ -107,7 +109,8 @@ class NumpyCodec:
         return {"a": len(segs) - 1, "dtype": a.dtype.str, "shape": list(a.shape), "order": order}
 
     def decode(self, layout: dict[str, Any], segments: Segments) -> Any:
-        return self._dec(layout["tree"], segments)
+        with tree():
+            return self._dec(layout["tree"], segments)
 
     def _dec(self, n: Any, segs: Segments) -> Any:
         if n is None or type(n) in (str, bool, int):
