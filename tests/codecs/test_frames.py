@@ -646,14 +646,36 @@ def test_object_strings_with_nan_among_them_are_stored_typed(tmp_path: Path) -> 
         assert_frame_same(got, df)
 
 
-def test_object_nan_is_refused_by_readers_before_it() -> None:
-    """A column holding NaN or NA is always stored as codes, which readers that know
-    only None (-1) refuse as damage: they never read NaN back as None."""
+def test_readers_before_object_nan_miss_and_keep_such_entries(tmp_path: Path) -> None:
+    """A column holding NaN or NA is stored as codes (-2, -3) in a node of the
+    leaf's ``.na`` name: a process that knows only the first names misses
+    (UnknownFormat, the entry kept), never reading NaN back as None; frames
+    without them keep the first layout."""
+    from mlcache.codecs import register_leaf
+    from mlcache.codecs.leaves import get_leaf
+
     for values in (["a", np.nan], ["a", pd.NA], ["b", "a", None, np.nan]):
-        node = npy.encode(pd.Series(values, dtype=object)).layout["tree"]["v"]
-        assert "codes" in node and "words" in node
-    node = npy.encode(pd.Series(["a", None], dtype=object)).layout["tree"]["v"]
-    assert node == {"k": "obj", "n": 2, "v": ["a", None]}  # as before: unchanged
+        tree = npy.encode(pd.Series(values, dtype=object)).layout["tree"]
+        assert tree["x"] == "pandas.Series.na" and "codes" in tree["v"]
+    tree = npy.encode(pd.Series(["a", None], dtype=object)).layout["tree"]
+    assert tree["x"] == "pandas.Series" and tree["v"] == {"k": "obj", "n": 2, "v": ["a", None]}
+    df = pd.DataFrame({"s": pd.Series(["a", "b"], dtype=object)}, index=[4, 6])  # all NaN
+    value = {"df": df, "index": pd.Index(["a", np.nan], dtype=object)}
+    tree = npy.encode(value).layout["tree"]["d"]
+    assert [n["x"] for _, n in tree] == ["pandas.DataFrame.na", "pandas.Index.na"]
+    write(npy, value, tmp_path / "e")
+    leaves = [get_leaf(name) for name in ("pandas.DataFrame", "pandas.Series", "pandas.Index")]
+    for leaf in leaves:
+        register_leaf(leaf, replace=True)  # as before: no other name
+    try:
+        with pytest.raises(UnknownFormat, match="pandas.DataFrame.na"):
+            decode(EntryReader(str(tmp_path / "e")), allow_pickle=False)
+    finally:
+        for leaf in leaves:
+            register_leaf(leaf, replace=True, also=(leaf.name + ".na",))
+    got = read(npy, tmp_path / "e", None)
+    assert_frame_same(got["df"], df)
+    assert_frame_same(got["index"], value["index"])
 
 
 def test_string_columns_of_the_first_layout_still_read() -> None:

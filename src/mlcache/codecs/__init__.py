@@ -114,7 +114,7 @@ def _register_builtin() -> None:
     from .arrow import ArrowLeaf
     from .npy import NumpyCodec
     from .ordered import OrderedDictLeaf
-    from .pandas import DataFrameLeaf, IndexLeaf, SeriesLeaf
+    from .pandas import NA_LAYOUT, DataFrameLeaf, IndexLeaf, SeriesLeaf
     from .pickle import PickleCodec
     from .polars import PolarsLeaf
     from .sparse import SparseLeaf
@@ -127,7 +127,9 @@ def _register_builtin() -> None:
     register_leaf(SparseLeaf())
     register_leaf(OrderedDictLeaf())  # a state_dict()
     # pandas, pyarrow and polars likewise
-    for leaf in (DataFrameLeaf(), SeriesLeaf(), IndexLeaf(), ArrowLeaf(), PolarsLeaf()):
+    for frame in (DataFrameLeaf(), SeriesLeaf(), IndexLeaf()):  # (NaN among object strings)
+        register_leaf(frame, also=(frame.name + NA_LAYOUT,))
+    for leaf in (ArrowLeaf(), PolarsLeaf()):
         register_leaf(leaf)
 
 

@@ -22,8 +22,9 @@ kind (``"k"``)            stored as
                           once: an ``object`` column holding only ``str`` (or
                           only ``bytes``) and missing values, ``None``, NaN
                           (what reindexing puts in) or ``pd.NA``: codes -1,
-                          -2, -3 (NaN or NA: always codes, which older
-                          readers refuse rather than read as ``None``)
+                          -2, -3 (NaN or NA: always codes, the node marked
+                          ``"missing"``, and the leaf stored under its
+                          ``.na`` name, which older readers do not know)
 ``interval``              its two ends, each a column node, + ``closed``
 ``arrow``                 an Arrow IPC stream segment: a ``pd.ArrowDtype``
                           column (``dtype_backend="pyarrow"``), as it is
@@ -66,6 +67,7 @@ __all__ = [
     "index_ok",
     "label",
     "label_ok",
+    "later_layout",
     "pandas_module",
     "unlabel",
     "values_of",
@@ -299,7 +301,8 @@ def encode_column(pd: Any, values: Any, add: Add) -> dict[str, Any]:
             codes[nan] = _NAN_CODE
             codes[nas] = _NA_CODE
             words = _strings(add, encoded.dictionary)
-            return {"k": "obj", "n": n, "codes": add(_contiguous(codes)), "words": words}
+            node = {"k": "obj", "n": n, "codes": add(_contiguous(codes)), "words": words}
+            return {**node, "missing": True} if marked else node
         return {"k": "obj", "n": n, **_strings(add, array)}
     raise TypeError(f"pandas column of dtype {values.dtype} cannot be stored without pickle")
 
@@ -361,6 +364,19 @@ def _strings_back(node: dict[str, Any], segments: Segments) -> Any:
     kind = pa.large_binary() if node["bin"] is True else pa.large_string()
     buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
     return pa.Array.from_buffers(kind, n, buffers)
+
+
+def later_layout(node: Any, depth: int = 0) -> bool:
+    """Whether a leaf's ``node`` holds an ``obj`` column with NaN or NA (codes -2,
+    -3): the leaf then stores it under its ``.na`` name, which readers before
+    those codes do not know (a miss that keeps the entry, not damage)."""
+    if type(node) is dict:
+        if node.get("k") == "obj" and node.get("missing") is True:
+            return True
+        return depth < 50 and any(later_layout(v, depth + 1) for v in node.values())
+    if type(node) is list:
+        return depth < 50 and any(later_layout(v, depth + 1) for v in node)
+    return False
 
 
 def _codes_dtype(name: Any) -> np.dtype:
