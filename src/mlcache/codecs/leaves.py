@@ -36,9 +36,9 @@ else the tree holds and what it has already added.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._registry import Registry
@@ -238,7 +238,9 @@ class TreeScope:
         return self._memos.setdefault(name, {})
 
 
-_SCOPE: ContextVar[TreeScope | None] = ContextVar("mlcache_leaf_tree", default=None)
+#: this thread's scopes, innermost last (a tree is encoded and decoded in one go,
+#: in one thread: nothing else runs in between)
+_SCOPES = threading.local()
 
 
 @contextmanager
@@ -246,15 +248,18 @@ def tree(root: Any = None) -> Iterator[TreeScope]:
     """Make a new :class:`TreeScope` the current one while a tree is encoded
     (``root``: the value) or decoded: a tree inside a leaf (an ordered dict's
     items) is a scope of its own, as its segments are numbered on their own."""
-    token = _SCOPE.set(TreeScope(root))
+    stack: list[TreeScope] = _SCOPES.__dict__.setdefault("stack", [])
+    scope = TreeScope(root)
+    stack.append(scope)
     try:
-        yield _SCOPE.get()  # type: ignore[misc]
+        yield scope
     finally:
-        _SCOPE.reset(token)
+        while stack and stack.pop() is not scope:  # (what a failed inner tree left)
+            pass
 
 
 def tree_scope() -> TreeScope:
     """The current tree's scope; a fresh one (shared with nothing) when a leaf is
     used outside a tree."""
-    scope = _SCOPE.get()
-    return TreeScope() if scope is None else scope
+    stack = _SCOPES.__dict__.get("stack")
+    return stack[-1] if stack else TreeScope()
