@@ -47,6 +47,8 @@ before (a wrong call is still the ``TypeError`` Python's own call raises), so an
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import warnings
 
 __all__ = [
@@ -180,3 +182,21 @@ def warn(message: str, stacklevel: int = 2) -> None:
     place when logging is not configured; filterable; an error in strict tests)."""
     logging.getLogger("mlcache").warning(message)
     warnings.warn(message, CacheWarning, stacklevel=stacklevel + 1)
+
+
+#: the package's folder: frames of files under it are mlcache's own
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_at_user(message: str) -> None:
+    """:func:`warn`, shown at the first frame outside mlcache: the user's line
+    (``ds = Tiles(...)``, ``ds[i]``, a DataLoader's loop), whichever path of the
+    library led to the warning (a fixed ``stacklevel`` points into mlcache when
+    the same warning is reached by another path)."""
+    frame = sys._getframe(0)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    logging.getLogger("mlcache").warning(message)
+    warnings.warn(message, CacheWarning, stacklevel=level)

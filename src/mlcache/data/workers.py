@@ -63,7 +63,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import warn
+from ..errors import warn_at_user
 
 __all__ = [
     "Counted",
@@ -255,10 +255,9 @@ def _in_pool(
             if error is not None:  # as a serial build: every sample before it, then it
                 raise error[0] from WorkerError(error[1])
     except BrokenProcessPool as exc:
-        warn(
+        warn_at_user(
             f"mlcache: the {workers} {method} workers building {type(dataset).__qualname__} "
             f"stopped ({exc}); loading the remaining {n - done} items in this process",
-            stacklevel=4,
         )
         for i in range(done, n):
             yield i, dataset.load_item(items[i])
@@ -401,12 +400,11 @@ def start_method(what: str) -> str | None:
     if importing is not None:
         # spawn workers would import that module again to unpickle the dataset,
         # and so build it again each: never workers then
-        warn(
+        warn_at_user(
             f"mlcache: building {what} in this process, not in workers: it is built "
             f"while the module {importing!r} is being imported, which spawn workers "
             "would import (and build) again; build it in a function, or under the "
             'main script\'s `if __name__ == "__main__":` guard, to use num_workers',
-            stacklevel=5,
         )
         return None
     if _main_is_guarded():
@@ -416,12 +414,11 @@ def start_method(what: str) -> str | None:
         if sys.platform.startswith("linux")
         else "fork is not available here"
     )
-    warn(
+    warn_at_user(
         f"mlcache: building {what} in this process, not in workers: {why}, and spawn "
         'would re-run the main script, which has no `if __name__ == "__main__":` guard; '
         "add one to use num_workers (threads: "
         f"{', '.join(sorted(t.name for t in threading.enumerate()))})",
-        stacklevel=5,
     )
     return None
 
