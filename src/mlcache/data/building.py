@@ -33,6 +33,7 @@ from .filling import Filler
 from .items import same_items, table_digest
 from .reader import PackedDataset
 from .records import remove_redundant_records
+from .replaced import write_code_tag
 from .sources import (
     GRACE_SECONDS,
     DeclaredSource,
@@ -62,6 +63,7 @@ class PackBuilder:
     _key_names: list[str]
     _args_id: str
     _args_id_full: str
+    _code_id: str
     _source: Any
     _state: frozenset[str]
     _shape: str
@@ -175,15 +177,16 @@ class PackBuilder:
         #: mutable module-level values the code reads: by their content now (the
         #: walk is cached per process; a notebook may have changed one since)
         self._watched: tuple[tuple[str, Any], ...] = code.watched
-        version = hash_value(
-            (
-                f"{cls.__module__}.{cls.__qualname__}",
-                code.digest,
-                self._args_id_full,
-                self._source,
-                {k: v for k, v in watched_digests(code.watched).items() if k not in self._state},
-            )
+        made_by = (
+            f"{cls.__module__}.{cls.__qualname__}",
+            code.digest,
+            self._args_id_full,
         )
+        watched = {k: v for k, v in watched_digests(code.watched).items() if k not in self._state}
+        version = hash_value((*made_by, self._source, watched))
+        #: everything of the name but the source: packs of one code replace each
+        #: other as the source changes; packs of other code are kept side by side
+        self._code_id = hash_value((*made_by, watched))
         # a rebuild removes the older versions of the same attributes (after a
         # while), and packs of other attributes once unused for long
         return os.path.join(self._folder, f"{self._args_id}-{version[:16]}.pack")
@@ -212,10 +215,12 @@ class PackBuilder:
         )
         named = self._learned(before)
         if named is None:
+            write_code_tag(self.pack_path, self._code_id)
             return built
         if named != self.pack_path:  # first: a process told the state finds the pack
             os.replace(self.pack_path, named)
         write_state(self._root, self._folder, self._shape, self._state)
+        write_code_tag(named, self._code_id)
         if named == self.pack_path:
             return built
         self.pack_path = named

@@ -71,11 +71,13 @@ Building in parallel (``num_workers=``, with ``source_items()`` and
 other threads run, never a hang (see :mod:`mlcache.data.workers`).
 
 Which packs are kept (a pack is ``<folder of the class>/<attributes>-<version>.pack``):
-the older versions of the same attributes (code or source changed) go when a
-newer one is built, once 10 minutes old; packs of other attributes go when a
-pack of the class is built and they have not been opened for
-:data:`UNUSED_PACKS_KEPT_FOR` (30 days, as function results of
-an old code version); ``mlcache clear`` removes any. When the last three builds
+a pack of the same code and attributes built from an older source goes once no
+process reads it (:mod:`mlcache.data.replaced`); packs of other code or
+attributes (``train.py`` and ``eval.py`` each with a class of one name, sharing a
+``cache_dir``) are kept side by side, by last use: one goes when a pack of the
+class is built and it has not been opened for :data:`UNUSED_PACKS_KEPT_FOR` (30
+days, as function results of an old code version); size limits, ``mlcache
+prune`` and ``mlcache clear`` remove any. When the last three builds
 of a class, by three runs within an hour, each had a new value of the same
 attribute (``self.out_dir = mkdtemp()``), a warning names it.
 """

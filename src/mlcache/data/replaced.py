@@ -1,8 +1,14 @@
 """A rebuilt dataset's old pack goes as soon as no reader holds it.
 
 A :class:`~mlcache.data.CachedDataset` pack is ``<attributes>-<version>.pack``; a
-new version (the code or the source changed) replaces the packs of the same
-attributes built before it. Every :class:`~mlcache.data.PackedDataset` holds a
+new version of the *source* (the same code and attributes) replaces the packs of
+the same code built before it. Versions of other code are kept side by side, by
+last use, as the function cache keeps code versions: two scripts whose dataset
+classes share a name and a ``cache_dir`` (``train.py`` and ``eval.py``, a
+notebook and a script, two branches) each keep their pack (see
+:func:`~mlcache.data.sources.remove_older_versions`). A pack's code is recorded
+beside it, in ``.<pack name>.code`` (:func:`write_code_tag`); a pack without one
+is never taken for a replaced one. Every :class:`~mlcache.data.PackedDataset` holds a
 shared ``flock`` on its file while it has it open, and so do the DataLoader
 workers it was handed to: a lock belongs to the open file, which a forked worker
 inherits and a spawned one receives (``PackedDataset.__reduce__`` sends the
@@ -21,17 +27,69 @@ an open marks its use, see :meth:`CachedDataset._try_open`).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import re
 
-__all__ = ["in_use", "remove_replaced", "replaced_by"]
+__all__ = [
+    "code_tag_path",
+    "in_use",
+    "remove_replaced",
+    "replaced_by",
+    "same_code",
+    "write_code_tag",
+]
 
 logger = logging.getLogger("mlcache")
 
 #: a CachedDataset's pack name: ``<attributes>-<version>.pack``, 16 hex digits each
 _NAME = re.compile(r"([0-9a-f]{16})-[0-9a-f]{16}\.pack")
+
+
+def code_tag_path(pack_path: str) -> str:
+    """Where the code (and attributes) a pack was built by is recorded."""
+    folder, name = os.path.split(pack_path)
+    return os.path.join(folder, f".{name}.code")
+
+
+def write_code_tag(pack_path: str, code: str) -> None:
+    """Record that ``pack_path`` was built by ``code`` (a digest of the dataset's
+    class, code and attributes: everything of its name but the source).
+    Housekeeping: never raises (a pack without it is kept by last use)."""
+    path = code_tag_path(pack_path)
+    try:
+        with open(path, "rb") as f:
+            if f.read() == code.encode():
+                return
+    except OSError:
+        pass
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(code.encode())
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.debug("mlcache: could not record the code of %s: %s", pack_path, exc)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _code_of(pack_path: str) -> bytes | None:
+    try:
+        with open(code_tag_path(pack_path), "rb") as f:
+            return f.read(64) or None
+    except OSError:
+        return None
+
+
+def same_code(pack_path: str, other: str) -> bool:
+    """Both packs were built by the same code and attributes, as recorded (they
+    differ by their source only): the older is replaced by the newer. False when
+    either is not recorded."""
+    mine = _code_of(pack_path)
+    return mine is not None and mine == _code_of(other)
 
 
 def in_use(path: str) -> bool:
@@ -83,22 +141,25 @@ def replaced_by(pack_path: str) -> str | None:
     except OSError:
         return None
     mine = [t for t, p in versions if p == pack_path]
-    newer = [(t, p) for t, p in versions if mine and t > mine[0]]
+    newer = [(t, p) for t, p in versions if mine and t > mine[0] and same_code(pack_path, p)]
     return max(newer)[1] if newer else None
 
 
 def remove_replaced(pack_path: str) -> list[str]:
-    """Remove the packs that ``pack_path`` replaces (same attributes, built or
-    opened before it) that no process has open; return their paths. Never raises:
+    """Remove the packs that ``pack_path`` replaces (same code and attributes,
+    another source; built or opened before it) that no process has open; return
+    their paths. Packs of other code stay (by last use). Never raises:
     housekeeping never fails an open or a build."""
     removed = []
     try:
         versions = _versions(pack_path)
         mine = [t for t, p in versions if p == pack_path]
         for t, path in versions:
-            if not mine or t >= mine[0] or in_use(path):
+            if not mine or t >= mine[0] or not same_code(pack_path, path) or in_use(path):
                 continue
             os.unlink(path)  # a reader that opens it meanwhile keeps its file
+            with contextlib.suppress(OSError):
+                os.unlink(code_tag_path(path))
             removed.append(path)
             logger.info("mlcache: removed %s, replaced by %s", path, pack_path)
     except OSError as exc:

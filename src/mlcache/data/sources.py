@@ -28,6 +28,7 @@ import xxhash
 from .._atomic import write_bytes_atomic
 from ..errors import warn
 from ..keys.hashing import hash_value
+from .replaced import code_tag_path, same_code
 
 __all__ = [
     "CHECKS",
@@ -523,17 +524,26 @@ def remove_pack(path: str) -> None:
     except FileNotFoundError:
         pass
     shutil.rmtree(path + ".fill", ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.unlink(code_tag_path(path))
 
 
 def remove_older_versions(pack_path: str, args_id: str) -> None:
-    """Delete the packs ``pack_path`` replaces (same attributes ``args_id``, older
-    code or source) once they are :data:`GRACE_SECONDS` old, and the packs (and
-    records) of other attributes not opened for :data:`UNUSED_PACKS_KEPT_FOR`
-    (as the function cache does with code versions); a process still reading
-    one keeps its map (the file goes when it closes)."""
+    """Delete the packs ``pack_path`` replaces (same attributes ``args_id`` and
+    code, an older source) once they are :data:`GRACE_SECONDS` old, and the
+    packs (and records) of other code or attributes not opened for
+    :data:`UNUSED_PACKS_KEPT_FOR` (as the function cache does with code
+    versions: two scripts with a dataset class of one name keep theirs); a
+    process still reading one keeps its map (the file goes when it closes)."""
     folder, mine = os.path.split(pack_path)
     now = time.time()
     for name in os.listdir(folder):
+        if name.startswith(".") and name.endswith(".pack.code"):
+            # a pack's code, written once the pack is there: goes with it
+            if not os.path.exists(os.path.join(folder, name[1:-5])):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, name))
+            continue
         ours = name.startswith(args_id + "-")
         sidecar = name.startswith(".") and name.endswith((".args", ".source"))
         # the records of a version being filled go with it (or alone, if never sealed)
@@ -545,7 +555,8 @@ def remove_older_versions(pack_path: str, args_id: str) -> None:
         path = os.path.join(folder, name)
         try:
             age = now - os.stat(path, follow_symlinks=False).st_mtime
-            if age < (GRACE_SECONDS if ours else UNUSED_PACKS_KEPT_FOR):
+            replaced = ours and same_code(pack_path, os.path.join(folder, pack))
+            if age < (GRACE_SECONDS if replaced else UNUSED_PACKS_KEPT_FOR):
                 continue  # maybe another job's current version: leave it a while
             if sidecar:
                 os.unlink(path)
