@@ -70,3 +70,30 @@ def tmpfs(tmp_path):
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """``mount_tmpfs("2m")``: a tmpfs of that size mounted for the test (a real
+    disk that fills up), unmounted after; the test is skipped where mounting is
+    impossible (not root)."""
+    mounted = []
+
+    def mount(size: str, name: str = "disk"):
+        where = tmp_path / name
+        where.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    try:
+        yield mount
+    finally:
+        for where in mounted:
+            subprocess.run(["umount", "-l", str(where)], check=False)

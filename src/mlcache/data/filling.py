@@ -56,11 +56,12 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn
+from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn_at_user
+from .frozen import probe_picks, same_sample, warn_frozen_randomness
 from .reader import PackedDataset
 from .records import MAGIC, RECORD, Segment, decode_sample, encode_sample, record_head
 from .sequence import sample_index, sample_indices
-from .values import read_back
+from .values import as_sealed, read_back
 
 __all__ = ["FILLS", "RECORD", "Filler"]
 
@@ -71,9 +72,20 @@ logger = logging.getLogger("mlcache")
 _SEAL_CHECK_EVERY = 0.25
 _SCAN_CHUNK = 1 << 20
 _MISSING, _BASE = -2, -1
+#: after a record could not be written (a full disk), the next try waits this long
+#: (seconds): the samples are served meanwhile, unrecorded
+_RETRY_AFTER = 1.0
 #: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
 #: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
 FILLS = ("auto", "as-read", "up-front")
+
+
+class _NoRoom(OSError):
+    """The disk has not the room the sealed pack needs (said once; no seal tried)."""
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
 
 
 # -- the filler --------------------------------------------------------------------------
@@ -152,6 +164,14 @@ class Filler:
         #: the first sample's index and field names (every sample has them)
         self._fields: tuple[int, frozenset[Any]] | None = None
         self._unwritable = False  # warned: records or the seal cannot be written
+        self._retry_at = 0.0  # a record failed: none is tried before this (monotonic)
+        #: the items this process loaded as they were read, and recorded (the seal
+        #: loads a few again: see _probe; not those loaded elsewhere, by workers,
+        #: whose samples may hold what differs by process)
+        self._loaded_here: list[int] = []
+        #: what this process served of each array or list field, for its empty
+        #: lists (see :func:`~mlcache.data.values.as_sealed`)
+        self._forms: dict[str, Any] = {}
         self._load_error: BaseException | None = None
         self._seal_checked = time.monotonic()
         self._seen_file: tuple[int, int] | None = base.file_id if base is not None else ignore
@@ -305,7 +325,7 @@ class Filler:
         elif src >= 0:
             sample = self._read(i)
             if sample is not None:
-                return sample
+                return sample if self.allow_pickle else as_sealed(sample, self._forms)
         # missing here: another process may have recorded it since (see the
         # module docstring); throttling this look loaded items twice
         if self.look_again():
@@ -327,13 +347,14 @@ class Filler:
         # as the sealed pack will give it: epoch 1 has the types of the later epochs
         loaded = read_back(loaded, self.allow_pickle, i)
         self.record(i, loaded)
+        self._loaded_here.append(i)
         now = time.monotonic()
         if self.present < self.n and now - self._seal_checked > _SEAL_CHECK_EVERY:
             self._seal_checked = now
             self.look_again()
         if self.present == self.n and self.sealed is None:
             self.try_seal()
-        return loaded
+        return loaded if self.allow_pickle else as_sealed(loaded, self._forms)
 
     def __getitem__(self, i: Any) -> Any:
         if i.__class__ is int and 0 <= i < self.n:
@@ -375,7 +396,7 @@ class Filler:
 
     def _drop_base(self, exc: PackCorrupted) -> None:
         """The base is damaged: its samples are loaded again."""
-        warn(f"mlcache: {exc}; loading its samples again", stacklevel=5)
+        warn_at_user(f"mlcache: {exc}; loading its samples again")
         based = self.src == _BASE
         self.present -= int(based.sum())
         self.src[based] = _MISSING
@@ -387,20 +408,43 @@ class Filler:
         later read: one warning, and the read goes on."""
         self._same_fields(i, sample)
         payload = encode_sample(sample, self.allow_pickle, i)
+        if self._retry_at and time.monotonic() < self._retry_at:
+            return  # a write failed just now (a full disk): served, not recorded
         head = record_head(self._ks[i], self._fps[i], payload)
         size = len(head) + len(payload)
         try:
             with self._write_lock:
                 fd, number, off = self._writer()
-                written = os.writev(fd, (head, payload))  # one write, no copy of the payload
-                if written < size:  # a short write (a signal, a full disk): the rest
-                    rest = memoryview(head + payload)[written:]
-                    while rest:
-                        rest = rest[os.write(fd, rest) :]
+                try:
+                    written = os.writev(fd, (head, payload))  # one write, no payload copy
+                    if written < size:  # a short write (a signal, a full disk): the rest
+                        rest = memoryview(head + payload)[written:]
+                        while rest:
+                            rest = rest[os.write(fd, rest) :]
+                except OSError:
+                    self._drop_writer(fd, number, off)
+                    raise
                 self._mine = (os.getpid(), fd, number, off + size)
                 self._found(self._ks[i], self._fps[i], number, off)
         except OSError as exc:
+            self._retry_at = time.monotonic() + _RETRY_AFTER
             self._cannot_write(exc, "record samples of")
+
+    def _drop_writer(self, fd: int, number: int, off: int) -> None:
+        """A record failed half way (a full disk): cut the segment back to its whole
+        records, or remove it if it has none (a new one each time would pile up
+        empty files), and close it; a later record starts another segment."""
+        segment = self._segments[number]
+        with contextlib.suppress(OSError):
+            if off:
+                os.ftruncate(fd, off)
+            else:
+                os.unlink(segment.path)
+                segment.broken = True
+                self._named.pop(os.path.basename(segment.path), None)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        self._mine = None
 
     def _same_fields(self, i: int, sample: Mapping[str, Any]) -> None:
         """Every sample of a pack has the fields of the first: one with others (an
@@ -427,10 +471,9 @@ class Filler:
         a folder removed meanwhile): the samples are still served."""
         if not self._unwritable:
             self._unwritable = True
-            warn(
+            warn_at_user(
                 f"mlcache: cannot {what} {self.path} ({exc}); samples not recorded are "
-                "loaded again when read again",
-                stacklevel=5,
+                "loaded again when read again"
             )
 
     def _writer(self) -> tuple[int, int, int]:
@@ -466,6 +509,7 @@ class Filler:
         with self._lock():
             if self.sealed is None and not self._find_sealed():
                 self.look_again()
+                self._room_to_seal()
                 try:
                     sealed = self._seal(self._in_order(), self.table.tobytes())
                 except (TypeError, ValueError) as exc:
@@ -487,11 +531,38 @@ class Filler:
         loaded). An error of ``load_item`` is raised."""
         try:
             return self.seal()
+        except _NoRoom as exc:
+            if not self._unwritable:
+                self._unwritable = True
+                warn_at_user(str(exc))
+            return None
         except OSError as exc:
             if exc is self._load_error:
                 raise
             self._cannot_write(exc, "seal")
             return None
+
+    def _room_to_seal(self) -> None:
+        """Raise :class:`_NoRoom` when the disk has less free space than the sealed
+        pack needs (about its records and the base's samples, all on disk until
+        it is written): the seal would fill the disk and fail, at every run."""
+        need = 0
+        for segment in self._segments:
+            with contextlib.suppress(OSError):
+                need += os.stat(segment.path).st_size
+        if self.base is not None and (self.src == _BASE).any():
+            with contextlib.suppress(OSError):
+                need += os.stat(self.base.path).st_size
+        try:
+            free = shutil.disk_usage(os.path.dirname(self.path) or ".").free
+        except OSError:
+            return  # cannot tell: the seal tries
+        if free < need:
+            raise _NoRoom(
+                f"mlcache: not sealing {self.path}: the pack needs about {_mib(need)} and its "
+                f"disk has {_mib(free)} free; its samples are read from its records meanwhile "
+                "(free some space, e.g. `mlcache prune`, and a later run seals it)"
+            )
 
     def _in_order(self) -> Iterable[Mapping[str, Any]]:
         maps: dict[int, mmap.mmap] = {}
@@ -502,7 +573,10 @@ class Filler:
                 mapped.close()
 
     def _in_order_from(self, maps: dict[int, mmap.mmap]) -> Iterable[Mapping[str, Any]]:
-        """The samples in item order (see :meth:`_in_order`), records read from ``maps``."""
+        """The samples in item order (see :meth:`_in_order`), records read from ``maps``;
+        a few of the items this process loaded are loaded again and compared
+        (:meth:`_probe`)."""
+        probes = probe_picks(self._loaded_here)
         for i in range(self.n):
             src = int(self.src[i])
             if src == _BASE and self.base is not None:
@@ -514,6 +588,8 @@ class Filler:
             elif src >= 0:
                 recorded = self._read(i, maps)
                 if recorded is not None:
+                    if i in probes:
+                        self._probe(i, recorded)
                     yield recorded
                     continue
             self.loaded += 1
@@ -523,6 +599,19 @@ class Filler:
                 self._load_error = exc
                 raise
             yield read_back(loaded, self.allow_pickle, i)  # as the records beside it
+
+    def _probe(self, i: int, recorded: Mapping[str, Any]) -> None:
+        """Load item ``i`` again and compare with its record: a ``load_item`` that
+        draws at random is frozen by the pack (said once: see
+        :mod:`mlcache.data.frozen`)."""
+        try:
+            again = read_back(self._load(self.items[i]), self.allow_pickle, i)
+        except Exception as exc:  # the probe's own load: never the seal's failure
+            logger.debug("mlcache: loading item %d again to compare failed: %s", i, exc)
+            return
+        if not same_sample(recorded, again):
+            owner = getattr(self._load, "__qualname__", "load_item")
+            warn_frozen_randomness(owner, self.items[i])
 
     def _moved(self, path: str) -> None:
         """The pack (and its records' folder) is now ``path``."""
@@ -562,6 +651,7 @@ class Filler:
         state["_segments"] = [Segment(s.path) for s in self._segments]
         state["_mine"] = None
         state["_write_lock"] = None
+        state["_loaded_here"] = []  # what that process loads: its own probes
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

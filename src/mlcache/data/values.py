@@ -32,6 +32,7 @@ __all__ = [
     "EMPTY",
     "TORCH_BITS",
     "Strs",
+    "as_sealed",
     "exact_limit",
     "is_na",
     "is_nan",
@@ -275,3 +276,58 @@ def _read_back(value: Any, allow_pickle: bool, label: str, index: int, depth: in
         "needs pickle; packs store numpy arrays, int, float, bool, str, bytes, None, lists of "
         "numbers or of str, and dicts of these (pass allow_pickle=True to store other values)"
     )
+
+
+#: in :func:`as_sealed`'s ``forms``: a field whose values are lists of str
+_STRS_FORM = "strs"
+_EMPTY_ALONE = (np.dtype(np.float64), ())
+
+
+def as_sealed(sample: dict[str, Any], forms: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``sample`` (as :func:`read_back` gave it, ``allow_pickle=False``) with each
+    empty list as the sealed pack gives it: an empty array of the dtype and
+    trailing shape of the field's other values, or ``[]`` in a field of lists of
+    str; an epoch that served ``[]`` beside arrays would differ from the next ones.
+
+    ``forms`` holds what the samples given so far showed of each field (updated
+    here): an empty list met before any other value of its field is an empty
+    float64 array, as in a pack whose field holds only empty lists. The record
+    of a sample keeps its ``[]``: the pack writer decides from every sample.
+    A new dict is returned when something changed; ``sample`` is left as it is.
+
+    >>> forms = {}
+    >>> as_sealed({"ids": np.arange(3)}, forms)["ids"].dtype
+    dtype('int64')
+    >>> as_sealed({"ids": []}, forms)["ids"]
+    array([], dtype=int64)
+    """
+    out = sample
+    for name, value in sample.items():
+        cls = value.__class__
+        if cls is np.ndarray:
+            if value.ndim:
+                label = prefix + str(name)
+                form = forms.get(label)
+                if form is None or form.__class__ is not tuple or form[0] != value.dtype:
+                    dtype = value.dtype
+                    if form.__class__ is tuple:
+                        dtype = np.result_type(form[0], dtype)
+                    forms[label] = (dtype, value.shape[1:])
+        elif cls is list:
+            label = prefix + str(name)
+            if value:
+                forms[label] = _STRS_FORM
+                continue
+            form = forms.get(label, _EMPTY_ALONE)
+            if form is _STRS_FORM:
+                continue
+            if out is sample:
+                out = dict(sample)
+            out[name] = np.empty((0, *form[1]), form[0])
+        elif cls is dict:
+            inner = as_sealed(value, forms, f"{prefix}{name}.")
+            if inner is not value:
+                if out is sample:
+                    out = dict(sample)
+                out[name] = inner
+    return out
