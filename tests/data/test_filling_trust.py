@@ -143,8 +143,8 @@ def form(v):
 
 
 ds = Lists(12)
-forms = [form(ds[i]) for i in range(12)]
-print(json.dumps({"sealed": os.path.exists(ds.pack_path), "forms": forms}))
+sealed = os.path.exists(ds.pack_path)  # at the open: epoch 1 fills it, or it is read
+print(json.dumps({"sealed": sealed, "forms": [form(ds[i]) for i in range(12)]}))
 """
 
 

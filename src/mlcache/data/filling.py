@@ -57,11 +57,20 @@ import numpy as np
 import xxhash
 
 from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn_at_user
-from .frozen import probe_picks, same_sample, warn_frozen_randomness
+from .frozen import probe, probe_picks
 from .reader import PackedDataset
-from .records import MAGIC, RECORD, Segment, decode_sample, encode_sample, record_head
+from .records import (
+    MAGIC,
+    RECORD,
+    NoRoom,
+    Segment,
+    decode_sample,
+    encode_sample,
+    record_head,
+    room_to_seal,
+)
 from .sequence import sample_index, sample_indices
-from .values import as_sealed, read_back
+from .values import as_sealed, other_fields, read_back
 
 __all__ = ["FILLS", "RECORD", "Filler"]
 
@@ -78,14 +87,6 @@ _RETRY_AFTER = 1.0
 #: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
 #: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
 FILLS = ("auto", "as-read", "up-front")
-
-
-class _NoRoom(OSError):
-    """The disk has not the room the sealed pack needs (said once; no seal tried)."""
-
-
-def _mib(size: int) -> str:
-    return f"{size / 2**20:,.1f} MiB"
 
 
 # -- the filler --------------------------------------------------------------------------
@@ -165,13 +166,9 @@ class Filler:
         self._fields: tuple[int, frozenset[Any]] | None = None
         self._unwritable = False  # warned: records or the seal cannot be written
         self._retry_at = 0.0  # a record failed: none is tried before this (monotonic)
-        #: the items this process loaded as they were read, and recorded (the seal
-        #: loads a few again: see _probe; not those loaded elsewhere, by workers,
-        #: whose samples may hold what differs by process)
+        #: the items this process loaded as read (not by workers): the seal probes a few
         self._loaded_here: list[int] = []
-        #: what this process served of each array or list field, for its empty
-        #: lists (see :func:`~mlcache.data.values.as_sealed`)
-        self._forms: dict[str, Any] = {}
+        self._forms: dict[str, Any] = {}  # of the fields served: values.as_sealed
         self._load_error: BaseException | None = None
         self._seal_checked = time.monotonic()
         self._seen_file: tuple[int, int] | None = base.file_id if base is not None else ignore
@@ -421,30 +418,16 @@ class Filler:
                         rest = memoryview(head + payload)[written:]
                         while rest:
                             rest = rest[os.write(fd, rest) :]
-                except OSError:
-                    self._drop_writer(fd, number, off)
+                except OSError:  # a full disk: no torn record, no empty file, no fd left
+                    self._mine = None
+                    if self._segments[number].abandon(fd, off):
+                        self._named.pop(os.path.basename(self._segments[number].path), None)
                     raise
                 self._mine = (os.getpid(), fd, number, off + size)
                 self._found(self._ks[i], self._fps[i], number, off)
         except OSError as exc:
             self._retry_at = time.monotonic() + _RETRY_AFTER
             self._cannot_write(exc, "record samples of")
-
-    def _drop_writer(self, fd: int, number: int, off: int) -> None:
-        """A record failed half way (a full disk): cut the segment back to its whole
-        records, or remove it if it has none (a new one each time would pile up
-        empty files), and close it; a later record starts another segment."""
-        segment = self._segments[number]
-        with contextlib.suppress(OSError):
-            if off:
-                os.ftruncate(fd, off)
-            else:
-                os.unlink(segment.path)
-                segment.broken = True
-                self._named.pop(os.path.basename(segment.path), None)
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        self._mine = None
 
     def _same_fields(self, i: int, sample: Mapping[str, Any]) -> None:
         """Every sample of a pack has the fields of the first: one with others (an
@@ -456,15 +439,7 @@ class Filler:
             return
         j, names = first
         if sample.keys() != names:
-            missing, extra = (
-                sorted(map(str, names - sample.keys())),
-                sorted(map(str, sample.keys() - names)),
-            )
-            raise ValueError(
-                f"sample {i} (item {self.items[i]!r}): fields differ from sample {j} (item "
-                f"{self.items[j]!r}): missing {missing}, extra {extra}; every sample of a "
-                "pack has the same fields (give a missing value as None: sample.get(key))"
-            )
+            raise other_fields(i, self.items[i], sample.keys(), j, self.items[j], names)
 
     def _cannot_write(self, exc: OSError, what: str) -> None:
         """ONE warning per filler for what it cannot write (a read-only or full disk,
@@ -472,7 +447,9 @@ class Filler:
         if not self._unwritable:
             self._unwritable = True
             warn_at_user(
-                f"mlcache: cannot {what} {self.path} ({exc}); samples not recorded are "
+                str(exc)
+                if isinstance(exc, NoRoom)
+                else f"mlcache: cannot {what} {self.path} ({exc}); samples not recorded are "
                 "loaded again when read again"
             )
 
@@ -509,7 +486,10 @@ class Filler:
         with self._lock():
             if self.sealed is None and not self._find_sealed():
                 self.look_again()
-                self._room_to_seal()
+                kept = [s.path for s in self._segments]  # on the disk until it is written
+                if self.base is not None and (self.src == _BASE).any():
+                    kept.append(self.base.path)
+                room_to_seal(self.path, kept)
                 try:
                     sealed = self._seal(self._in_order(), self.table.tobytes())
                 except (TypeError, ValueError) as exc:
@@ -531,38 +511,11 @@ class Filler:
         loaded). An error of ``load_item`` is raised."""
         try:
             return self.seal()
-        except _NoRoom as exc:
-            if not self._unwritable:
-                self._unwritable = True
-                warn_at_user(str(exc))
-            return None
         except OSError as exc:
             if exc is self._load_error:
                 raise
             self._cannot_write(exc, "seal")
             return None
-
-    def _room_to_seal(self) -> None:
-        """Raise :class:`_NoRoom` when the disk has less free space than the sealed
-        pack needs (about its records and the base's samples, all on disk until
-        it is written): the seal would fill the disk and fail, at every run."""
-        need = 0
-        for segment in self._segments:
-            with contextlib.suppress(OSError):
-                need += os.stat(segment.path).st_size
-        if self.base is not None and (self.src == _BASE).any():
-            with contextlib.suppress(OSError):
-                need += os.stat(self.base.path).st_size
-        try:
-            free = shutil.disk_usage(os.path.dirname(self.path) or ".").free
-        except OSError:
-            return  # cannot tell: the seal tries
-        if free < need:
-            raise _NoRoom(
-                f"mlcache: not sealing {self.path}: the pack needs about {_mib(need)} and its "
-                f"disk has {_mib(free)} free; its samples are read from its records meanwhile "
-                "(free some space, e.g. `mlcache prune`, and a later run seals it)"
-            )
 
     def _in_order(self) -> Iterable[Mapping[str, Any]]:
         maps: dict[int, mmap.mmap] = {}
@@ -575,7 +528,7 @@ class Filler:
     def _in_order_from(self, maps: dict[int, mmap.mmap]) -> Iterable[Mapping[str, Any]]:
         """The samples in item order (see :meth:`_in_order`), records read from ``maps``;
         a few of the items this process loaded are loaded again and compared
-        (:meth:`_probe`)."""
+        (:func:`~mlcache.data.frozen.probe`)."""
         probes = probe_picks(self._loaded_here)
         for i in range(self.n):
             src = int(self.src[i])
@@ -588,8 +541,8 @@ class Filler:
             elif src >= 0:
                 recorded = self._read(i, maps)
                 if recorded is not None:
-                    if i in probes:
-                        self._probe(i, recorded)
+                    if i in probes:  # random augmentation in load_item?
+                        probe(self._load, self.items[i], recorded, self.allow_pickle, i)
                     yield recorded
                     continue
             self.loaded += 1
@@ -599,19 +552,6 @@ class Filler:
                 self._load_error = exc
                 raise
             yield read_back(loaded, self.allow_pickle, i)  # as the records beside it
-
-    def _probe(self, i: int, recorded: Mapping[str, Any]) -> None:
-        """Load item ``i`` again and compare with its record: a ``load_item`` that
-        draws at random is frozen by the pack (said once: see
-        :mod:`mlcache.data.frozen`)."""
-        try:
-            again = read_back(self._load(self.items[i]), self.allow_pickle, i)
-        except Exception as exc:  # the probe's own load: never the seal's failure
-            logger.debug("mlcache: loading item %d again to compare failed: %s", i, exc)
-            return
-        if not same_sample(recorded, again):
-            owner = getattr(self._load, "__qualname__", "load_item")
-            warn_frozen_randomness(owner, self.items[i])
 
     def _moved(self, path: str) -> None:
         """The pack (and its records' folder) is now ``path``."""

@@ -13,16 +13,26 @@ belongs is the user's call.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from ..errors import warn_at_user
-from .values import is_tensor
+from .values import is_tensor, read_back
 
-__all__ = ["MAX_PROBES", "PROBE_EVERY", "probe_picks", "same_sample", "warn_frozen_randomness"]
+logger = logging.getLogger("mlcache")
+
+__all__ = [
+    "MAX_PROBES",
+    "PROBE_EVERY",
+    "probe",
+    "probe_picks",
+    "same_sample",
+    "warn_frozen_randomness",
+]
 
 _WARNED: set[str] = set()
 _WARNED_LOCK = threading.Lock()
@@ -47,6 +57,21 @@ def probe_picks(loaded: list[int]) -> set[int]:
         return set()
     step = len(loaded) // count
     return {loaded[k * step + step // 2] for k in range(count)}
+
+
+def probe(
+    load: Callable[[Any], Any], item: Any, recorded: Any, allow_pickle: bool, index: int
+) -> None:
+    """Load ``item`` again (``load``: a dataset's ``load_item``) and compare with
+    ``recorded``, its first sample as read back: a difference is said once
+    (:func:`warn_frozen_randomness`). The probe's own error is only logged."""
+    try:
+        again = read_back(load(item), allow_pickle, index)
+    except Exception as exc:  # the probe's load: never the seal's failure
+        logger.debug("mlcache: loading item %d again to compare failed: %s", index, exc)
+        return
+    if not same_sample(recorded, again):
+        warn_frozen_randomness(getattr(load, "__qualname__", "load_item"), item)
 
 
 def same_sample(a: Any, b: Any) -> bool:

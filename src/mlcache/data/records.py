@@ -26,6 +26,7 @@ import functools
 import io
 import math
 import os
+import shutil
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -40,12 +41,14 @@ from ..errors import EntryCorrupted, UnsupportedValue
 __all__ = [
     "MAGIC",
     "RECORD",
+    "NoRoom",
     "Segment",
     "decode_sample",
     "encode_sample",
     "record_bytes",
     "record_head",
     "remove_redundant_records",
+    "room_to_seal",
 ]
 
 #: a record's header: magic, flags (0), payload length, item key, item
@@ -352,6 +355,31 @@ def remove_redundant_records(folder: str, table: np.ndarray) -> None:
         os.rmdir(folder)
 
 
+class NoRoom(OSError):
+    """The disk has not the room a sealed pack needs (no seal is tried)."""
+
+
+def room_to_seal(pack_path: str, kept: list[str]) -> None:
+    """Raise :class:`NoRoom` when the disk of ``pack_path`` has less free space
+    than the sealed pack needs: about the size of the files it is written from
+    (``kept``: the segments, the old pack), which stay until it is written. A
+    seal that would fill the disk fails after writing it all, at every run."""
+    need = 0
+    for path in kept:
+        with contextlib.suppress(OSError):
+            need += os.stat(path).st_size
+    try:
+        free = shutil.disk_usage(os.path.dirname(pack_path) or ".").free
+    except OSError:
+        return  # cannot tell: the seal tries
+    if free < need:
+        raise NoRoom(
+            f"mlcache: not sealing {pack_path}: the pack needs about {need / 2**20:,.1f} MiB "
+            f"and its disk has {free / 2**20:,.1f} MiB free; its samples are read from its "
+            "records meanwhile (free some space, e.g. `mlcache prune`, and a later run seals it)"
+        )
+
+
 class Segment:
     """One process's append-only file of records, as another process reads it."""
 
@@ -365,6 +393,22 @@ class Segment:
         if self.fd < 0:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
         return self.fd
+
+    def abandon(self, fd: int, size: int) -> bool:
+        """A record to this segment failed half way (a full disk): cut it back to
+        its ``size`` bytes of whole records, or remove it when it had none (a new
+        empty file at each failure would pile up), and close ``fd``, the writer's
+        descriptor. True when removed."""
+        removed = False
+        with contextlib.suppress(OSError):
+            if size:
+                os.ftruncate(fd, size)
+            else:
+                os.unlink(self.path)
+                self.broken = removed = True
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        return removed
 
     def close(self) -> None:
         """Close the descriptor, if open."""

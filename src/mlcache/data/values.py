@@ -41,6 +41,7 @@ __all__ = [
     "magnitude",
     "may_exceed",
     "merged_py",
+    "other_fields",
     "tensor_array",
 ]
 
@@ -192,6 +193,17 @@ def tensor_array(value: Any, label: str, index: int) -> tuple[np.ndarray, str | 
             f"pack ({exc}); pass allow_pickle=True to pickle it"
         ) from None
     return arr, (name if bits else None)
+
+
+def other_fields(i: int, item: Any, keys: Any, j: int, first_item: Any, names: Any) -> ValueError:
+    """The error of sample ``i`` (of ``item``) whose field names ``keys`` are not
+    those of sample ``j`` (``names``): every sample of a pack has the same fields."""
+    missing, extra = sorted(map(str, names - keys)), sorted(map(str, keys - names))
+    return ValueError(
+        f"sample {i} (item {item!r}): fields differ from sample {j} (item "
+        f"{first_item!r}): missing {missing}, extra {extra}; every sample of a "
+        "pack has the same fields (give a missing value as None: sample.get(key))"
+    )
 
 
 def merged_py(mine: str | None, other: str | None, dtype: np.dtype) -> str | None:
