@@ -1,10 +1,12 @@
-"""The processes of the demo's part 4 (:mod:`mlcache.demo.scaling`): a server
-started once, numpy and mlcache imported, that forks a fresh child for each
-trial, and what the children run and measure.
+"""The fresh processes of the demo's parts 1 and 4 (:mod:`mlcache.demo.loading`,
+:mod:`mlcache.demo.scaling`): a server started once, numpy and mlcache imported,
+that forks a fresh child for each trial, and what the children run and measure.
 
 A child reopens a cache (``"pickled list"``: ``pickle.load`` of the file;
-``"mlcache"``: ``PackedDataset(path)``) and reads one sample, timed in the
-child; or, as one of several workers at once, reads every sample, then reports
+``"mlcache"``: ``PackedDataset(path)``, the pack alone, no source to check;
+``"mlcache dataset"``: the demo's ``PatientsByItem`` over the folder ``path``,
+its source files checked) and reads one sample, timed in the child after its
+imports; or, as one of several workers at once, reads every sample, then reports
 its memory (:func:`resident`) while every worker still holds its data.
 """
 
@@ -23,11 +25,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..data import PackedDataset
+from .datasets import PatientsByItem
 
-__all__ = ["PACK", "PICKLE", "Server", "resident", "serve"]
+__all__ = ["DATASET", "PACK", "PICKLE", "Server", "resident", "serve"]
 
 PICKLE = "pickled list"
 PACK = "mlcache"
+DATASET = "mlcache dataset"
 #: how long a child may take to answer, seconds (a 500,000-sample load takes ~3 s)
 _TIMEOUT = 600.0
 
@@ -69,18 +73,20 @@ def _mapped(smaps: Any, path: str) -> int:
     return total
 
 
-def _open(kind: str, path: str) -> Any:
+def _open(kind: str, path: str, cache: str | None = None) -> Any:
     if kind == PICKLE:
         with open(path, "rb") as f:
             return pickle.load(f)
+    if kind == DATASET:
+        return PatientsByItem(path, cache_dir=cache, progress=False)
     return PackedDataset(path)
 
 
-def _reopen_child(conn: Any, kind: str, path: str) -> None:
+def _reopen_child(conn: Any, kind: str, path: str, cache: str | None) -> None:
     """Open the cache, read one sample; send the seconds it took."""
     try:
         t0 = time.perf_counter()
-        data = _open(kind, path)
+        data = _open(kind, path, cache)
         data[0]
         conn.send(("ok", time.perf_counter() - t0))
     except Exception as exc:  # said to the parent, which raises it
@@ -163,8 +169,8 @@ def _workers_here(ctx: Any, kind: str, path: str, n: int) -> list[Any]:
     return [passes, memory]
 
 
-def _reopen_here(ctx: Any, kind: str, path: str) -> float:
-    kids = _Children(ctx, _reopen_child, (kind, path), 1)
+def _reopen_here(ctx: Any, kind: str, path: str, cache: str | None) -> float:
+    kids = _Children(ctx, _reopen_child, (kind, path, cache), 1)
     try:
         took: float = kids.answers()[0]
     finally:
@@ -174,15 +180,15 @@ def _reopen_here(ctx: Any, kind: str, path: str) -> float:
 
 def serve() -> None:
     """The process server's loop: one JSON request a line on stdin (``[job, kind,
-    path, workers]``), one JSON answer a line on stdout (``["ok", value]`` or
+    path, workers, cache]``), one JSON answer a line on stdout (``["ok", value]`` or
     ``["error", message]``); ends at the end of stdin."""
     ctx = multiprocessing.get_context("fork")
     gc.freeze()  # what is here now: no collection in a child touches (and copies) it
     for line in sys.stdin:
-        job, kind, path, n = json.loads(line)
+        job, kind, path, n, cache = json.loads(line)
         try:
             if job == "reopen":
-                value: Any = _reopen_here(ctx, kind, path)
+                value: Any = _reopen_here(ctx, kind, path, cache)
             else:
                 value = _workers_here(ctx, kind, path, n)
             answer = ["ok", value]
@@ -218,11 +224,15 @@ class Server:
             env=env,
         )
 
-    def ask(self, job: str, kind: str, path: str, workers: int = 1) -> Any:
+    def ask(
+        self, job: str, kind: str, path: str, workers: int = 1, cache: str | None = None
+    ) -> Any:
+        """``job`` (``"reopen"``: one child's seconds; ``"workers"``) of ``kind`` on
+        ``path`` (``cache``: the ``cache_dir`` of a :data:`DATASET`)."""
         stdin, stdout = self.proc.stdin, self.proc.stdout
         assert stdin is not None and stdout is not None  # both piped above
         try:
-            stdin.write((json.dumps([job, kind, path, workers]) + "\n").encode())
+            stdin.write((json.dumps([job, kind, path, workers, cache]) + "\n").encode())
             stdin.flush()
         except BrokenPipeError:
             pass  # the server has exited: said below

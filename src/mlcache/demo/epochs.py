@@ -10,10 +10,10 @@ for every approach), the pass itself trivial:
 - **pickled list**: epoch 1 parses every file, dumps the list into one file with
   ``pickle`` (the cache a later run loads) and makes the pass; later epochs pass
   over the list in memory;
-- **mlcache**: epoch 1 constructs the dataset on an empty cache (a dataset with
-  ``load_item``: today it builds the whole pack before the first sample; with
-  write-through filling, issue 17, it fills the pack as the epoch reads it) and
-  makes the pass; later epochs read the pack. The time to the first sample and
+- **mlcache**: epoch 1 constructs the dataset on an empty cache (the README's
+  dataset, with ``load_item``: the open lists the files, the epoch loads each
+  as it reads it and fills the pack) and makes the pass; later epochs read the
+  pack. The time to the first sample and
   the number of ``load_item`` calls of each epoch (counted in a file, so a load in
   any process counts) are printed beside it, and a few samples are compared with
   a fresh parse of their files after the last epoch.
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .report import seconds
+from .report import BASELINE, COLORS, seconds
 
 __all__ = [
     "APPROACHES",
@@ -235,7 +235,8 @@ def measure(
 
 
 def chart(result: Epochs, path: str, out: Callable[[str], None]) -> str | None:
-    """Grouped bars, one group an epoch, one bar an approach (log scale)."""
+    """Grouped bars, one group an epoch, one bar an approach (a linear axis, a
+    label with the value on each bar, the demo's colours)."""
     try:
         import matplotlib
 
@@ -244,14 +245,17 @@ def chart(result: Epochs, path: str, out: Callable[[str], None]) -> str | None:
     except ImportError:
         out("matplotlib is not installed (pip install 'mlcache[cli]'): no chart of the epochs")
         return None
-    colors = {FILES: "#c92a2a", PICKLED: "#e8590c", MLCACHE: "#2b8a3e"}
+    colors = {FILES: COLORS[BASELINE], PICKLED: COLORS[PICKLED], MLCACHE: COLORS[MLCACHE]}
     n = len(result.loads)
     fig, ax = plt.subplots(figsize=(9, 4.6))
     width = 0.8 / len(APPROACHES)
     x = np.arange(n)
+    longest = max(max(t) for t in result.times.values())
+    scale, unit = (1.0, "seconds") if longest >= 1 else (1e3, "ms")
     for k, approach in enumerate(APPROACHES):
         secs = result.times[approach]
-        bars = ax.bar(x + (k - 1) * width, secs, width, color=colors[approach], label=approach)
+        heights = [s * scale for s in secs]
+        bars = ax.bar(x + (k - 1) * width, heights, width, color=colors[approach], label=approach)
         for bar, s in zip(bars, secs):
             ax.text(
                 bar.get_x() + bar.get_width() / 2,
@@ -261,9 +265,9 @@ def chart(result: Epochs, path: str, out: Callable[[str], None]) -> str | None:
                 va="bottom",
                 fontsize=7,
             )
-    ax.set_yscale("log")
+    ax.set_ylim(0, longest * scale * 1.12)  # room for the labels, no more
     ax.set_xticks(x, [f"epoch {e + 1}" for e in range(n)])
-    ax.set_ylabel("seconds (log scale)", fontsize=8)
+    ax.set_ylabel(unit, fontsize=8)
     ax.set_title(
         "epoch 1 builds each cache (pickled list: read + dump; mlcache: an empty cache); "
         f"mlcache's first sample after {seconds(result.first_sample)}",
