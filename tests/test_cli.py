@@ -41,17 +41,21 @@ def test_demo_quick_prints_timings_writes_a_chart_and_a_report(tmp_path):
     text = res.stdout
     for step in (
         "read the files (every run)",
-        "mlcache.data: repeated run (open)",
-        "mlcache.data",
-        'mlcache: repeated, mmap_mode="r"',
-        "joblib: repeated call",
+        "mlcache, load_item",
+        "mlcache, load_source() (the alternative)",
+        'mlcache, mmap_mode="r"',
+        "joblib, mmap_mode",
     ):
         assert step in text
     assert "preprocess(x) again: a hit (nothing computed)" in text
     assert "argument 'scale' changed since the last entry" in text
     assert "changed code of preprocess(), same call: a miss, its code changed" in text
-    assert "the dataset was rebuilt" in text and "(300 files parsed, once each)" in text
-    assert "opened again: the rebuilt pack" in text
+    # the README's story: an edited file is one load at the next open, not a rebuild
+    edited = next(line for line in text.splitlines() if "edited one source file" in line)
+    assert "(p00000.csv, age 67 -> 68): at the next open 1 file loaded again" in edited
+    assert "rebuilt" not in edited and edited.endswith("patient 0's age is now 68")
+    assert "opened again: 0 files loaded, the same pack" in text
+    assert "with load_source() instead (the alternative), the same edit rebuilds" in text
     assert "after clear(), the last call is cached? False" in text
     # part 4, at every size (--quick: 300, 3,000 and 30,000 samples), a row each
     assert "reopen and per-worker memory at every size" in text
@@ -76,6 +80,23 @@ def test_demo_quick_prints_timings_writes_a_chart_and_a_report(tmp_path):
     assert "![reopen and memory at every size](mlcache-demo-scaling.png)" in report
     assert "![per-epoch time](mlcache-demo-epochs.png)" in report
     assert "| 30,000 |" in report
+    # every timed row of parts 1-2 has its min and median, and the reopen figures say
+    # what they time: part 1's a fresh process to ds[0], the files checked or not; part
+    # 4's the file alone
+    tables = [t for t in report.split("\n## ") if "| step | what is timed |" in t]
+    assert len(tables) == 5  # a first run, a new run, an epoch, a first and a repeated call
+    for table in tables:
+        assert "| min of 3 | median of 3 |" in table
+        rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+        assert rows
+        for row in rows:
+            cells = row.strip("| ").split(" | ")
+            assert len(cells) == 5, row
+            assert all(re.fullmatch(r"[\d.,]+ (s|ms|µs)", c) for c in cells[2:4]), row
+    new_run = next(t for t in tables if t.startswith("a new run: 300 patient files"))
+    assert "| mlcache, load_item | a fresh process: open (300 files checked), ds[0] |" in new_run
+    assert "| mlcache: the pack alone | a fresh process: PackedDataset(pack)[0], nothing" in new_run
+    assert "reopen: a fresh process opens the file alone, no source to check" in report
     # caches went to a temporary folder, removed: nothing in the user's cache
     assert not (tmp_path / "never-used").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
@@ -233,7 +254,10 @@ def test_demo_with_a_location_keeps_its_caches_there_and_reruns_clean(tmp_path):
     # the demo ends with clear(): no results left; this run's packs only
     assert all(f["entries"] == 0 for f in out["functions"])
     assert 1 <= len(out["datasets"]) <= 2
-    assert all(d["name"].startswith("datasets/mlcache.demo.Patients") for d in out["datasets"])
+    assert all(
+        d["name"].startswith("datasets/mlcache.demo.datasets.PatientsByItem")
+        for d in out["datasets"]
+    )
 
 
 def test_demo_says_when_it_cannot_write_its_report(tmp_path):

@@ -75,10 +75,13 @@ class Loaded:
         self.upfront = 0.0
 
 
-def measure(root: str, cache: str, n: int, out: Callable[[str], None]) -> tuple[list[Row], Loaded]:
+def measure(
+    root: str, cache: str, n: int, out: Callable[[str], None], *, loader: bool = True
+) -> tuple[list[Row], Loaded]:
     """Write ``n`` patient files into ``root`` (and the pickle, the counter); the
-    packs go into ``cache``. The fresh processes' timings are skipped, said, when
-    they cannot run (no ``os.fork``, a child failed)."""
+    packs go into ``cache``; ``loader=False`` leaves the DataLoader epochs out.
+    The fresh processes' timings are skipped, said, when they cannot run (no
+    ``os.fork``, a child failed)."""
     files = os.path.join(root, "patients")
     t0 = time.perf_counter()
     write_patients(files, n, seed=0, progress=True)
@@ -144,7 +147,8 @@ def measure(root: str, cache: str, n: int, out: Callable[[str], None]) -> tuple[
         rows += _new_run(files, cache, ds.pack_path, pkl, n, min(read), out)
     except (OSError, RuntimeError) as exc:  # no fork here, or a child failed: said
         out(f"a new run in fresh processes could not be timed: {exc}")
-    rows += _loader(paths, pkl, ds, out)
+    if loader:
+        rows += _loader(paths, pkl, ds, out)
     return rows, loaded
 
 
