@@ -369,7 +369,7 @@ def chart(result: Scaling, path: str, out: Callable[[str], None]) -> str | None:
         shared = [max(10_000, *(result.at(PACK, k).shared or [0])) / _MB for k in n]
         label = "mlcache: pack pages mapped (shared: one copy for all)"
         right.plot(n, shared, "s--", color=colors[PACK], label=label)
-    left.set_title("reopen the file in a fresh process, read one sample", loc="left", fontsize=10)
+    left.set_title("reopen in a fresh process: the file alone, one sample", loc="left", fontsize=10)
     left.set_ylabel("seconds (log scale)", fontsize=8)
     right.set_title(
         f"memory growth per worker ({result.workers} workers, every sample read)",
