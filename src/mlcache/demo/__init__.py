@@ -123,7 +123,7 @@ def _functions(
     mm = hit + ", memory-mapped"
     rows = [Row(first, "no cache", call, BASELINE, base)]
     stored = repeat(lambda: cached(x), setup=lambda: cached.clear(warn=False))
-    rows.append(Row(first, "mlcache (computes, stores, fsyncs)", cleared, MLCACHE, stored))
+    rows.append(Row(first, "mlcache (computes, stores)", cleared, MLCACHE, stored))
     later = [Row(again, "no cache", call, BASELINE, base)]
     later.append(Row(again, "mlcache", hit, MLCACHE, repeat(lambda: cached(x))))
     later.append(Row(again, 'mlcache, mmap_mode="r"', mm, MLCACHE, repeat(lambda: cached_mm(x))))
