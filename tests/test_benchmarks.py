@@ -14,6 +14,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 def run_quick(script: str, scratch: Path, *options: str) -> str:
     """Run ``benchmarks/<script> --quick`` with its scratch folder under ``scratch``;
     check it succeeds and leaves nothing behind; return its output."""
+    scratch.mkdir(exist_ok=True)
     res = subprocess.run(
         [sys.executable, str(BENCH / script), "--quick", "--dir", str(scratch), *options],
         capture_output=True,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -227,3 +229,20 @@ def test_a_live_process_whose_entry_was_folded_counts_on(tmp_path):
     live.add(folder, f.func_id, hits=2)
     live.flush()  # notices, and writes only what came since
     assert f.stats().hits == 5 + FOLD_MIN + 1 + 2
+
+
+def test_a_cache_folder_removed_before_exit_is_not_made_again_by_the_statistics(tmp_path):
+    # a script whose cache lives in a folder it removes at its end (a temporary folder):
+    # the statistics written at exit never bring the folder back
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import shutil, sys\n"
+        "from mlcache import Memory\n"
+        "mem = Memory(sys.argv[1], verbose=0)\n"
+        "double = mem.cache(lambda x: 2 * x)\n"
+        "double(1); double(1)\n"
+        "shutil.rmtree(sys.argv[1])\n"
+    )
+    cache = tmp_path / "cache"
+    subprocess.run([sys.executable, str(script), str(cache)], check=True, timeout=120)
+    assert not cache.exists()

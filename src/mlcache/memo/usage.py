@@ -163,6 +163,11 @@ class StatsLog:
         for folder, value in totals.items():
             name = self._names.get(folder) or f"{folder}/{STATS}/{self._process}"
             try:
+                if not self._store.exists(folder):
+                    # the function's folder, or the whole cache, was removed (clear(),
+                    # rm -rf, a temporary folder cleaned up): statistics are advisory
+                    # and never make a folder again (an entry's write does)
+                    continue
                 if folder in self._written and not self._store.exists(name):
                     # another process folded our entry into the archive, which lists
                     # its name: count on from there, under a new name
