@@ -29,6 +29,7 @@ LAYERS = {
     "_util": 0,
     "_log": 0,
     "_tables": 0,
+    "_audit": 0,
     "store": 1,
     "codecs": 2,
     "entry": 3,

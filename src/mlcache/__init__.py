@@ -11,6 +11,7 @@ import logging as _logging
 import sys as _sys
 import typing as _t
 
+from ._audit import AuditPolicy
 from .codecs import register_codec
 from .codecs.compression import register_compressor
 from .errors import (
@@ -81,6 +82,7 @@ _sys.meta_path.append(_MovedModules())
 _logging.getLogger("mlcache").addHandler(_logging.NullHandler())
 
 __all__ = [
+    "AuditPolicy",
     "CacheError",
     "CacheWarning",
     "CallArgumentsError",

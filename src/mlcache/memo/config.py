@@ -9,13 +9,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._audit import AuditPolicy, audit_policy
 from .._util import parse_bytes
 from ..codecs.compression import Compression, parse_compress
-from ..errors import ConfigError, ConfigTypeError
+from ..errors import ConfigError, ConfigTypeError, UnknownBackend, warn
 from ..keys.code_version import CODE_MODES
-from ..store import backend_for
+from ..store import Store, backend_for, stores
 
-__all__ = ["MMAP_MODES", "MemoryConfig", "check_callback", "check_mmap_mode", "split_options"]
+__all__ = [
+    "MMAP_MODES",
+    "MemoryConfig",
+    "check_callback",
+    "check_mmap_mode",
+    "open_store",
+    "split_options",
+]
 
 #: accepted ``mmap_mode`` values (``"w+"`` would truncate the cached file)
 MMAP_MODES = (None, "r", "r+", "c")
@@ -88,6 +96,8 @@ class MemoryConfig:
     backend_options: dict[str, Any] = field(default_factory=dict)
     allow_pickle: bool = True
     code: str = "transitive"
+    #: how the cache checks itself (None: it does not; see :mod:`mlcache.memo.audit`)
+    audit: AuditPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.location is not None and not isinstance(self.location, str):
@@ -117,6 +127,7 @@ class MemoryConfig:
         backend_options: Any,
         allow_pickle: bool,
         code: str = "transitive",
+        audit: Any = True,
     ) -> MemoryConfig:
         if location is not None:
             if not isinstance(location, (str, os.PathLike)):
@@ -135,4 +146,30 @@ class MemoryConfig:
             backend_options=_options(backend_options),
             allow_pickle=bool(allow_pickle),
             code=code,
+            audit=audit_policy(audit),
         )
+
+
+def open_store(c: MemoryConfig) -> Store:
+    """The store of ``c``'s location; options its backend does not take are
+    ignored with one warning, as joblib ignores them."""
+    try:
+        factory = stores[c.backend]
+    except UnknownBackend as exc:  # joblib's words first: code may match on them
+        raise UnknownBackend(
+            f"Unknown location {c.location} or backend {c.backend}: {exc}"
+        ) from None
+    options, unknown = split_options(factory, c.backend_options)
+    if unknown:
+        warn(
+            f"mlcache: the store backend {c.backend!r} takes no backend_options "
+            f"{', '.join(map(repr, unknown))}; ignored",
+            stacklevel=4,
+        )
+    try:
+        store: Store = factory(c.location, **options)
+    except TypeError as exc:
+        if not options:  # e.g. joblib's own error for an incomplete joblib backend
+            raise
+        raise TypeError(f"backend {c.backend!r} rejected backend_options: {exc}") from None
+    return store

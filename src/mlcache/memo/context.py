@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._audit import AuditPolicy
 from ..codecs.compression import Compression
 from ..entry.signing import Signer
 from ..errors import warn
@@ -172,6 +173,8 @@ class MemoContext:
     counters: SharedCounters | None
     #: the store seen as :class:`~mlcache.store.Shared` (other machines use it), or None
     shared: Shared | None = None
+    #: how its functions check their hits (None: they do not)
+    audit: AuditPolicy | None = None
     owner: Any = field(default=None, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -37,9 +37,10 @@ from ..errors import (
 )
 from ..keys.call import CallKeyer
 from ..keys.identity import call_state, func_identity
+from .audit import auditor
 from .config import check_callback
 from .context import MemoContext
-from .layout import is_entry
+from .explain import miss_reason
 from .locking import MISS as _MISS
 from .locking import KeyLocks
 from .results import MemorizedResult, NotMemorizedResult
@@ -89,6 +90,7 @@ class MemorizedFunc(Generic[P, R]):
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = None,
         *,
         version: str | None = None,
+        audit: Any = None,
     ) -> None:
         memory = MemorizedFunc.memory_at(memory, backend, mmap_mode, compress, verbose)
         self.timestamp = memory.timestamp if timestamp is None else timestamp  # joblib's
@@ -111,6 +113,7 @@ class MemorizedFunc(Generic[P, R]):
         self._pickle_warned = False  # a result that needs pickle with allow_pickle=False
         self._foreign_warned: set[str] = set()  # entries seen unsigned or with another key
         self._unreadable: set[str] = set()  # others' entries (newer): never replaced
+        self.audit = audit  #: ``audit=`` (None: the Memory's; see mlcache.memo.audit)
         self._rename(func_identity(func))
         functools.update_wrapper(self, func)
 
@@ -131,6 +134,7 @@ class MemorizedFunc(Generic[P, R]):
         )
         self._folder = self._code.folder
         self._locks = KeyLocks(self._ctx.locking, func_id)
+        self._audit = auditor(self.audit, self._ctx, func_id)
 
     def __repr__(self) -> str:
         return f"MemorizedFunc(func={self.func!r}, location={self.memory.location!r})"
@@ -171,7 +175,7 @@ class MemorizedFunc(Generic[P, R]):
         options = (self.ignore, self._verbose, self.mmap_mode, self.cache_validation_callback)
         return (
             _rebuild_func,
-            (type(self), self.func, self.memory, *options, self.func_id, self.version),
+            (type(self), self.func, self.memory, *options, self.func_id, self.version, self.audit),
         )
 
     # -- keys ------------------------------------------------------------------
@@ -378,32 +382,11 @@ class MemorizedFunc(Generic[P, R]):
                 log.info("[Memory] calling %s(%s)", self.func_id, shown)
                 return
             log.info(
-                "[Memory] calling %s(%s): %s", self.func_id, shown, self._miss_reason(keyed[1])
+                "[Memory] calling %s(%s): %s",
+                self.func_id,
+                shown,
+                miss_reason(self._code, self._store, keyed[1]),
             )
-
-    def _miss_reason(self, digests: list[bytes]) -> str:
-        """Why this call missed, against the most recently used entry of the function
-        (a listing of its folder: paid on a logged miss only)."""
-        code = self._code
-        assert code.keyer is not None
-        try:
-            entries = [e for e in self._store.list(code.code_dir) if is_entry(e.name)]
-            latest = max(entries, key=lambda e: e.last_used, default=None)
-            if latest is None:
-                if not code.code_changed:
-                    return "no entry yet"
-                changes = code.code_changes
-                return f"its code changed ({', '.join(changes)})" if changes else "its code changed"
-            old = read_entry_info(self._store, latest.name).get("arg_digests")
-        except Exception:  # an explanation must never fail the call
-            return "new arguments"
-        if not isinstance(old, dict):
-            return "new arguments"
-        changed = code.keyer.changed(old, digests)
-        if not changed:  # the same arguments, but the function's state differs
-            return "what the function captures (closure, bound object) changed"
-        what = ", ".join(repr(c) for c in changed)
-        return f"argument{'s' if len(changed) > 1 else ''} {what} changed since the last entry"
 
     def _finish(
         self,
@@ -460,9 +443,12 @@ class MemorizedFunc(Generic[P, R]):
 
     # -- the public interface ---------------------------------------------------------
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        began = time.perf_counter()  # what a hit costs, for the audits' budget
         keyed, value = self._lookup(args, kwargs)
         if value is not _MISS:
-            return value
+            if self._audit is None or not self._audit.due(keyed, began):
+                return value
+            return self._audit.check(keyed, value, self.func, args, kwargs, self._finish)
         if keyed is None:
             return self.func(*args, **kwargs)
         # one computation per key at a time, across processes and threads (stores
@@ -592,8 +578,9 @@ def _rebuild_func(
     callback: Callable[[dict[str, Any]], bool] | None,
     func_id: str | None = None,
     version: str | None = None,
+    audit: Any = None,
 ) -> MemorizedFunc[Any, Any]:
-    kwargs: dict[str, Any] = {"cache_validation_callback": callback, "version": version}
+    kwargs = {"cache_validation_callback": callback, "version": version, "audit": audit}
     memorized = cls(func, memory, ignore=ignore, mmap_mode=mmap_mode, verbose=verbose, **kwargs)
     if func_id is not None and func_id != memorized.func_id:
         memorized._rename(func_id)

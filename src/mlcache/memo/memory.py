@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar, overload
 
+from .._audit import AuditPolicy
 from .._log import logger_for
 from .._util import parse_bytes, parse_duration
 from ..entry import open_entry
@@ -33,13 +34,12 @@ from ..errors import (
     ConfigTypeError,
     EntryCorrupted,
     EntryNotFound,
-    UnknownBackend,
     UnknownFormat,
     warn,
 )
-from ..store import Shared, Store, stores
+from ..store import Shared, Store
 from ..store.local import default_location
-from .config import MemoryConfig, check_callback, check_mmap_mode, split_options
+from .config import MemoryConfig, check_callback, check_mmap_mode, open_store
 from .context import MemoContext, WriteGate, store_powers
 from .eviction import SizeGuard, enforce_limits
 from .func import AsyncMemorizedFunc, MemorizedFunc
@@ -128,6 +128,11 @@ class Memory:
         ``"source"`` (the function's own source text, as joblib does) or
         ``"off"`` (never: results stay until cleared). See :mod:`mlcache.keys.code_version`;
         ``mem.cache(version="2")`` pins one function's version by hand.
+    audit:
+        How the cache checks itself: now and then a hit is computed again and
+        compared, within 2% of the time the cache saved (see :mod:`mlcache.memo.audit`).
+        ``False`` turns it off (so does ``MLCACHE_AUDIT=0``); a number sets the
+        share, a dict or an :class:`mlcache.AuditPolicy` the options (``rtol=``).
 
     Examples
     --------
@@ -159,6 +164,7 @@ class Memory:
         allow_pickle: bool = True,
         secret: str | bytes | bool | None = None,
         code: str = "transitive",
+        audit: bool | float | dict[str, Any] | AuditPolicy = True,
     ) -> None:
         self._config = MemoryConfig.make(
             location,
@@ -170,13 +176,14 @@ class Memory:
             backend_options,
             allow_pickle,
             code,
+            audit,
         )
         self.compress = compress
         if self._config.compress is not None and mmap_mode is not None:
             warn("compressed results cannot be memory-mapped; they will be read into memory")
         self.store: Store | None = None
         if self._config.location is not None:
-            self.store = self._open_store(self._config)
+            self.store = open_store(self._config)
         self._secret = secret
         self.timestamp = time.time()  # joblib's attribute
         #: what the functions this Memory memoizes share (None without a store)
@@ -186,31 +193,6 @@ class Memory:
         # the Memory's own shortcuts to its context's parts
         self._signer: Signer | None = self.context.signer if self.context else None
         self._usage: UsageLog | None = self.context.usage if self.context else None
-
-    @staticmethod
-    def _open_store(c: MemoryConfig) -> Store:
-        """The store of ``c``'s location; options its backend does not take are
-        ignored with one warning, as joblib ignores them."""
-        try:
-            factory = stores[c.backend]
-        except UnknownBackend as exc:  # joblib's words first: code may match on them
-            raise UnknownBackend(
-                f"Unknown location {c.location} or backend {c.backend}: {exc}"
-            ) from None
-        options, unknown = split_options(factory, c.backend_options)
-        if unknown:
-            warn(
-                f"mlcache: the store backend {c.backend!r} takes no backend_options "
-                f"{', '.join(map(repr, unknown))}; ignored",
-                stacklevel=4,
-            )
-        try:
-            store: Store = factory(c.location, **options)
-        except TypeError as exc:
-            if not options:  # e.g. joblib's own error for an incomplete joblib backend
-                raise
-            raise TypeError(f"backend {c.backend!r} rejected backend_options: {exc}") from None
-        return store
 
     def _make_context(self, store: Store) -> MemoContext:
         """Resolve, once, what every memoized function of this Memory uses."""
@@ -249,6 +231,7 @@ class Memory:
             locking=locking,
             counters=counters,
             shared=shared,
+            audit=c.audit,
             owner=self,
         )
 
@@ -326,7 +309,7 @@ class Memory:
         # a subclass comes back as itself (one that also subclasses joblib.Memory
         # passes the isinstance checks of libraries such as nilearn in workers, and
         # after sklearn's clone, which deep-copies)
-        return (_rebuild_memory, (args, c.allow_pickle, secret, c.code, type(self)))
+        return (_rebuild_memory, (args, c.allow_pickle, secret, c.code, type(self), c.audit))
 
     @overload
     def cache(
@@ -337,6 +320,7 @@ class Memory:
         mmap_mode: str | bool | None = ...,
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
         version: str | None = ...,
+        audit: Any = ...,
     ) -> MemorizedFunc[P, R]: ...
 
     @overload
@@ -348,6 +332,7 @@ class Memory:
         mmap_mode: str | bool | None = ...,
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = ...,
         version: str | None = ...,
+        audit: Any = ...,
     ) -> Callable[[Callable[P, R]], MemorizedFunc[P, R]]: ...
 
     def cache(
@@ -358,6 +343,7 @@ class Memory:
         mmap_mode: str | bool | None = False,
         cache_validation_callback: Callable[[dict[str, Any]], bool] | None = None,
         version: str | None = None,
+        audit: Any = None,
     ) -> Any:
         """Memoize ``func``: compute once per distinct arguments, then load.
 
@@ -378,6 +364,9 @@ class Memory:
         version:
             A version you set by hand (``"2"``): the code is then not checked,
             and changing this string is what makes the results stale.
+        audit:
+            Overrides the Memory's ``audit=`` for this function (``False``: a
+            function with side effects that must not run again for a check).
         """
         check_callback(cache_validation_callback)
         if mmap_mode is not False:
@@ -392,11 +381,12 @@ class Memory:
                 mmap_mode=mmap_mode,
                 cache_validation_callback=cache_validation_callback,
                 version=version,
+                audit=audit,
             )
         if isinstance(func, (staticmethod, classmethod)):
             # @mem.cache above @staticmethod/@classmethod: memoize the function inside
             inner = self.cache(
-                func.__func__, ignore, verbose, mmap_mode, cache_validation_callback, version
+                func.__func__, ignore, verbose, mmap_mode, cache_validation_callback, version, audit
             )
             return type(func)(inner)
         if isinstance(func, (MemorizedFunc, NotMemorizedFunc)):
@@ -421,6 +411,7 @@ class Memory:
             mmap_mode=self.mmap_mode if mmap_mode is False else mmap_mode,  # type: ignore[arg-type]
             cache_validation_callback=cache_validation_callback,
             version=version,
+            audit=audit,
         )
 
     def clear(self, warn: bool = True) -> None:
@@ -554,9 +545,12 @@ def _rebuild_memory(
     secret: str | bytes | bool | None = None,
     code: str = "transitive",
     cls: type[Memory] | None = None,
+    audit: AuditPolicy | None = None,
 ) -> Memory:
-    # cls is absent from what mlcache 0.3.0 and before pickled
-    return (cls or Memory)(*args, allow_pickle=allow_pickle, secret=secret, code=code)
+    # cls and audit are absent from what mlcache 0.3.0 and before pickled (audits on,
+    # the default); a Memory whose audits were off pickles audit None
+    checks: AuditPolicy | bool = (audit or False) if cls is not None else True
+    return (cls or Memory)(*args, allow_pickle=allow_pickle, secret=secret, code=code, audit=checks)
 
 
 _lock = threading.Lock()

@@ -71,7 +71,7 @@ def _renew_locks() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_locks)
 
-_COUNTS = ("hits", "misses", "saved", "computed")
+_COUNTS = ("hits", "misses", "saved", "computed", "audits", "mismatches", "audited")
 #: the statistics entry that holds the folded-in counts of idle processes
 ARCHIVE = "archive"
 #: entries of processes idle for longer than this are folded into the archive
@@ -93,6 +93,9 @@ class FunctionStats:
     misses: int = 0  #: calls that computed (and stored) a result
     saved: float = 0.0  #: seconds of computing that the hits avoided
     computed: float = 0.0  #: seconds spent computing the misses
+    audits: int = 0  #: hits computed again and compared (see :mod:`mlcache.memo.audit`)
+    mismatches: int = 0  #: audits that found a different value
+    audited: float = 0.0  #: seconds the audits spent computing
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,6 +131,9 @@ class StatsLog:
         misses: int = 0,
         saved: float = 0.0,
         computed: float = 0.0,
+        audits: int = 0,
+        mismatches: int = 0,
+        audited: float = 0.0,
     ) -> None:
         with self._lock:
             t = self._totals.get(folder)
@@ -138,6 +144,9 @@ class StatsLog:
             t["misses"] += misses
             t["saved"] += saved
             t["computed"] += computed
+            t["audits"] += audits
+            t["mismatches"] += mismatches
+            t["audited"] += audited
             self._dirty.add(folder)
 
     def forget(self, folder: str | None = None) -> None:
@@ -233,6 +242,15 @@ class UsageLog:
         self.stats.add(entry_folder(name), func, misses=1, computed=duration)
         if time.monotonic() - self._last > FLUSH_SECONDS:
             self.flush()
+
+    def pending(self, name: str) -> tuple[int, bytes] | None:
+        """(hits, metadata) noted of entry ``name`` since the last flush, if any."""
+        return self._hits.get(name)
+
+    def audited(self, name: str, func: str, seconds: float, *, mismatch: bool = False) -> None:
+        """A hit of entry ``name`` was computed again in ``seconds`` and compared."""
+        folder = entry_folder(name)
+        self.stats.add(folder, func, audits=1, mismatches=int(mismatch), audited=seconds)
 
     def forget(self, folder: str | None = None) -> None:
         """Drop the pending notes and totals of ``folder`` (all when None): its
@@ -350,8 +368,8 @@ def fold_idle(store: Store, folder: str, now: float | None = None) -> int:
             except Exception:
                 continue
             archive["func"] = archive.get("func") or value.get("func", "")
-            for c in _COUNTS:
-                archive[c] += value.get(c, 0)
+            for c in _COUNTS:  # an archive of an older mlcache lacks the newer counts
+                archive[c] = archive.get(c, 0) + value.get(c, 0)
             merged.add(short)
         archive["merged"] = sorted(merged & names)  # forget what is gone
         _write_stats(store, archive_name, archive)
@@ -397,6 +415,9 @@ def collect(store: Store, folder: str = "") -> dict[str, FunctionStats]:
             st.misses += int(value.get("misses", 0))
             st.saved += float(value.get("saved", 0.0))
             st.computed += float(value.get("computed", 0.0))
+            st.audits += int(value.get("audits", 0))
+            st.mismatches += int(value.get("mismatches", 0))
+            st.audited += float(value.get("audited", 0.0))
     for folder, st in found.items():
         for name in some_entry.get(folder, [])[:8] if not st.func else []:
             try:  # the first entry that reads names the function
