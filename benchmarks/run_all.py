@@ -20,6 +20,7 @@ SCRIPTS = [
     "bench_pandas.py",
     "bench_typed.py",
     "bench_hit.py",
+    "bench_audit.py",
     "bench_new_run.py",
     "bench_miss.py",
     "bench_data.py",

@@ -132,10 +132,11 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
             f"{f.hits:,}",
             f"{f.misses:,}",
             _secs(f.saved),
+            f"{f.audits:,}" + (f" ({f.mismatches:,} wrong)" if f.mismatches else ""),
         ]
         for f in funcs
     ]
-    headers = ["function", "entries", "size", "last use", "hits", "misses", "time saved"]
+    headers = ["function", "entries", "size", "last use", "hits", "misses", "time saved", "audits"]
     print_table(f"Functions in {location}", headers, rows)
     print()
     rows = [
@@ -188,7 +189,8 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
             f"{_short(st.func) if st.func else st.folder}: {_n(st.entries, 'entry', 'entries')}, "
             f"{_size(st.size)}, "
             f"{_n(st.hits, 'hit')}, {_n(st.misses, 'miss', 'misses')}, "
-            f"{_secs(st.saved)} of computing saved"
+            f"{_secs(st.saved)} of computing saved; {_n(st.audits, 'audit')} "
+            f"({_n(st.mismatches, 'mismatch', 'mismatches')}, {_secs(st.audited)})"
         )
         short = _terminal()  # a terminal's reader; a script gets whole keys
         rows = [
