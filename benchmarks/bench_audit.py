@@ -88,6 +88,8 @@ def main() -> int:
             f(i % 20)
         wall = time.perf_counter() - t0
         st = f.stats()
+        for g in (on, off):  # the usage notes, written now: not into a removed folder at exit
+            g.memory.flush_usage()
     share = st.audited / st.saved if st.saved else 0.0
     print(
         f"\n### (b) Audits over {st.hits:,} hits of a 1 ms function (20 keys)\n\n"
