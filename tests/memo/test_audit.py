@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -218,3 +219,27 @@ def test_a_memory_pickles_with_its_audit_option(tmp_path):
     assert off.context.audit is None
     mine = AuditPolicy(rtol=1e-6)
     assert pickle.loads(pickle.dumps(Memory(tmp_path, audit=mine))).context.audit == mine
+
+
+def test_a_key_another_process_holds_is_not_audited_and_a_due_audit_returns_the_fresh_value(
+    tmp_path,
+):
+    calls = []
+
+    def slow(x):
+        calls.append(x)
+        time.sleep(0.002)
+        return [x]
+
+    mem = Memory(tmp_path, verbose=0, audit=AuditPolicy(share=1.0, after=0.0))
+    f = mem.cache(slow)
+    f(1)
+    name = f._name((1,), {})
+    with mem.store.lock(name, 0) as held:  # as another process computing or auditing it
+        assert held
+        for _ in range(20):
+            assert f(1) == [1]
+    assert calls == [1] and f.stats().audits == 0
+    for _ in range(20):
+        assert f(1) == [1]
+    assert len(calls) > 1 and f.stats().audits == len(calls) - 1

@@ -121,12 +121,19 @@ class Auditor:
         (the memoized function's: ``(keyed, value, t0, args, kwargs)``, returning
         the value to return first). Returns what the call returns."""
         name = keyed[0]
+        lock = self._key_lock(name)
         try:
-            with self._key_lock(name) as held:
-                if not held:
-                    return cached
-                fresh, seconds = self._audit(name, cached, lambda: func(*args, **kwargs))
+            held = lock.__enter__()
+        except Exception as exc:  # no lock here (a read-only folder): this process's guard
+            logger.debug("mlcache: %s: auditing unlocked (%s)", self.func_id, exc)
+            lock, held = contextlib.nullcontext(True), True
+        try:
+            if not held:  # another process computes or audits this key now
+                return cached
+            fresh, seconds = self._audit(name, cached, lambda: func(*args, **kwargs))
         finally:
+            with contextlib.suppress(Exception):
+                lock.__exit__(None, None, None)
             with self._lock:
                 self._running.discard(name)
         if seconds is None:
