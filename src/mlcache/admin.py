@@ -16,13 +16,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ._util import progress as _progress
 from .data.cached import remove_pack
+from .data.holdings import build_time, dataset_class, pack_paths, pack_usage
 from .data.reader import PackedDataset
-from .data.replaced import replaced_by
+from .data.replaced import in_use, replaced_by
 from .entry import open_entry, read_entry_info
 from .errors import (
     EntryCorrupted,
@@ -32,7 +34,7 @@ from .errors import (
     PackCorrupted,
     UnknownFormat,
 )
-from .memo.eviction import plan_eviction
+from .memo.eviction import EntryCosts, Inflation, Worth, plan_eviction
 from .memo.layout import cached_objects, entries, is_entry, is_stats
 from .memo.memory import Memory
 from .memo.usage import FunctionStats
@@ -59,8 +61,6 @@ __all__ = [
     "verify_packs",
 ]
 
-#: how deep under the location dataset packs are looked for
-_PACK_DEPTH = 4
 #: verify and prune show progress (on a terminal) from this many items
 PROGRESS_FROM = 100
 
@@ -91,6 +91,10 @@ class PackInfo:
     #: the newer pack of the same dataset that replaced this one (it is removed
     #: once no process reads it), or None: the current one
     replaced_by: str | None = None
+    hits: int = 0  #: opens that found it built
+    misses: int = 0  #: its builds (recorded since this mlcache records them)
+    computed: float = 0.0  #: seconds its builds took
+    saved: float = 0.0  #: seconds of building its hits avoided (hits x build time)
 
     @property
     def rebuildable(self) -> bool:
@@ -151,43 +155,9 @@ def function_entries(mem: Memory, st: FunctionStats) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["last_used"])
 
 
-def _pack_paths(location: str) -> Iterator[str]:
-    if "://" in location:  # a remote cache's packs are not walked (nor a local "s3:" folder)
-        return
-    base = os.path.abspath(location)
-    for root, dirs, files in os.walk(base):
-        depth = root[len(base) :].count(os.sep)
-        dirs[:] = [d for d in dirs if not d.startswith(".") and depth < _PACK_DEPTH]
-        for f in files:
-            if f.endswith(".pack") and not f.startswith("."):
-                yield os.path.join(root, f)
-
-
-# A CachedDataset names its packs <folder of the class>/<attributes>-<version>.pack
-# (mlcache.data.cached): the folder is the class's slug (its module.qualname, a dash
-# and 8 hex digits), the pack 16 hex digits, a dash and 16 more, and each build
-# records its attributes beside them (.<attributes>.args). All three must hold: a
-# pack taken for the user's is only kept, one taken for cache could be removed.
-_CLASS_FOLDER = re.compile(r"(?P<cls>[^/]+)-[0-9a-f]{8}")
-_DATASET_PACK = re.compile(r"(?P<args>[0-9a-f]{16})-[0-9a-f]{16}\.pack")
-
-
-def dataset_class(path: str) -> str:
-    """The class (``module.qualname``) of the CachedDataset that built the pack
-    at ``path``, or "" when a CachedDataset did not (``pack()`` wrote it)."""
-    folder, name = os.path.split(os.path.abspath(path))
-    pack_name = _DATASET_PACK.fullmatch(name)
-    cls = _CLASS_FOLDER.fullmatch(os.path.basename(folder))
-    if pack_name is None or cls is None:
-        return ""
-    if not os.path.isfile(os.path.join(folder, f".{pack_name['args']}.args")):
-        return ""
-    return cls["cls"]
-
-
 def packs(location: str, *, detail: bool = True) -> list[PackInfo]:
     """The dataset packs under ``location`` (opening each is O(1))."""
-    found = (_describe(path, location, detail) for path in sorted(_pack_paths(location)))
+    found = (_describe(path, location, detail) for path in sorted(pack_paths(location)))
     return [p for p in found if p is not None]
 
 
@@ -205,6 +175,9 @@ def _describe(path: str, location: str, detail: bool) -> PackInfo | None:
     )
     if info.dataset:
         info.replaced_by = replaced_by(path)
+        done = pack_usage(path)
+        info.hits, info.misses = int(done["hits"]), int(done["misses"])
+        info.computed, info.saved = done["computed"], done["saved"]
     if detail:
         try:
             ds = PackedDataset(path)
@@ -453,11 +426,16 @@ def verify_packs(location: str, *, fix: bool = False) -> list[dict[str, Any]]:
 # -- prune ------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Pruned:
-    """What :func:`prune` removed (or would), and the packs it kept because
-    mlcache cannot rebuild them although the limits would have taken them."""
+    """What :func:`prune` removed (or would), each with its worth and the reason
+    it goes, and the packs it kept although the limits would have taken them:
+    mlcache cannot rebuild them, or a process has them open."""
 
-    removed: list[EntryStat]
-    kept: list[EntryStat]
+    removed: list[Worth]
+    kept: list[Worth]
+    #: the eviction's inflation after it (recorded when it ran)
+    inflation: float = 0.0
+    #: the names of ``kept`` that a process has open (the others: made by ``pack()``)
+    open: set[str] = dataclasses.field(default_factory=set)
 
 
 def prune(
@@ -469,27 +447,44 @@ def prune(
     all_packs: bool = False,
     progress: bool = False,
 ) -> Pruned:
-    """Remove least recently used function entries and dataset packs until the
-    cache holds at most ``max_size`` bytes, and everything unused for
-    ``older_than`` seconds. Packs written by ``pack()`` count in the size but are
-    kept (``kept``) unless ``all_packs``. With ``dry_run``, nothing is removed.
+    """Remove the function entries and dataset packs worth least (the least
+    compute time saved per byte, aged by use: see :mod:`mlcache.memo.eviction`)
+    until the cache holds at most ``max_size`` bytes, and everything unused for
+    ``older_than`` seconds. A pack's cost is its build time. Packs written by
+    ``pack()`` count in the size but are kept (``kept``) unless ``all_packs``,
+    and so are packs a process has open. With ``dry_run``, nothing is removed.
     Pack names are relative to the location, ending in ``.pack``."""
     assert mem.store is not None
     location = mem.store.location
     mem.flush_usage()
     found = packs(location, detail=False)
-    candidates = list(entries(mem.store))
-    candidates += [EntryStat(p.name, p.size, p.last_used) for p in found]
-    protect = set() if all_packs else {p.name for p in found if not p.rebuildable}
-    limits: dict[str, Any] = {"bytes_limit": max_size, "age_limit": older_than}
+    results = list(entries(mem.store))
+    costs: dict[str, float | None] = dict(EntryCosts(mem.store)(e.name for e in results))
+    costs.update((p.name, build_time(p.path)) for p in found)
+    candidates = results + [EntryStat(p.name, p.size, p.last_used) for p in found]
+    reading = {p.name for p in found if in_use(p.path)}
+    protect = reading | (set() if all_packs else {p.name for p in found if not p.rebuildable})
+    inflation = Inflation.load(mem.store)
+    limits: dict[str, Any] = {
+        "bytes_limit": max_size,
+        "age_limit": older_than,
+        "costs": costs,
+        "inflation": inflation,
+    }
     plan = plan_eviction(candidates, **limits, protect=protect)
-    kept = [e for e in plan_eviction(candidates, **limits) if e.name in protect]
+    kept = [w for w in plan_eviction(candidates, **limits).chosen if w.name in protect]
+    pruned = Pruned(plan.chosen, kept, plan.inflation, reading & {w.name for w in kept})
     if dry_run:
-        return Pruned(plan, kept)
-    return Pruned(remove(mem, plan, progress=progress), kept)
+        return pruned
+    pruned.removed = remove(mem, plan.chosen, progress=progress)
+    inflation.record(mem.store, time.time(), plan.inflation)
+    return pruned
 
 
-def remove(mem: Memory, items: list[EntryStat], *, progress: bool = False) -> list[EntryStat]:
+_Item = TypeVar("_Item", EntryStat, Worth)
+
+
+def remove(mem: Memory, items: list[_Item], *, progress: bool = False) -> list[_Item]:
     """Remove the function entries and packs ``items`` names (as :func:`prune`
     plans them); those removed (one that cannot be is skipped)."""
     assert mem.store is not None

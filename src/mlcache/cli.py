@@ -12,17 +12,20 @@ pack in the cache, ``clear`` of everything refused without confirmation).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import shlex
 import sys
 import tempfile
-import time
 from typing import Any
 
 from . import __version__, admin
+from ._tables import age_text as _age
+from ._tables import count_text as _n
+from ._tables import duration_text as _duration
 from ._tables import print_table
+from ._tables import seconds_text as _secs
+from ._tables import size_text as _size
 from ._util import parse_bytes, parse_duration
 from .data.fetch import is_url
 from .memo.memory import Memory
@@ -32,37 +35,6 @@ OK, PROBLEM, USAGE = 0, 1, 2
 
 
 # -- formatting -------------------------------------------------------------------------
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
-
-
-def _age(t: float | None) -> str:
-    if not t:
-        return "-"
-    s = max(0.0, time.time() - t)
-    for unit, span in (("d", 86400), ("h", 3600), ("min", 60)):
-        if s >= span:
-            return f"{s / span:.0f} {unit} ago"
-    return f"{s:.0f} s ago"
-
-
-def _secs(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s:.3f} s" if s < 60 else str(_dt.timedelta(seconds=round(s)))
-
-
-def _n(count: int, what: str, plural: str | None = None) -> str:
-    """``1 hit``, ``2 hits``, ``1 entry``, ``0 entries``."""
-    if count == 1:
-        return f"1 {what}"
-    return f"{count:,} {plural or what + 's'}"
-
-
 def _short(func: str) -> str:
     """A function's name as a reader wants it: a script's path (``__main__.f@/home/me/
     proj/train.py``) relative to the current folder when it lies below it, else under
@@ -131,12 +103,14 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
             _age(f.last_used),
             f"{f.hits:,}",
             f"{f.misses:,}",
+            _secs(f.computed),
             _secs(f.saved),
             f"{f.audits:,}" + (f" ({f.mismatches:,} wrong)" if f.mismatches else ""),
         ]
         for f in funcs
     ]
-    headers = ["function", "entries", "size", "last use", "hits", "misses", "time saved", "audits"]
+    headers = ["function", "entries", "size", "last use", "hits", "misses", "computing"]
+    headers += ["time saved", "audits"]
     print_table(f"Functions in {location}", headers, rows)
     print()
     rows = [
@@ -147,11 +121,16 @@ def _ls(mem: Memory, location: str, args: argparse.Namespace) -> int:
             "damaged" if p.error else f"{p.samples:,}",
             _size(p.size),
             _age(p.last_used),
+            f"{p.hits:,}" if p.dataset else "-",
+            f"{p.misses:,}" if p.dataset else "-",
+            _secs(p.computed) if p.dataset else "-",
+            _secs(p.saved) if p.dataset else "-",
             ", ".join(f["name"] for f in p.fields),
         ]
         for p in found
     ]
-    headers = ["pack", "made by", "state", "samples", "size", "last use", "fields"]
+    headers = ["pack", "made by", "state", "samples", "size", "last use", "hits", "builds"]
+    headers += ["building", "time saved", "fields"]
     print_table(f"Datasets in {location}", headers, rows)
     print()
     print(_totals(funcs, found))
@@ -166,8 +145,8 @@ def _totals(funcs: list[Any], found: list[admin.PackInfo]) -> str:
         f", {_size(sum(f.size for f in funcs))}; {_n(len(found), 'dataset pack')}, "
         f"{_size(sum(p.size for p in found))}"
     )
-    saved = sum(f.saved for f in funcs)
-    return line + (f"; hits saved {_secs(saved)} of computing" if saved else "")
+    saved = sum(f.saved for f in funcs) + sum(p.saved for p in found)
+    return line + (f"; saved {_duration(saved)} of computing" if saved else "")
 
 
 def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
@@ -189,8 +168,9 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
             f"{_short(st.func) if st.func else st.folder}: {_n(st.entries, 'entry', 'entries')}, "
             f"{_size(st.size)}, "
             f"{_n(st.hits, 'hit')}, {_n(st.misses, 'miss', 'misses')}, "
-            f"{_secs(st.saved)} of computing saved; {_n(st.audits, 'audit')} "
-            f"({_n(st.mismatches, 'mismatch', 'mismatches')}, {_secs(st.audited)})"
+            f"{_secs(st.computed)} spent computing, {_secs(st.saved)} of computing saved; "
+            f"{_n(st.audits, 'audit')} ({_n(st.mismatches, 'mismatch', 'mismatches')}, "
+            f"{_secs(st.audited)})"
         )
         short = _terminal()  # a terminal's reader; a script gets whole keys
         rows = [
@@ -232,6 +212,11 @@ def _pack_info(pack: admin.PackInfo) -> None:
         f"{pack.path} ({made}): {_n(pack.samples or 0, 'sample')}, {_size(pack.size)}, "
         f"last used {_age(pack.last_used)}, pack format version {pack.version}"
     )
+    if pack.dataset:
+        print(
+            f"{_n(pack.hits, 'hit')} (opens that found it built), {_n(pack.misses, 'build')}, "
+            f"{_secs(pack.computed)} spent building, {_secs(pack.saved)} of building saved"
+        )
     rows = [
         [
             f["name"],
@@ -327,16 +312,26 @@ def _prune(mem: Memory, location: str, args: argparse.Namespace) -> int:
     )
     verb = "would remove" if args.dry_run else "removed"
     if args.json:
-        rows = [{"name": e.name, "size": e.size, "last_used": e.last_used} for e in pruned.removed]
-        kept = [{"name": e.name, "size": e.size, "last_used": e.last_used} for e in pruned.kept]
+        rows = [w.as_dict() for w in pruned.removed]
+        kept = [w.as_dict() | {"open": w.name in pruned.open} for w in pruned.kept]
         _dump({"location": location, "dry_run": args.dry_run, "removed": rows, "kept": kept})
         return OK
-    for e in pruned.removed:
-        print(f"{verb} {e.name} ({_size(e.size)}, last used {_age(e.last_used)})")
-    for e in pruned.kept:
-        print(f"kept {e.name} ({_size(e.size)}): {_NOT_OURS}")
+    for w in pruned.removed:
+        print(f"{verb} {w.name} ({_size(w.size)}, last used {_age(w.last_used)}): {_why(w, older)}")
+    for w in pruned.kept:
+        why = "a process has it open (read now)" if w.name in pruned.open else _NOT_OURS
+        print(f"kept {w.name} ({_size(w.size)}): {why}")
     print(f"{verb} {_items(pruned.removed)}")
     return OK
+
+
+def _why(w: Any, older: float | None) -> str:
+    """Why ``prune`` removes an entry: its age, or its worth (what keeping it saves)."""
+    if w.reason == "age":
+        return f"unused for more than {_duration(older or 0)}"
+    made = "rebuilds" if w.name.endswith(".pack") else "recomputes"
+    cost = f"{made} in {_secs(w.cost)}" + (" (not recorded: the median)" if w.estimated else "")
+    return f"worth least: {cost}, {_secs(w.seconds_per_mib)} per MiB kept"
 
 
 def _items(found: list[Any]) -> str:

@@ -30,6 +30,7 @@ from ..keys.state import learnable, watched_digests
 from ..store.local import mark_cache_folder
 from .fetch import publish, remote_lease
 from .filling import Filler
+from .holdings import note_open, record_build_time
 from .items import same_items, table_digest
 from .reader import PackedDataset
 from .records import remove_redundant_records
@@ -205,6 +206,7 @@ class PackBuilder:
         logger.info("mlcache: building %s", self.pack_path)
         if before is None:
             before = watched_digests(self._watched)
+        started = time.perf_counter()
         built = write_pack(
             self.load_source() if samples is None else samples,
             self.pack_path,
@@ -213,7 +215,10 @@ class PackBuilder:
             desc=type(self).__qualname__,  # not the pack's hash name
             items=items,
         )
+        elapsed = time.perf_counter() - started
         named = self._learned(before)
+        if samples is None:  # a filled pack's cost was its loading, spread over its reads
+            record_build_time(named or self.pack_path, elapsed, self._root)
         if named is None:
             write_code_tag(self.pack_path, self._code_id)
             return built
@@ -328,6 +333,7 @@ class PackBuilder:
                 self.pack_path = self._name_pack()
         try:
             opened = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
+            note_open(self.pack_path)  # a hit: what the pack saved (mlcache ls)
             if time.time() - os.stat(self.pack_path).st_mtime > GRACE_SECONDS:
                 # in use: a rebuild of another version leaves it alone a while, and
                 # `mlcache prune --older-than` sees its use even where atime is off

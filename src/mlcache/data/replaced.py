@@ -54,6 +54,16 @@ def code_tag_path(pack_path: str) -> str:
     return os.path.join(folder, f".{name}.code")
 
 
+def forget_records(pack_path: str) -> None:
+    """Remove what is recorded beside a removed pack: the code that built it
+    (:func:`code_tag_path`), its build time and its opens (``.<pack>.built``,
+    ``.opens``: :mod:`mlcache.data.holdings`)."""
+    folder, name = os.path.split(pack_path)
+    for record in ("code", "built", "opens"):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, f".{name}.{record}"))
+
+
 def write_code_tag(pack_path: str, code: str) -> None:
     """Record that ``pack_path`` was built by ``code`` (a digest of the dataset's
     class, code and attributes: everything of its name but the source).
@@ -158,8 +168,7 @@ def remove_replaced(pack_path: str) -> list[str]:
             if not mine or t >= mine[0] or not same_code(pack_path, path) or in_use(path):
                 continue
             os.unlink(path)  # a reader that opens it meanwhile keeps its file
-            with contextlib.suppress(OSError):
-                os.unlink(code_tag_path(path))
+            forget_records(path)
             removed.append(path)
             logger.info("mlcache: removed %s, replaced by %s", path, pack_path)
     except OSError as exc:

@@ -28,7 +28,7 @@ import xxhash
 from .._atomic import write_bytes_atomic
 from ..errors import warn
 from ..keys.hashing import hash_value
-from .replaced import code_tag_path, same_code
+from .replaced import code_tag_path, forget_records, same_code
 
 __all__ = [
     "CHECKS",
@@ -524,8 +524,7 @@ def remove_pack(path: str) -> None:
     except FileNotFoundError:
         pass
     shutil.rmtree(path + ".fill", ignore_errors=True)
-    with contextlib.suppress(OSError):
-        os.unlink(code_tag_path(path))
+    forget_records(path)
 
 
 def remove_older_versions(pack_path: str, args_id: str) -> None:

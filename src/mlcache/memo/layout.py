@@ -12,6 +12,8 @@ Inside a store::
                                                not input, for code of that shape
                                                (its version with mutable values
                                                by type: the same in every process)
+    eviction/inflation                         the history of eviction's inflation
+                                               (:mod:`mlcache.memo.eviction`)
 
 ``<function folder>`` is a slug of the function's identity with a short hash
 (:func:`mlcache._util.slug`), ``<code version>`` 16 hex digits, ``<key>``
@@ -29,6 +31,7 @@ from ..store import EntryStat, Store
 
 __all__ = [
     "CODE_MANIFEST",
+    "INFLATION",
     "STATE",
     "STATS",
     "cached_objects",
@@ -42,6 +45,9 @@ __all__ = [
 STATS = "stats"
 #: a code version's manifest, beside its entries
 CODE_MANIFEST = "code"
+#: the history of GreedyDual-Size's inflation (no function folder ends this way:
+#: theirs end with a short hash)
+INFLATION = "eviction/inflation"
 #: what calls of a function change: ``<folder>/<code shape>.state``
 STATE = "state"
 _ENTRY = re.compile(r"[^/]+/[0-9a-f]{16}/[0-9a-f]{32}")

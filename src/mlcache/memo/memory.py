@@ -103,8 +103,12 @@ class Memory:
         the ``logging`` logger ``"mlcache"``.
     bytes_limit:
         Upper bound of the cache's size (``int`` or ``"10GB"``), enforced as
-        entries are written by removing the least recently used ones (see
-        :class:`mlcache.memo.eviction.SizeGuard` for when the store is rescanned).
+        entries are written by removing those worth least: the least compute
+        time saved per byte, aged by use (GreedyDual-Size; see
+        :mod:`mlcache.memo.eviction`). One budget with the dataset packs built
+        in the same folder, which count as entries whose cost is their build
+        time (an open one is never removed); see
+        :class:`mlcache.memo.eviction.SizeGuard` for when the store is rescanned.
     backend_options:
         Keyword arguments for the store backend (e.g. ``{"durable": False}``).
     allow_pickle:
@@ -439,10 +443,14 @@ class Memory:
         items_limit: int | None = None,
         age_limit: _dt.timedelta | float | str | None = None,
     ) -> None:
-        """Remove least recently used entries until the cache fits the limits.
+        """Remove the entries worth least until the cache fits the limits.
 
-        ``bytes_limit`` defaults to the Memory's own; ``age_limit`` removes
-        entries not used for that long (a ``timedelta``, seconds, or ``"7d"``).
+        Worth is compute time saved per byte, aged by use (GreedyDual-Size, see
+        :mod:`mlcache.memo.eviction`); the dataset packs a CachedDataset built in
+        the same folder count as entries (their cost is their build time; one a
+        process has open is kept). ``bytes_limit`` defaults to the Memory's own;
+        ``age_limit`` removes entries not used for that long (a ``timedelta``,
+        seconds, or ``"7d"``).
         """
         if self.store is None:
             return
