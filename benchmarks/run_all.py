@@ -30,6 +30,7 @@ SCRIPTS = [
     "bench_fill.py",
     "bench_chain.py",
     "bench_remote.py",
+    "bench_eviction.py",
 ]
 
 

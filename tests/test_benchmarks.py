@@ -60,6 +60,11 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "bench_fill.py": (),
     "bench_chain.py": ("(a) joblib / mlcache, pipeline",),
     "bench_remote.py": ("(d) 1 worker / 2 workers",),
+    "bench_eviction.py": (
+        "uniform: mlcache / LRU",
+        "equal costs: mlcache / LRU",
+        "hot set: mlcache / LRU",
+    ),
 }
 
 

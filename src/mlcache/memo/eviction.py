@@ -14,9 +14,10 @@ first, and ``L``, the *inflation*, is raised to the ``H`` of what went. An entry
 used again gets ``H = L + cost / size`` with the ``L`` of that moment, so what
 is no longer used falls behind what is, whatever it once cost: an expensive
 result unused since many evictions ago goes before a cheap one used since.
-With equal costs per byte it is least-recently-used eviction. Costs are
-compared in steps of :data:`STEP` (19%) above :data:`COST_FLOOR`, so that
-timings that differ only by noise count as equal, and recency decides.
+With equal costs per byte it is least-recently-used eviction. Costs per byte
+are compared in steps of :data:`STEP` (19%) centred on the median entry's, and
+times below :data:`COST_FLOOR` as equal, so that timings of equal work, which
+differ by the noise of measuring them, tie, and recency decides.
 
 The textbook keeps ``H`` per entry and sets it at every hit; mlcache's hits
 write nothing (DESIGN.md), so ``H`` is recomputed when an eviction plans,
@@ -189,10 +190,11 @@ def _duration(store: Store, name: str) -> float | None:
     return d if math.isfinite(d) and d >= 0 else None
 
 
-def _rate(cost: float, size: int) -> float:
-    """Cost per byte, rounded down to a power of :data:`STEP`."""
+def _rate(cost: float, size: int, typical: float) -> float:
+    """Cost per byte, rounded to ``typical`` times a power of :data:`STEP` (the grid
+    centred on the typical entry, where timings of equal work gather)."""
     rate = max(cost, COST_FLOOR) / max(size, 1)
-    return float(STEP ** math.floor(math.log(rate, STEP)))
+    return float(typical * STEP ** round(math.log(rate / typical, STEP)))
 
 
 def weigh(
@@ -207,19 +209,19 @@ def weigh(
         raise ValueError(f"unknown eviction policy {policy!r}: expected one of {POLICIES}")
     items = list(items)
     rates = sorted(
-        c / max(e.size, 1) for e in items if (c := costs.get(e.name)) is not None and c > 0
+        max(c, COST_FLOOR) / max(e.size, 1) for e in items if (c := costs.get(e.name)) is not None
     )
-    typical = rates[len(rates) // 2] if rates else 0.0  # the median cost per byte
+    typical = rates[len(rates) // 2] if rates else 1.0  # the median cost per byte
     weighed = []
     for e in items:
         cost = costs.get(e.name)
         guess = cost is None
         if cost is None:
-            cost = typical * max(e.size, 1)
+            cost = typical * max(e.size, 1) if rates else 0.0
         if policy == "lru":
             priority = e.last_used
         else:
-            priority = inflation.at(e.last_used) + _rate(cost, e.size)
+            priority = inflation.at(e.last_used) + _rate(cost, e.size, typical)
         weighed.append(Worth(e.name, e.size, e.last_used, cost, guess, priority))
     weighed.sort(key=lambda w: (w.priority, w.last_used))
     return weighed
