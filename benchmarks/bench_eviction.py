@@ -34,7 +34,16 @@ import time
 
 import numpy as np
 
-from _bench import Result, Target, finish, machine_note, parse_args, report, scratch_dir
+from _bench import (
+    Result,
+    finish,
+    machine_note,
+    outcome,
+    parse_args,
+    print_outcomes,
+    report,
+    scratch_dir,
+)
 from mlcache import Memory
 from mlcache.memo import eviction
 
@@ -172,20 +181,24 @@ def main() -> int:
             print(f"  trial {trial + 1}/{trials} done", file=sys.stderr, flush=True)
         eviction.SizeGuard.policy = "worth"
         hot = hot_path(os.path.join(scratch, "hot-path"), hits)
-    targets = [
-        Target("uniform: mlcache / LRU", "uniform: mlcache", "uniform: LRU", "<=", 0.6),
-        Target("equal costs: mlcache / LRU", "equal costs: mlcache", "equal costs: LRU", "<=", 1.0),
-        Target("hot set: mlcache / LRU", "hot set: mlcache", "hot set: LRU", "<=", 1.0),
-    ]
-    out = report(
+    report(
         f"compute seconds spent again: {n} keys, {calls} calls, bytes_limit a quarter "
         f"of the results, {trials} trace(s) per kind",
         rows,
-        targets,
+        [],
         note="Times are the seconds of computing results again (what the cache recorded), "
-        "not per call. Misses per run: "
+        "not per call; each trial is another trace. Misses per run: "
         + "; ".join(f"{k} {statistics.median(v):.0f}" for k, v in misses.items()),
     )
+    # both policies ran the same traces: the ratio is taken trace by trace (minima of
+    # different traces would compare different work); "of minima" is here the ratio
+    # of the seconds summed over every trace
+    out = []
+    for kind, bound in (("uniform", 0.6), ("equal costs", 1.0), ("hot set", 1.0)):
+        ours, lru = rows[f"{kind}: mlcache"].times, rows[f"{kind}: LRU"].times
+        per_trace = statistics.median(a / b for a, b in zip(ours, lru, strict=True))
+        out.append(outcome(f"{kind}: mlcache / LRU", per_trace, sum(ours) / sum(lru), "<=", bound))
+    print_outcomes(out, "ratio (median of traces | of sums)")
     for kind in kinds:
         sim = rows[f"{kind}: simulated GDS"].median / rows[f"{kind}: simulated LRU"].median
         print(f"\nsimulated, {kind}: GDS / LRU = {sim:.2f}")
