@@ -99,6 +99,7 @@ from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
 from ..store.local import cache_folder, default_location
 from .building import PackBuilder
+from .checking import LISTING_SUFFIX, ItemChanged, ItemCheck, folder_table, listed_folder
 from .fetch import is_url
 from .filling import FILLS, Filler
 from .items import default_fingerprint, item_table
@@ -258,6 +259,10 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         self.transform, self._allow_pickle, self._num_workers = transform, allow_pickle, num_workers
         self._pack: PackedDataset | None = None
         self._filler: Filler | None = None
+        #: the pack while its items are checked as they are first read (see
+        #: mlcache.data.checking), and the items of the open once they were rechecked
+        self._checking: ItemCheck | None = None
+        self._pinned: list[Any] | None = None
         by_item = cls.load_item is not base.load_item and cls.load_source is base.load_source
         self._fill = fill if by_item else ""
         # what builds change is recorded by the code's shape (its version with
@@ -275,7 +280,10 @@ class CachedDataset(PackBuilder, Sequence[Any]):
                 items_source = ("by item", files) if files else "by item"
                 self._source = self.source_fingerprint() if own else items_source
                 self.pack_path = self._name_pack()
-                self._pack = self._open_filled(force_recache, progress, check_source)
+                if check_source == "open" and not force_recache and not own:
+                    self._checking = self._checked_as_read()
+                if self._checking is None:
+                    self._pack = self._open_filled(force_recache, progress, check_source)
             else:
                 recorded = self._open_whole(recorded, force_recache, progress)
         if self._remote is None:  # the versions it replaces, once nobody reads them
@@ -389,16 +397,46 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         values = [getattr(self, n, None) for n in self._key_names]
         return attribute_files(values, self._root, self._remote is None)
 
+    def _checked_as_read(self) -> ItemCheck | None:
+        """The pack of the items of the open, each checked as it is first read
+        (:mod:`mlcache.data.checking`), or None: then the open checks them all."""
+        cls, base, declared = type(self), CachedDataset, self._declared
+        if cls.item_fingerprint is not base.item_fingerprint or self._remote is not None:
+            return None  # the user's fingerprints are taken at the open, as they were
+        if os.path.exists(self.pack_path + ".fill"):
+            return None  # being filled, or records a killed seal left: the open sees to it
+        pack = self._try_open(False)
+        if pack is None:
+            return None
+        if cls.source_items is base.source_items and declared is not None:
+            if declared.folder is not None:
+                return ItemCheck.of_folder(pack, declared.folder, self._listing_path(), True)
+            items: list[Any] = list(declared.paths or ())
+        else:
+            items = list(self.source_items())
+        return ItemCheck.of_items(pack, items, self._folder_attributes(), True)
+
+    def _listing_path(self) -> str:
+        """Where the listing of a declared folder is recorded (beside its ``.source``)."""
+        return self._record.path.removesuffix(".source") + LISTING_SUFFIX
+
     def _items_now(self) -> tuple[list[Any], np.ndarray]:
-        """The items as they are now, and their table: the key and the fingerprint
-        of each (:func:`mlcache.data.items.item_table`)."""
+        """The items as they are now (those of the open, once rechecked after one
+        changed), and their table: the key and the fingerprint of each
+        (:func:`mlcache.data.items.item_table`)."""
         cls, base, declared = type(self), CachedDataset, self._declared
         own = cls.item_fingerprint is not base.item_fingerprint
         local = self._remote is None
-        if cls.source_items is base.source_items and declared is not None and not own:
-            paths, stats = declared.listed(local)
-            if declared.paths is None:  # a folder listed: each file stat'ed once
-                return paths, item_table(paths, stats=stats.tobytes())
+        if cls.source_items is not base.source_items or own:
+            declared = None  # the items are the class's own, or their fingerprints
+        pinned = self._pinned
+        if pinned is not None and declared is not None and declared.folder is not None:
+            return pinned, folder_table(pinned, local)
+        if pinned is not None:
+            return pinned, item_table(pinned, bases=self._folder_attributes(), local=local)
+        if declared is not None and declared.folder is not None:
+            # each file stat'ed once; the listing recorded for the next open
+            return listed_folder(declared, self._listing_path(), self._root, local)
         items = list(self.source_items())
         if own:
             return items, item_table(items, self.item_fingerprint)
@@ -439,6 +477,8 @@ class CachedDataset(PackBuilder, Sequence[Any]):
     def packed(self) -> PackedDataset:
         """The underlying :class:`PackedDataset` (opened on first use in a new process;
         a pack being filled is completed first: its missing items are loaded now)."""
+        if self._checking is not None:  # handed out whole: every item is checked now
+            self._rechecked()
         filler = self._filler
         if self._pack is None and filler is not None:
             sealed = filler.sealed or self._fill_now(filler, False)
@@ -458,11 +498,21 @@ class CachedDataset(PackBuilder, Sequence[Any]):
     def __len__(self) -> int:
         if self._pack is None and self._filler is not None:
             return len(self._filler)
+        if self._pack is None and self._checking is not None:
+            self._checking.pack.check_file()  # as a pack's len() does
+            return self._checking.n
         return len(self.packed)
 
-    def _reading(self) -> PackedDataset | Filler:
-        """What ``ds[i]`` reads when the pack is not open: the pack being filled, or
-        the pack (the sealed one, once the filling is complete)."""
+    def _reading(self) -> PackedDataset | Filler | ItemCheck:
+        """What ``ds[i]`` reads when the pack is not open: the pack whose items are
+        checked as they are read (the pack itself, once all are), the pack being
+        filled, or the pack (the sealed one, once the filling is complete)."""
+        checking = self._checking
+        if checking is not None:
+            if checking.left:
+                return checking
+            self._pack, self._checking = checking.pack, None
+            return self._pack
         filler = self._filler
         if filler is None:
             return self.packed
@@ -476,6 +526,8 @@ class CachedDataset(PackBuilder, Sequence[Any]):
             sample = (self._pack if self._pack is not None else self._reading())[i]
         except PackCorrupted as exc:
             sample = self._rebuilt(exc)[i]
+        except ItemChanged:  # since the pack was filled: the samples that changed are loaded
+            sample = self._rechecked()[i]
         if self.transform is None:
             return sample
         if sample.__class__ is list:  # ds[2:4], ds[[1, 2]]: a list of samples
@@ -483,7 +535,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         return self.transform(sample)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
-        pack, declared = self._pack, self._declared
+        pack, declared = self._pack or getattr(self._checking, "pack", None), self._declared
         filler = self._filler if pack is None else None
         if filler is not None:
             with contextlib.suppress(Exception):  # what other processes (workers) filled
@@ -523,10 +575,24 @@ class CachedDataset(PackBuilder, Sequence[Any]):
             self._rebuilt(exc)
             return self.packed.get_batch(indices)
 
-    def _rebuilt(self, exc: PackCorrupted) -> PackedDataset | Filler:
+    def _rechecked(self) -> PackedDataset | Filler | ItemCheck:
+        """An item changed since its sample was stored (or the pack is handed out
+        whole): check every item of the open now, as an open does, and read from
+        the pack of the items as they are (the changed ones loaded again)."""
+        checking, self._checking = self._checking, None
+        if checking is None:
+            return self._reading()
+        self._pinned = checking.items()
+        self._pack = self._open_filled(False, False, "open")
+        return self._reading()
+
+    def _rebuilt(self, exc: PackCorrupted) -> PackedDataset | Filler | ItemCheck:
         """Damage found while reading: log it, rebuild the pack (or open the one
         another process rebuilt meanwhile; or fill it again) and read from that."""
         warn(f"mlcache: {exc}; rebuilding it", stacklevel=4)
+        checking, self._checking = self._checking, None
+        if checking is not None:  # the items of the open are kept
+            self._pinned, self._pack = checking.items(), checking.pack
         pack = self._pack or (self._filler.sealed if self._filler is not None else None)
         damaged = pack.file_id if pack is not None else None
         if self._fill:
@@ -548,3 +614,4 @@ class CachedDataset(PackBuilder, Sequence[Any]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)  # the pack is mapped on first use
+        self._record = SourceRecord(self._root, self._folder, self._args_id_full, self._declared)

@@ -22,13 +22,14 @@ from ..keys.hashing import hash_value
 from .reader import PackedDataset
 from .sources import add_stats, existing_path, path_parts, stat_fields
 
-__all__ = ["default_fingerprint", "item_table", "same_items", "table_digest"]
+__all__ = ["default_fingerprint", "item_table", "key_bytes", "same_items", "table_digest"]
 
 _STAT = struct.Struct("<qqqq")
 
 
-def _key(item: Any) -> bytes:
-    """What an item is: its path (a ``str`` or path), else its value."""
+def key_bytes(item: Any) -> bytes:
+    """What an item is (its key in the item table): its path (a ``str`` or path),
+    else its value."""
     if item.__class__ is str:  # the common item: a path listed by the dataset
         return xxhash.xxh3_128_digest(b"p" + item.encode("utf-8", "surrogateescape"))
     if isinstance(item, (str, os.PathLike)):
@@ -107,7 +108,7 @@ def item_table(
     n = len(items)
     if stats is not None and len(stats) != 32 * n:
         raise ValueError(f"{len(stats)} bytes of stats for {n} items")
-    keys = b"".join(map(_key, items))
+    keys = b"".join(map(key_bytes, items))
     if stats is not None:
         fps = _stat_fingerprints(stats, n)
     elif fingerprint is not None:
