@@ -18,6 +18,15 @@ issue 15's case):
   one file (the hand-written cache); ``+ pass`` rows: the open or load, then
   ``ds[i]`` of every sample once.
 
+Reopening in a fresh process (issue 26), over 20,000 and 100,000 tiny files of a
+declared folder, a dataset filled item by item (``load_item``), its pack sealed:
+each trial is a new interpreter timing its own constructor and ``ds[0]`` (after
+its imports), with the default ``check_source="open"`` (the open checks the list
+of items, each item is checked as it is first read: :mod:`mlcache.data.checking`)
+and with ``"never"`` (no check: mlcache's own open). Target (issue 26): the first
+<= 4x the second at both sizes. ``--before PATH`` adds the same reopen with the
+``src`` folder of another checkout (the code before) on ``PYTHONPATH``.
+
 Targets (issue 15): ``declared, open`` <= 1.3x the floor; ``declared,
 background + pass`` faster than ``pickled list + pass``. The same two rows over
 20,000 tiny text files (one short string a sample) are printed too, without a
@@ -40,7 +49,8 @@ would take under a second (the JSON builds here).
 Trials are interleaved (one of each contender per round); min and median are
 reported. ::
 
-    python benchmarks/bench_cached_open.py [--quick] [--open-only] [--dir PARENT]
+    python benchmarks/bench_cached_open.py [--quick] [--open-only] [--reopen-only]
+        [--before SRC] [--dir PARENT]
 
 To compare with another version of the code, run it with that version first on
 ``PYTHONPATH``.
@@ -53,6 +63,8 @@ import multiprocessing
 import os
 import pickle
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -63,7 +75,19 @@ from typing import Any, cast
 
 import numpy as np
 
-from _bench import Contender, Target, finish, machine_note, measure, parse_args, report, scratch_dir
+from _bench import (
+    Contender,
+    Result,
+    Target,
+    finish,
+    machine_note,
+    measure,
+    outcome,
+    parse_args,
+    print_outcomes,
+    report,
+    scratch_dir,
+)
 from mlcache.data import CachedDataset
 from mlcache.demo.synthetic import read_patient, write_patients
 
@@ -120,6 +144,90 @@ class TinyDS(CachedDataset):
         for path in self.source_files():
             with open(path) as f:
                 yield {"text": f.read()}
+
+
+#: the dataset of the fresh reopens, in a module of its own (as a user's is: the
+#: class's code version walks its module, and this script's is large)
+FILLED_DS = """
+import time
+from mlcache.data import CachedDataset
+
+
+class FilledDS(CachedDataset):
+    source_glob = "*.txt"
+
+    def __init__(self, root, **kw):
+        self.source_dir = root
+        super().__init__(**kw)
+
+    def load_item(self, path):
+        with open(path) as f:
+            return {"text": f.read()}
+
+
+def trial(root, cache, check):
+    t0 = time.perf_counter()
+    ds = FilledDS(root, cache_dir=cache, progress=False, check_source=check)
+    ds[0]
+    return time.perf_counter() - t0
+"""
+
+
+def _reopen_in_new_process(
+    where: Path, root: str, cache: str, check: str, src: str | None
+) -> float:
+    """One fresh process's constructor and ``ds[0]``, in seconds (timed inside it)."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.path.abspath(src)
+    code = f"import filledds; print(filledds.trial({root!r}, {cache!r}, {check!r}))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=where, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    return float(out.stdout.split()[-1])
+
+
+def bench_reopen(scratch: Path, sizes: tuple[int, ...], rounds: int, before: str | None):
+    """Section: a fresh process's reopen to ds[0], with and without the source check."""
+    outcomes, sections = [], {}
+    for n in sizes:
+        src, cache = scratch / f"filled-{n}", str(scratch / f"filled-cache-{n}")
+        src.mkdir()
+        for i in range(n):
+            (src / f"{i:06d}.txt").write_text(str(i))
+        (scratch / "filledds.py").write_text(FILLED_DS)
+        time.sleep(0.2)  # a listing is trusted once begun this long after the last change
+        fill = f"import filledds; filledds.FilledDS({str(src)!r}, cache_dir={cache!r}, "
+        fill += "progress=False, fill='up-front')"
+        for _ in range(2):  # the pack, then the listing recorded by an open
+            subprocess.run([sys.executable, "-c", fill], cwd=scratch, check=True)
+        runs = {"open": ("open", None), "never": ("never", None)}
+        if before is not None:
+            runs["open, before"] = ("open", before)
+            runs["never, before"] = ("never", before)
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        names = list(runs)
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                check, where = runs[name]
+                times[name].append(_reopen_in_new_process(scratch, str(src), cache, check, where))
+        res = {f"{n:,} files: {k}": Result(f"{n:,} files: {k}", times[k]) for k in names}
+        _print(f"Reopen in a fresh process to ds[0], {n:,} files (declared, load_item)", times)
+        o, nv = res[f"{n:,} files: open"], res[f"{n:,} files: never"]
+        outcomes.append(
+            outcome(
+                f"{n:,} files: reopen with the default check / open without check",
+                o.median / nv.median,
+                o.min / nv.min,
+                "<=",
+                4,
+            )
+        )
+        sections[f"reopen {n}"] = res
+    print_outcomes(outcomes)
+    return sections, outcomes
 
 
 def _settle() -> None:
@@ -198,15 +306,21 @@ def _print(title: str, times: dict[str, list[float]], base: str | None = None) -
 
 
 def main() -> int:
-    args = parse_args(
-        __doc__.splitlines()[0],
-        lambda p: p.add_argument("--open-only", action="store_true", help="skip the builds"),
-    )
+    def options(p: Any) -> None:
+        p.add_argument("--open-only", action="store_true", help="skip the builds")
+        p.add_argument("--reopen-only", action="store_true", help="only the fresh reopens")
+        p.add_argument("--before", default=None, help="src folder of the code before")
+
+    args = parse_args(__doc__.splitlines()[0], options)
     n_open, n_csv, n_json = (2_000, 300, 200) if args.quick else (20_000, 3_000, 2_000)
     rounds = 2 if args.quick else 5
     print(machine_note())
     with scratch_dir(args.dir, "cached-open") as scratch:
         root = Path(scratch)
+        sizes = (2_000,) if args.quick else (20_000, 100_000)
+        reopened, reopen_outcomes = bench_reopen(root, sizes, rounds + 2, args.before)
+        if args.reopen_only:
+            return finish(args, "bench_cached_open", reopened, reopen_outcomes)
         cache = str(root / "cache")
         # -- opening --------------------------------------------------------------
         src = root / "patients"
@@ -333,7 +447,8 @@ def main() -> int:
             f"{tiny_ratio:.2f}x the pickled list's load + pass (medians)."
         )
         if args.open_only:
-            return finish(args, "bench_cached_open", {"open": res}, outcomes)
+            outcomes += reopen_outcomes
+            return finish(args, "bench_cached_open", {"open": res, **reopened}, outcomes)
 
         # -- building -------------------------------------------------------------
         csv, js = root / "csv", root / "json"
@@ -383,7 +498,8 @@ def main() -> int:
                 builds["loads only, serial"] = lambda fs=files: [_load_csv(f) for f in fs]
                 builds["loads only, 2 forked"] = lambda fs=files: _forked(_load_csv, fs, 2)
             _print(title, _trials(builds, rounds), "serial")
-    return finish(args, "bench_cached_open", {"open": res}, outcomes)
+    outcomes += reopen_outcomes
+    return finish(args, "bench_cached_open", {"open": res, **reopened}, outcomes)
 
 
 if __name__ == "__main__":
