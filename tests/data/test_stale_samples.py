@@ -371,6 +371,7 @@ def test_from_sql_without_a_data_version_on_another_database_warns_once(tmp_path
 
 def test_from_sql_takes_a_sqlalchemy_engine_and_connection(tmp_path):
     import sqlalchemy  # in the dev extra
+
     db = tmp_path / "h.db"
     _admissions(db, [30, 40])
     engine = sqlalchemy.create_engine(f"sqlite:///{db}")

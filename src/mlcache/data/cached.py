@@ -92,7 +92,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._log import logger_for
 from .._util import slug
 from ..errors import PackCorrupted, warn
 from ..keys.code_version import code_version
@@ -102,7 +101,7 @@ from .building import PackBuilder
 from .checking import LISTING_SUFFIX, ItemChanged, ItemCheck, folder_table, listed_folder
 from .fetch import is_url
 from .filling import FILLS, Filler
-from .items import default_fingerprint, item_table
+from .items import default_fingerprint, item_table, say_unfingerprinted
 from .reader import PackedDataset, spawning_worker
 from .replaced import remove_replaced
 from .sequence import Many, describe
@@ -122,9 +121,6 @@ from .workers import Counted, load_in_workers
 __all__ = ["UNUSED_PACKS_KEPT_FOR", "CachedDataset", "remove_pack"]
 
 logger = logging.getLogger("mlcache")
-
-#: the classes already told that nothing of their items is fingerprinted
-_SAID_UNFINGERPRINTED: set[type] = set()
 
 
 class CachedDataset(PackBuilder, Sequence[Any]):
@@ -441,31 +437,10 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         if own:
             return items, item_table(items, self.item_fingerprint)
         table = item_table(items, bases=self._folder_attributes(), local=local)
-        if len(table) and not table[:, 2:].any():
-            self._say_nothing_is_fingerprinted(len(table))
+        if len(table) and not table[:, 2:].any():  # none names a file: said once
+            own = type(self).source_fingerprint is not CachedDataset.source_fingerprint
+            say_unfingerprinted(type(self), len(table), lambda: own or self._attribute_files())
         return items, table
-
-    def _say_nothing_is_fingerprinted(self, n: int) -> None:
-        """Once per class and process: none of the ``n`` items names a file, so a
-        change of what ``load_item`` reads is seen only through the files the
-        attributes name (if none, not at all); say how to declare it."""
-        cls = type(self)
-        if cls in _SAID_UNFINGERPRINTED or (
-            type(self).source_fingerprint is not CachedDataset.source_fingerprint
-        ):
-            return
-        _SAID_UNFINGERPRINTED.add(cls)
-        if self._attribute_files():
-            return  # the file of the rows is the source: a change of it is a new pack
-        logger_for(1).warning(
-            "mlcache: %s: none of its %d items names a file, nor does any attribute, so "
-            "a change of what load_item reads is not seen and its old samples are "
-            "served: define item_fingerprint(item) (what an item holds now: an "
-            "updated_at, an ETag) or source_fingerprint() (a data version, a "
-            "manifest's checksum)",
-            cls.__qualname__,
-            n,
-        )
 
     # -- reading ----------------------------------------------------------------------
     def __mlcache_token__(self) -> tuple[Any, ...]:

@@ -17,12 +17,45 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from .._log import logger_for
 from ..errors import PackCorrupted
 from ..keys.hashing import hash_value
 from .reader import PackedDataset
 from .sources import add_stats, existing_path, path_parts, stat_fields
 
-__all__ = ["default_fingerprint", "item_table", "key_bytes", "same_items", "table_digest"]
+__all__ = [
+    "default_fingerprint",
+    "item_table",
+    "key_bytes",
+    "same_items",
+    "say_unfingerprinted",
+    "table_digest",
+]
+
+#: the dataset classes told that none of their items names a file (once a process)
+_SAID_UNFINGERPRINTED: set[type] = set()
+
+
+def say_unfingerprinted(cls: type, n: int, declared: Callable[[], Any]) -> None:
+    """Once per class and process: none of the ``n`` items of ``cls`` names a file,
+    so a change of what its ``load_item`` reads is seen only through what
+    ``declared()`` gives (its own ``source_fingerprint``, the files its attributes
+    name; if nothing, not at all): say how to declare it."""
+    if cls in _SAID_UNFINGERPRINTED:
+        return
+    _SAID_UNFINGERPRINTED.add(cls)
+    if declared():
+        return  # e.g. the file of the rows is the source: a change of it is a new pack
+    logger_for(1).warning(
+        "mlcache: %s: none of its %d items names a file, nor does any attribute, so "
+        "a change of what load_item reads is not seen and its old samples are "
+        "served: define item_fingerprint(item) (what an item holds now: an "
+        "updated_at, an ETag) or source_fingerprint() (a data version, a "
+        "manifest's checksum)",
+        cls.__qualname__,
+        n,
+    )
+
 
 _STAT = struct.Struct("<qqqq")
 

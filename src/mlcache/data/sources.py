@@ -28,7 +28,7 @@ import xxhash
 from .._atomic import write_bytes_atomic
 from ..errors import warn
 from ..keys.hashing import hash_value
-from .replaced import code_tag_path, forget_records, same_code
+from .replaced import forget_records, same_code
 
 __all__ = [
     "CHECKS",
