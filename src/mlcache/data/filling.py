@@ -57,7 +57,6 @@ import numpy as np
 import xxhash
 
 from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn_at_user
-from .frozen import probe, probe_picks
 from .reader import PackedDataset
 from .records import (
     MAGIC,
@@ -69,6 +68,9 @@ from .records import (
     record_head,
     room_to_seal,
 )
+from .sealing import BASE as _BASE
+from .sealing import MISSING as _MISSING
+from .sealing import SealSource
 from .sequence import sample_index, sample_indices
 from .values import as_sealed, other_fields, read_back
 
@@ -80,7 +82,6 @@ logger = logging.getLogger("mlcache")
 #: seals the pack) at most this often
 _SEAL_CHECK_EVERY = 0.25
 _SCAN_CHUNK = 1 << 20
-_MISSING, _BASE = -2, -1
 #: after a record could not be written (a full disk), the next try waits this long
 #: (seconds): the samples are served meanwhile, unrecorded
 _RETRY_AFTER = 1.0
@@ -135,7 +136,7 @@ class Filler:
         self.path, self.folder = path, path + ".fill"
         self._first_load = first_load
         self.items, self.table, self.n = list(items), table, len(items)
-        self._load, self._lock, self._seal, self.allow_pickle = load, lock, seal, allow_pickle
+        self.load_item, self._lock, self._seal, self.allow_pickle = load, lock, seal, allow_pickle
         #: where each item's sample is: _MISSING, _BASE (pos: its index in the base)
         #: or a segment's number (pos: the record's offset)
         self.src = np.full(self.n, _MISSING, dtype=np.int32)
@@ -156,7 +157,7 @@ class Filler:
         self.base = base
         if base is not None:
             self._match_base(base)
-        self._segments: list[Segment] = []
+        self.segments: list[Segment] = []
         self._named: dict[str, int] = {}
         #: the folder's mtime at the last listing, and when that listing was made
         self._listed: tuple[int, int] | None = None
@@ -167,9 +168,9 @@ class Filler:
         self._unwritable = False  # warned: records or the seal cannot be written
         self._retry_at = 0.0  # a record failed: none is tried before this (monotonic)
         #: the items this process loaded as read (not by workers): the seal probes a few
-        self._loaded_here: list[int] = []
+        self.loaded_here: list[int] = []
         self._forms: dict[str, Any] = {}  # of the fields served: values.as_sealed
-        self._load_error: BaseException | None = None
+        self.load_error: BaseException | None = None
         self._seal_checked = time.monotonic()
         self._seen_file: tuple[int, int] | None = base.file_id if base is not None else ignore
         self.look_again()
@@ -224,9 +225,9 @@ class Filler:
             return True
         for name in self._new_names():
             if name.endswith(".seg") and name not in self._named:
-                self._named[name] = len(self._segments)
-                self._segments.append(Segment(os.path.join(self.folder, name)))
-        for number, segment in enumerate(self._segments):
+                self._named[name] = len(self.segments)
+                self.segments.append(Segment(os.path.join(self.folder, name)))
+        for number, segment in enumerate(self.segments):
             if not segment.broken:
                 self._scan(number, segment)
         return False
@@ -318,9 +319,9 @@ class Filler:
             try:
                 return self.base[int(self.pos[i])]
             except PackCorrupted as exc:
-                self._drop_base(exc)
+                self.drop_base(exc)
         elif src >= 0:
-            sample = self._read(i)
+            sample = self.read_record(i)
             if sample is not None:
                 return sample if self.allow_pickle else as_sealed(sample, self._forms)
         # missing here: another process may have recorded it since (see the
@@ -332,7 +333,7 @@ class Filler:
             if self.present == self.n:
                 self.try_seal()
             return self.get(i)
-        loaded = self._load(self.items[i])
+        loaded = self.load_item(self.items[i])
         self.loaded += 1
         if self._first_load is not None:
             first, self._first_load = self._first_load, None
@@ -344,7 +345,7 @@ class Filler:
         # as the sealed pack will give it: epoch 1 has the types of the later epochs
         loaded = read_back(loaded, self.allow_pickle, i)
         self.record(i, loaded)
-        self._loaded_here.append(i)
+        self.loaded_here.append(i)
         now = time.monotonic()
         if self.present < self.n and now - self._seal_checked > _SEAL_CHECK_EVERY:
             self._seal_checked = now
@@ -361,11 +362,13 @@ class Filler:
             return self.get(sample_index(i, self.n))
         return [self.get(j) for j in many]
 
-    def _read(self, i: int, maps: dict[int, mmap.mmap] | None = None) -> dict[str, Any] | None:
+    def read_record(
+        self, i: int, maps: dict[int, mmap.mmap] | None = None
+    ) -> dict[str, Any] | None:
         """Item ``i``'s record, or None when it is damaged (then it is missing).
         ``maps``: the segments mapped once (a seal reads every record)."""
         number = int(self.src[i])
-        segment = self._segments[number]
+        segment = self.segments[number]
         off = int(self.pos[i])
         try:
             fd = segment.open()
@@ -391,7 +394,7 @@ class Filler:
             self.present -= 1
             return None
 
-    def _drop_base(self, exc: PackCorrupted) -> None:
+    def drop_base(self, exc: PackCorrupted) -> None:
         """The base is damaged: its samples are loaded again."""
         warn_at_user(f"mlcache: {exc}; loading its samples again")
         based = self.src == _BASE
@@ -420,8 +423,8 @@ class Filler:
                             rest = rest[os.write(fd, rest) :]
                 except OSError:  # a full disk: no torn record, no empty file, no fd left
                     self._mine = None
-                    if self._segments[number].abandon(fd, off):
-                        self._named.pop(os.path.basename(self._segments[number].path), None)
+                    if self.segments[number].abandon(fd, off):
+                        self._named.pop(os.path.basename(self.segments[number].path), None)
                     raise
                 self._mine = (os.getpid(), fd, number, off + size)
                 self._found(self._ks[i], self._fps[i], number, off)
@@ -463,8 +466,8 @@ class Filler:
         path = os.path.join(self.folder, name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
         fd = os.open(path, flags, 0o600)
-        self._named[name] = number = len(self._segments)
-        self._segments.append(Segment(path))
+        self._named[name] = number = len(self.segments)
+        self.segments.append(Segment(path))
         return fd, number, 0
 
     # -- sealing ------------------------------------------------------------------------------
@@ -486,14 +489,17 @@ class Filler:
         with self._lock():
             if self.sealed is None and not self._find_sealed():
                 self.look_again()
-                kept = [s.path for s in self._segments]  # on the disk until it is written
+                kept = [s.path for s in self.segments]  # on the disk until it is written
                 if self.base is not None and (self.src == _BASE).any():
                     kept.append(self.base.path)
                 room_to_seal(self.path, kept)
+                source = SealSource(self)  # records copied, or decoded (data/sealing.py)
                 try:
-                    sealed = self._seal(self._in_order(), self.table.tobytes())
+                    sealed = self._seal(source, self.table.tobytes())
                 except (TypeError, ValueError) as exc:
                     raise self._naming_the_item(exc) from None
+                finally:
+                    source.close()
                 self._adopt(sealed)
         assert self.sealed is not None
         return self.sealed
@@ -501,7 +507,7 @@ class Filler:
     def _naming_the_item(self, exc: BaseException) -> BaseException:
         """The pack writer's error about ``sample N``, with the item it came from."""
         found = re.match(r"sample (\d+)\b", str(exc))
-        if exc is self._load_error or found is None or int(found[1]) >= self.n:
+        if exc is self.load_error or found is None or int(found[1]) >= self.n:
             return exc
         return type(exc)(f"{exc} (sample {found[1]} is item {self.items[int(found[1])]!r})")
 
@@ -512,53 +518,17 @@ class Filler:
         try:
             return self.seal()
         except OSError as exc:
-            if exc is self._load_error:
+            if exc is self.load_error:
                 raise
             self._cannot_write(exc, "seal")
             return None
-
-    def _in_order(self) -> Iterable[Mapping[str, Any]]:
-        maps: dict[int, mmap.mmap] = {}
-        try:
-            yield from self._in_order_from(maps)
-        finally:
-            for mapped in maps.values():
-                mapped.close()
-
-    def _in_order_from(self, maps: dict[int, mmap.mmap]) -> Iterable[Mapping[str, Any]]:
-        """The samples in item order (see :meth:`_in_order`), records read from ``maps``;
-        a few of the items this process loaded are loaded again and compared
-        (:func:`~mlcache.data.frozen.probe`)."""
-        probes = probe_picks(self._loaded_here)
-        for i in range(self.n):
-            src = int(self.src[i])
-            if src == _BASE and self.base is not None:
-                try:
-                    yield self.base[int(self.pos[i])]
-                    continue
-                except PackCorrupted as exc:
-                    self._drop_base(exc)
-            elif src >= 0:
-                recorded = self._read(i, maps)
-                if recorded is not None:
-                    if i in probes:  # random augmentation in load_item?
-                        probe(self._load, self.items[i], recorded, self.allow_pickle, i)
-                    yield recorded
-                    continue
-            self.loaded += 1
-            try:
-                loaded = self._load(self.items[i])
-            except BaseException as exc:  # the user's error, not the cache's
-                self._load_error = exc
-                raise
-            yield read_back(loaded, self.allow_pickle, i)  # as the records beside it
 
     def _moved(self, path: str) -> None:
         """The pack (and its records' folder) is now ``path``."""
         old = self.folder
         self.path, self.folder, self._seen_file = path, path + ".fill", None
         self._listed = None
-        for segment in self._segments:
+        for segment in self.segments:
             if segment.path.startswith(old + os.sep):
                 segment.path = self.folder + segment.path[len(old) :]
 
@@ -576,7 +546,7 @@ class Filler:
             with contextlib.suppress(OSError):
                 os.close(mine[1])
         self._mine = None
-        for segment in self._segments:
+        for segment in self.segments:
             segment.close()
 
     def __del__(self) -> None:
@@ -588,10 +558,10 @@ class Filler:
     def __getstate__(self) -> dict[str, Any]:
         # to a spawned worker: what is known, not this process's files
         state = self.__dict__.copy()
-        state["_segments"] = [Segment(s.path) for s in self._segments]
+        state["segments"] = [Segment(s.path) for s in self.segments]
         state["_mine"] = None
         state["_write_lock"] = None
-        state["_loaded_here"] = []  # what that process loads: its own probes
+        state["loaded_here"] = []  # what that process loads: its own probes
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -40,8 +40,10 @@ from ..errors import EntryCorrupted, UnsupportedValue
 
 __all__ = [
     "MAGIC",
+    "PLAIN",
     "RECORD",
     "NoRoom",
+    "PlainLayout",
     "Segment",
     "decode_sample",
     "encode_sample",
@@ -245,6 +247,113 @@ def _get(view: memoryview, pos: int, depth: int) -> tuple[Any, int]:
     if kind == _DICT and depth < _MAX_DEPTH:
         return _get_fields(view, pos, depth + 1)
     raise ValueError(f"kind {kind}")
+
+
+#: the kinds of a plain record's field a seal copies byte for byte
+#: (:class:`PlainLayout`): their names, and the dtype a pack gives a Python kind
+_COPIED = {
+    _INT: ("int", b"<i8"),
+    _FLOAT: ("float", b"<f8"),
+    _BOOL: ("bool", b"|b1"),
+    _STR: ("str", b"|u1"),
+    _BYTES: ("bytes", b"|u1"),
+}
+
+
+class PlainLayout:
+    """The layout of a plain record (:func:`encode_sample`) whose values a seal
+    copies, and where the values of any record of that layout lie.
+
+    ``fields`` holds each field's name, kind (``"int"``, ``"float"``, ``"bool"``,
+    ``"str"``, ``"bytes"``, ``"scalar"``: a numpy scalar, or ``"array"``), dtype
+    code and ndim. :meth:`spans` gives each value's bytes in a record (start, stop,
+    shape): the bytes a pack's field holds for it (little-endian int64 / float64 /
+    bool for Python numbers). A payload that is not plain, holds a kind that is not
+    copied (None, a list of str, a dict) or has another layout raises
+    ``ValueError``: its seal decodes it instead.
+    """
+
+    __slots__ = ("fields", "head", "steps")
+
+    def __init__(self, buf: Any, pos: int, end: int) -> None:
+        if buf[pos : pos + 4] != PLAIN:
+            raise ValueError("not a plain record")
+        (count,) = _COUNT.unpack_from(buf, pos + 4)
+        self.head = bytes(buf[pos : pos + 8])
+        pos += 8
+        fields: list[tuple[bytes, str, bytes, int]] = []
+        #: each field's framing (name, kind, dtype code, ndim), its length, and its
+        #: value's size (-1: a length follows; -2: a shape and a length follow)
+        steps: list[tuple[bytes, int, int, Any]] = []
+        for _ in range(count):
+            start = pos
+            (n,) = _NAME.unpack_from(buf, pos)
+            name, kind = bytes(buf[pos + 2 : pos + 2 + n]), buf[pos + 2 + n]
+            pos += 3 + n
+            copied, ndim, shape = _COPIED.get(kind), 0, None
+            if copied is not None:
+                code, size = copied[1], {_STR: -1, _BYTES: -1, _BOOL: 1}.get(kind, 8)
+                fields.append((name, copied[0], code, 0))
+            elif kind in (_ARRAY, _SCALAR):
+                k = buf[pos]
+                code = bytes(buf[pos + 1 : pos + 1 + k])
+                itemsize = _dtype(code).itemsize
+                pos += 1 + k
+                if kind == _SCALAR:
+                    size = itemsize
+                else:
+                    ndim, size = buf[pos], -2
+                    pos += 1
+                    shape = struct.Struct(f"<{ndim + 1}Q"), itemsize
+                fields.append((name, "scalar" if kind == _SCALAR else "array", code, ndim))
+            else:
+                raise ValueError(f"kind {kind} is decoded, not copied")
+            steps.append((bytes(buf[start:pos]), pos - start, size, shape))
+            pos = self._value(buf, pos, size, shape)[1]
+        if pos != end:
+            raise ValueError("the fields do not end where the payload does")
+        self.fields, self.steps = tuple(fields), steps
+
+    @staticmethod
+    def _value(buf: Any, pos: int, size: int, shape: Any) -> tuple[tuple[int, int, Any], int]:
+        if size >= 0:
+            return (pos, pos + size, ()), pos + size
+        if size == -1:
+            (size,) = _LEN.unpack_from(buf, pos)
+            return (pos + 8, pos + 8 + size, ()), pos + 8 + size
+        form, itemsize = shape
+        found = form.unpack_from(buf, pos)
+        dims, size = found[:-1], found[-1]
+        if math.prod(dims) * itemsize != size:
+            raise ValueError("an array's size does not match its shape")
+        pos += form.size
+        return (pos, pos + size, dims), pos + size
+
+    def spans(self, buf: Any, pos: int, end: int) -> list[tuple[int, int, tuple[int, ...]]]:
+        """Where each field's value of the record ``buf[pos:end]`` lies (start, stop,
+        shape); ``ValueError`` when the record has another layout."""
+        if buf[pos : pos + 8] != self.head:
+            raise ValueError("another layout")
+        pos += 8
+        out: list[tuple[int, int, tuple[int, ...]]] = []
+        add = out.append
+        for framing, n, size, shape in self.steps:  # _value, inlined: ~1 us a sample
+            if buf[pos : pos + n] != framing:
+                raise ValueError("another layout")
+            pos += n
+            if size >= 0:
+                add((pos, pos + size, ()))
+                pos += size
+            elif size == -1:
+                (size,) = _LEN.unpack_from(buf, pos)
+                add((pos + 8, pos + 8 + size, ()))
+                pos += 8 + size
+            else:
+                span, pos = self._value(buf, pos, size, shape)
+                add(span)
+        if pos != end:
+            raise ValueError("the fields do not end where the payload does")
+        return out
 
 
 def encode_sample(sample: Mapping[str, Any], allow_pickle: bool, index: int = -1) -> bytes:

@@ -68,6 +68,7 @@ import json
 import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
@@ -80,7 +81,7 @@ from .fields import FieldWriter
 from .format import BLOCK, HEADER, block_sums, pack_header, pad
 from .reader import PackedDataset
 
-__all__ = ["SPILL_CHUNK", "ColumnSource", "write_pack"]
+__all__ = ["SPILL_CHUNK", "ColumnSource", "CopiedField", "CopySource", "write_pack"]
 
 #: the largest spill file (bytes); a field's spill is a series of them
 SPILL_CHUNK = 16 << 20
@@ -98,6 +99,36 @@ class ColumnSource(Protocol):
     """
 
     def column_batches(self) -> Iterator[Mapping[str, Sequence[Any]]]: ...
+
+
+@dataclass(frozen=True)
+class CopiedField:
+    """A field whose bytes are already those of the pack (a seal copying the records
+    of a pack being filled, :mod:`mlcache.data.sealing`): every sample has a value of
+    one kind and dtype, so no rule of promotion or missing value applies.
+
+    ``kind`` is ``"column"`` (``shape``: every value's; ``py``: ``"int"``,
+    ``"float"``, ``"bool"`` or ``"scalar"`` for a field of scalars), ``"ragged"``
+    (``shapes``: n x ndim int64) or ``"str"`` / ``"bytes"``; ``data`` gives the
+    field's bytes in sample order; ``sizes`` (all but a column's) each value's bytes.
+    """
+
+    name: str
+    kind: str
+    dtype: str
+    data: Iterable[Any]
+    py: str | None = None
+    shape: tuple[int, ...] = ()
+    shapes: np.ndarray | None = None
+    sizes: np.ndarray | None = None
+
+
+@runtime_checkable
+class CopySource(Protocol):
+    """A source that can give its fields' bytes as they are (:class:`CopiedField`),
+    or None when it cannot (then ``pack()`` iterates its samples)."""
+
+    def copied_fields(self) -> tuple[int, list[CopiedField]] | None: ...
 
 
 class _Spill:
@@ -227,6 +258,29 @@ def _index_entry(field: FieldWriter, out: BinaryIO, block: int) -> dict[str, Any
         entry["ndim"] = len(field.shape)
         entry["shapes"] = _write_region(out, np.frombuffer(field.shapes, dtype="<i8"), block)
     offsets = np.frombuffer(field.offsets, dtype="<i8") * field.dtype.itemsize
+    entry["offsets"] = _write_region(out, offsets, block)
+    return entry
+
+
+def _copied_entry(field: CopiedField, out: BinaryIO, block: int) -> dict[str, Any]:
+    """Write a copied field's regions; its entry in the index, as :func:`_index_entry`
+    writes it for the same values (the same keys in the same order)."""
+    kind = "column" if field.kind == "ragged" else field.kind
+    entry: dict[str, Any] = {"name": field.name, "kind": kind, "dtype": field.dtype}
+    if field.py is not None:
+        entry["py"] = field.py
+    entry["data"] = _write_stream(out, field.data, block)
+    if field.kind == "column":
+        entry["shape"] = list(field.shape)
+        return entry
+    if field.kind == "ragged":
+        assert field.shapes is not None
+        entry["kind"] = "ragged"
+        entry["ndim"] = field.shapes.shape[1]
+        entry["shapes"] = _write_region(out, field.shapes.astype("<i8"), block)
+    assert field.sizes is not None
+    offsets = np.zeros(len(field.sizes) + 1, "<i8")
+    np.cumsum(field.sizes, out=offsets[1:])
     entry["offsets"] = _write_region(out, offsets, block)
     return entry
 
@@ -413,6 +467,14 @@ def write_pack(
     # what killed builds left in this folder: of this pack, of another (an older
     # version's, a shard's, whose names a rebuild never uses again)
     sweep_dead(folder, None)
+    copied = samples.copied_fields() if isinstance(samples, CopySource) else None
+    if copied is not None:  # bytes as they are: no spill, no value rules to apply
+        count, fields = copied
+        with atomic_file(target) as out:
+            out.write(bytes(HEADER.size))
+            entries = [_copied_entry(f, out, block_size) for f in fields]
+            written = _finish_pack(out, count, entries, items, block_size)
+        return _opened(target, written, allow_pickle)
     with temporary_folder(folder, os.path.basename(target)) as spill_dir:
         build = _Build(spill_dir, allow_pickle)
         try:
@@ -425,23 +487,31 @@ def write_pack(
             field.finish()
         with atomic_file(target) as out:
             out.write(bytes(HEADER.size))
-            index = {
-                "version": 1,
-                "n": build.count,
-                "block": block_size,
-                "fields": [_index_entry(f, out, block_size) for f in build.fields.values()],
-            }
-            if items is not None:
-                if len(items) != 32 * build.count:
-                    raise ValueError(f"{len(items)} bytes of items for {build.count} samples")
-                table = np.frombuffer(items, dtype=np.uint8)
-                index["items"] = _write_region(out, table, block_size)
-            index_off = _align(out)
-            index_b = json.dumps(index, separators=(",", ":")).encode()
-            out.write(index_b)
-            out.seek(0)
-            out.write(pack_header(build.count, index_off, index_b))
-            written = os.fstat(out.fileno())
+            entries = [_index_entry(f, out, block_size) for f in build.fields.values()]
+            written = _finish_pack(out, build.count, entries, items, block_size)
+    return _opened(target, written, allow_pickle)
+
+
+def _finish_pack(
+    out: BinaryIO, count: int, entries: list[dict[str, Any]], items: bytes | None, block: int
+) -> os.stat_result:
+    """Write the item table, the index and the header after the fields' regions."""
+    index: dict[str, Any] = {"version": 1, "n": count, "block": block, "fields": entries}
+    if items is not None:
+        if len(items) != 32 * count:
+            raise ValueError(f"{len(items)} bytes of items for {count} samples")
+        table = np.frombuffer(items, dtype=np.uint8)
+        index["items"] = _write_region(out, table, block)
+    index_off = _align(out)
+    index_b = json.dumps(index, separators=(",", ":")).encode()
+    out.write(index_b)
+    out.seek(0)
+    out.write(pack_header(count, index_off, index_b))
+    return os.fstat(out.fileno())
+
+
+def _opened(target: str, written: os.stat_result, allow_pickle: bool) -> PackedDataset:
+    """The pack just written at ``target``, opened."""
     try:
         return PackedDataset(target, allow_pickle=allow_pickle)
     except BaseException:
