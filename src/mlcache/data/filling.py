@@ -25,7 +25,8 @@ fails its length or its checksums and is ignored: the next run loads that item
 again, and nothing else.
 
 When every item is present the pack is *sealed*: written anew in item order
-(from the base, the records, and new loads of records found damaged), with its
+(from the base, the records, and new loads of records found damaged; the
+records' bytes copied when they allow it: :mod:`mlcache.data.sealing`), with its
 item table, under the pack's build lock; then the segments are removed. A
 process that meets a missing item looks again first (for the sealed pack, and
 for other processes' records: a ``stat`` of the pack and of the folder, listed
