@@ -28,6 +28,7 @@ from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
 from ..keys.state import learnable, watched_digests
 from ..store.local import mark_cache_folder
+from .audit import LoadTimer, read_load_seconds, write_load_seconds
 from .fetch import publish, remote_lease
 from .filling import Filler
 from .holdings import note_open, record_build_time
@@ -75,6 +76,7 @@ class PackBuilder:
     _record: SourceRecord
     _fill: str
     _num_workers: int
+    _pack: PackedDataset | None
 
     def load_source(self) -> Any:
         raise NotImplementedError  # CachedDataset's
@@ -439,6 +441,42 @@ class PackBuilder:
         self._filler = filler
         return None
 
+    def _filling(self) -> bool:
+        """Whether a pack being filled serves the reads now (the audit leaves a
+        filling pass, and the pass after it, alone: see :mod:`mlcache.data.audit`)."""
+        filler = self._filler
+        return filler is not None and filler.sealed is None
+
+    def _fill_anew(self, i: int) -> Any:
+        """An audit found the pack stale (see :mod:`mlcache.data.audit`): under the
+        build lock, the pack read (unless another process replaced it since) and
+        the records of a filling under way go, so that no open serves them; the
+        pack is filled anew as it is read (not up front: this is the middle of an
+        epoch). Returns sample ``i``, read from it."""
+        read, filler = self._pack, self._filler
+        if read is None and filler is not None:
+            read = filler.sealed if filler.sealed is not None else filler.base
+        gone = False
+        try:
+            with self._local_lock():
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(self.pack_path)
+                    if read is None or (st.st_dev, st.st_ino) == read.file_id:
+                        os.unlink(self.pack_path)  # its readers keep their maps
+                gone = True  # (or another process's pack: filled anew since)
+                shutil.rmtree(self.pack_path + ".fill", ignore_errors=True)
+        except OSError as exc:  # a read-only folder: no pack there is used (force)
+            logger.debug("mlcache: cannot remove the stale %s: %s", self.pack_path, exc)
+        fill, self._fill = self._fill, "as-read"
+        try:
+            self._pack = self._open_filled(not gone, False, "open")
+        finally:
+            self._fill = fill
+        if self._pack is not None:  # another process's pack, filled anew already
+            return self._pack[i]
+        assert self._filler is not None
+        return self._filler[i]
+
     def _fill_now(self, filler: Filler, progress: bool) -> PackedDataset | None:
         """Load every missing item now (in ``num_workers`` processes), then seal;
         or None when the pack cannot be written (one warning): then
@@ -451,7 +489,9 @@ class PackBuilder:
             samples = load_in_workers(self, items, self._num_workers)
             desc = type(self).__qualname__
             shown = _progress(samples, desc, total=len(items), unit=" samples", enabled=progress)
+            t0 = time.perf_counter()  # in workers: per item, less than a load (audits fewer)
             filler.fill(zip(missing, shown, strict=True))
+            self._timed_load().add(time.perf_counter() - t0, len(items))
         sealed = filler.try_seal()
         if sealed is None:
             self._filler = filler
@@ -485,7 +525,7 @@ class PackBuilder:
             items,
             table,
             base,
-            self.load_item,
+            self._timed_load(),
             self._local_lock,
             self._seal_filled,
             self._allow_pickle,
@@ -493,10 +533,30 @@ class PackBuilder:
             ignore=ignore,
         )
 
+    def _timed_load(self) -> LoadTimer:
+        """``load_item``, timed (a pack being filled loads through it)."""
+        timer: LoadTimer | None = getattr(self, "_timer", None)
+        if timer is None:
+            timer = self._timer = LoadTimer(self.load_item)
+        return timer
+
+    def _load_seconds(self) -> float | None:
+        """What a load of an item takes (the audit's budget: see
+        :mod:`mlcache.data.audit`): as this process timed it, else as recorded when
+        the pack was sealed, else None."""
+        mean = self._timed_load().mean
+        if mean is None:
+            mean = read_load_seconds(os.path.join(self._folder, f".{self._args_id}.loads"))
+        return mean
+
     def _seal_filled(self, samples: Iterable[Mapping[str, Any]], items: bytes) -> PackedDataset:
         """Write the sealed pack (published, for a remote folder); what filling
-        changed of module-level values since the open is state."""
+        changed of module-level values since the open is state; what a load took
+        (as this process timed it) is recorded beside it, for the audit."""
         built = self._build(False, samples, items, self._watched_before)
+        mean = self._timed_load().mean
+        if mean is not None:
+            write_load_seconds(os.path.join(self._folder, f".{self._args_id}.loads"), mean)
         if self._remote is None:
             remove_older_versions(self.pack_path, self._args_id)
         else:

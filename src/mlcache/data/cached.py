@@ -97,6 +97,7 @@ from ..errors import PackCorrupted, warn
 from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
 from ..store.local import cache_folder, default_location
+from .audit import DatasetAuditor, dataset_auditor
 from .building import PackBuilder
 from .checking import LISTING_SUFFIX, ItemChanged, ItemCheck, folder_table, listed_folder
 from .fetch import is_url
@@ -177,6 +178,12 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         seconds) or when opening must be instant, ``"never"`` for a source that
         does not change (an archive). A first open (new code or attributes) and
         a remote ``cache_dir`` check at open whatever the mode.
+    audit:
+        For a dataset that defines ``load_item()``: from a process's second pass
+        over the pack on, a few samples read are loaded again and compared, within
+        2% of the load time the pack saved (:mod:`mlcache.data.audit`). ``False``
+        turns it off (so does ``MLCACHE_AUDIT=0``); a share (``0.05``), a dict or an
+        :class:`~mlcache.AuditPolicy` sets the budget and the float tolerance.
     """
 
     #: names of the attributes that identify the data; None means every attribute
@@ -208,6 +215,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         source_paths: Sequence[str | os.PathLike[str]] | None = None,
         check_source: str = "open",
         fill: str = "auto",
+        audit: Any = True,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
@@ -288,6 +296,18 @@ class CachedDataset(PackBuilder, Sequence[Any]):
             self._record.write(self._source)
         if recorded is not None and check_source == "background":
             self._record.check_in_background(self, self._source)
+        #: ds[i] counts its reads for it (a pack of load_item's, here)
+        self._audit: DatasetAuditor | None = None
+        if self._fill and self._remote is None:
+            load = self.load_item
+            owner = getattr(load, "__qualname__", "load_item")  # as the seal's probe says
+            self._audit = dataset_auditor(
+                audit,
+                owner,
+                (self.__len__, self._filling, self._load_seconds, self.source_items, load),
+                allow_pickle,
+                self._fill_anew,
+            )
 
     def _open_whole(self, recorded: str | None, force: bool, progress: bool) -> str | None:
         """Open (or build) the pack of ``load_source()``, named by the source's
@@ -503,6 +523,11 @@ class CachedDataset(PackBuilder, Sequence[Any]):
             sample = self._rebuilt(exc)[i]
         except ItemChanged:  # since the pack was filled: the samples that changed are loaded
             sample = self._rechecked()[i]
+        audit = self._audit
+        if audit is not None:  # a counter and a comparison (see mlcache.data.audit)
+            audit.reads += 1
+            if audit.reads >= audit.due_at:
+                sample = audit.read(i, sample)
         if self.transform is None:
             return sample
         if sample.__class__ is list:  # ds[2:4], ds[[1, 2]]: a list of samples
