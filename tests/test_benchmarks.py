@@ -39,7 +39,12 @@ TARGETS: dict[str, tuple[str, ...]] = {
     ),
     "bench_hit.py": ("(b) joblib / mlcache, mmap", "(c) diskcache"),
     "bench_miss.py": (),
-    "bench_audit.py": ("(a) small hit: audit on / off", "(b) audit seconds / seconds saved"),
+    "bench_audit.py": (
+        "(a) small hit: audit on / off",
+        "(b) audit seconds / seconds saved",
+        "(c) ds[i]: audit on / off",
+        "(d) dataset audit seconds / seconds saved",
+    ),
     "bench_new_run.py": ("new run: joblib / mlcache", "repeated: joblib / mlcache"),
     "bench_data.py": (
         "open 20,000 / open 2,000 samples",

@@ -7,8 +7,8 @@ reads besides (an environment variable, a file by a path built inside it, a
 database, a model by name) is not in it, and a change of it is served stale, for
 ever. The audit is how that is found.
 
-What a read costs for it: ``ds[i]`` adds one to :attr:`DatasetAuditor.reads` and
-compares it with :attr:`DatasetAuditor.due_at` (see
+What a read costs for it: ``ds[i]`` takes one from :attr:`DatasetAuditor.left` and
+compares it with 0 (see
 :meth:`CachedDataset.__getitem__ <mlcache.data.CachedDataset.__getitem__>`);
 everything else runs only at the reads where that comparison says so (a few per
 pass):
@@ -25,8 +25,8 @@ pass):
   workers made anew each epoch are not.
 - **The budget** (:class:`~mlcache._audit.AuditBudget`): each audited pass
   avoids ``len(ds)`` loads; the seconds saved are those loads' time, counted
-  with what a load takes: the mean of the audits' own loads, before any the
-  fill's (:class:`LoadTimer`: timed by the process that filled the pack, and
+  with what a load takes: the less of the mean of the audits' own loads and
+  the fill's (:class:`LoadTimer`: timed by the process that filled the pack, and
   recorded beside the packs, ``.<attributes>.loads``, when it seals). Audits
   wait until the passes saved ``after`` seconds (1 s), then spend at most
   ``share`` (2%) of them: 300 items of 1 ms save 0.3 s a pass, so the audits
@@ -94,6 +94,9 @@ logger = logging.getLogger("mlcache")
 
 #: ``due_at`` once a dataset is no longer audited in this process
 _NEVER = sys.maxsize
+#: an audit runs when the budget holds its load and half of another: a load that
+#: takes longer than the mean (a busy machine) stays within the share
+_SLACK = 0.5
 #: what an audit that found the pack stale returns
 _STALE = object()
 #: the classes told that their pack was stale (one warning per class and process)
@@ -205,9 +208,9 @@ class DatasetAuditor:
 
     def _start(self) -> None:
         """This process's counts, from zero (a new auditor, a forked or spawned worker)."""
-        #: reads of the dataset by this process, and the read at which the next
-        #: audit (or the next pass's plan) is due: the read path's whole bookkeeping
-        self.reads, self.due_at = 0, 1
+        #: the reads left before the next audit (or the next pass's plan) is due:
+        #: the read path's whole bookkeeping (reads = due_at - 1 - left)
+        self.left, self.due_at = 0, 1
         self.budget = AuditBudget(self.policy.share, self.policy.after)
         self._known: float | None = None  # a load's time, as the fill timed it
         self.n = 0  # the reads of a pass (known at the first read)
@@ -234,18 +237,25 @@ class DatasetAuditor:
         _AUDITORS.add(self)
 
     # -- the reads ----------------------------------------------------------------------
+    @property
+    def reads(self) -> int:
+        """The reads of the dataset by this process."""
+        return self.due_at - 1 - self.left
+
     def read(self, i: Any, sample: Any) -> Any:
         """The read of index ``i`` that served ``sample`` reached :attr:`due_at`:
         plan the pass it begins, audit it if planned; returns the sample to serve."""
         if not self._lock.acquire(blocking=False):
             return sample  # another thread audits: this read is served as it is
+        reads = self.reads
         try:
             served = self._read(i, sample)
         except Exception as exc:  # the audit's own failure never fails the read
             logger.debug("mlcache: %s: audit skipped: %r", self.owner, exc)
-            self.due_at = self.reads + 1 if self._at else self._planned * self.n + 1
+            self.due_at = reads + 1 if self._at else self._planned * self.n + 1
             return sample
         finally:
+            self.left = self.due_at - reads - 1
             self._lock.release()
         if served is _STALE:  # read from the pack being filled anew (a load_item error
             return self._fill_anew(int(i) % self.n)  # raises, as in the first epoch)
@@ -285,25 +295,27 @@ class DatasetAuditor:
         if not audited:
             return
         self._avoided += n * audited
-        if not self._loads:
-            self._known = self._load_seconds_of()
+        self._known = self._load_seconds_of()
         each, b = self._each(), self.budget
         if each is None:  # unknown (an old pack): one audit times a load, within the share
             count = min(1, int(b.share * self._avoided))
         elif b.saved <= b.after:
             count = 0
         else:
-            count = int(b.available / each) if each > 0 else n
+            count = int(b.available / each - _SLACK) if each > 0 else n
         count = max(0, min(count, n))
         first = (now - 1) * n + 1
         self._at = sorted(self._random.sample(range(first, first + n), count), reverse=True)
 
     def _each(self) -> float | None:
-        """The time of a load (the audits' mean; before any, the fill's), or None;
+        """The time of a load (the less of the audits' mean and the fill's), or None;
         the budget's saving is counted with it (it changes as audits are timed)."""
-        each = self._load_seconds / self._loads if self._loads else self._known
-        if each is None:
+        timed = [self._load_seconds / self._loads] if self._loads else []
+        if self._known is not None:
+            timed.append(self._known)
+        if not timed:
             return None
+        each = min(timed)  # the smaller saving: an audit's load also reads it back
         self.budget.saved = self._avoided * each
         return each
 
@@ -330,7 +342,7 @@ class DatasetAuditor:
     def _audit(self, i: int, sample: Any) -> Any:
         """Load item ``i`` again and compare with the ``sample`` the read served."""
         each = self._each()
-        if each is not None and self.budget.available < each:
+        if each is not None and self.budget.available < each * (1 + _SLACK):
             return sample  # the audits before this one cost more than planned
         if self._items is None:
             self._items = list(self._items_of())

@@ -524,9 +524,9 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         except ItemChanged:  # since the pack was filled: the samples that changed are loaded
             sample = self._rechecked()[i]
         audit = self._audit
-        if audit is not None:  # a counter and a comparison (see mlcache.data.audit)
-            audit.reads += 1
-            if audit.reads >= audit.due_at:
+        if audit is not None:  # a countdown and a comparison (see mlcache.data.audit)
+            audit.left -= 1
+            if audit.left < 0:
                 sample = audit.read(i, sample)
         if self.transform is None:
             return sample
