@@ -1,6 +1,7 @@
-"""``CachedDataset``: write ``load_source()`` once, read a pack ever after.
+"""``CachedDataset``: say how one sample is loaded, read a pack ever after.
 
-Subclass it, set your attributes, call ``super().__init__(...)``::
+Subclass it, set your attributes, call ``super().__init__(...)``; the pack fills
+itself as it is read::
 
     class PatientSeries(CachedDataset):
         source_glob = "*.csv"  # the source: the CSV files of source_dir
@@ -9,23 +10,11 @@ Subclass it, set your attributes, call ``super().__init__(...)``::
             self.source_dir = root
             super().__init__(**kw)
 
-        def load_source(self):
-            for path in self.source_files():  # sorted, absolute paths
-                yield read_patient(path)
-
-(or ``source_paths = [...]``, or define ``source_files()`` yourself).
-
-Or say how one sample is loaded, and the pack fills itself as it is read::
-
-    class PatientSeries(CachedDataset):
-        source_glob = "*.csv"
-
-        def __init__(self, root, **kw):
-            self.source_dir = root
-            super().__init__(**kw)
-
         def load_item(self, path):  # one of source_items() (default: the files)
             return read_patient(path)
+
+(or ``source_paths = [...]``, or your own ``source_items()``; or a generator of
+every sample, ``load_source()``, for a pack built whole at the open).
 
 Such a dataset opens after listing its items: the first epoch reads the source
 (``ds[i]`` loads item ``i``, stores it and returns it; DataLoader workers too),
@@ -40,11 +29,9 @@ What the pack is keyed by (any change is a rebuild; so is ``force_recache=True``
 - the class: its qualified name and its code version, by the function cache's
   rule (:func:`mlcache.keys.code_version.code_version`): the code of its methods and of the
   user code they reach, and the module-level values that code reads (``cols =
-  [1, 2]`` edited to ``[1, 2, 30]`` is a rebuild). A module-level value that a
-  build *changes* (a memo its ``load_item`` fills) is state, not input: it is
-  compared before and after each build, and once seen changing its name is
-  remembered in the class's folder of packs (``.state``) and it counts by type
-  only, so the next open does not rebuild;
+  [1, 2]`` edited to ``[1, 2, 30]`` is a rebuild). A module-level memo that a
+  build only grows is state, not input (remembered in the class's folder of
+  packs, ``.state``), so the next open does not rebuild;
 - the attributes set before ``super().__init__`` (or only those in
   ``cache_on``), less those in ``cache_ignore``, by value
   (:func:`mlcache.keys.hashing.hash_value`, at every open: a large attribute that
@@ -299,15 +286,10 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         #: ds[i] counts its reads for it (a pack of load_item's, here)
         self._audit: DatasetAuditor | None = None
         if self._fill and self._remote is None:
-            load = self.load_item
-            owner = getattr(load, "__qualname__", "load_item")  # as the seal's probe says
-            self._audit = dataset_auditor(
-                audit,
-                owner,
-                (self.__len__, self._filling, self._load_seconds, self.source_items, load),
-                allow_pickle,
-                self._fill_anew,
-            )
+            load = self.load_item  # named as the seal's probe names it
+            hooks = (self.__len__, self._filling, self._load_seconds, self.source_items, load)
+            name = getattr(load, "__qualname__", "load_item")
+            self._audit = dataset_auditor(audit, name, hooks, allow_pickle, self._fill_anew)
 
     def _open_whole(self, recorded: str | None, force: bool, progress: bool) -> str | None:
         """Open (or build) the pack of ``load_source()``, named by the source's
