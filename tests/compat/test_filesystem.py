@@ -158,8 +158,9 @@ def test_a_symlink_planted_at_any_name_is_never_written_through(workload, tmp_pa
         done = _run(script, str(cache), "1", env={"MLCACHE_DIR": str(cache)})
         if done.returncode != 0 or "OK" not in done.stdout:
             failures.append(f"{name}: the run failed: {done.stderr[-800:]}")
-        elif _snapshot(sentinel) != before:
-            failures.append(f"{name}: written through the link")
+        elif (after := _snapshot(sentinel)) != before:
+            changed = sorted(k for k in before | after if before.get(k) != after.get(k))
+            failures.append(f"{name}: written through the link ({', '.join(changed[:5])})")
         elif name == ".size.counter" and f"{name} is a symbolic link" not in done.stderr:
             failures.append(f"{name}: replaced without a warning naming it")
     assert not failures, "\n".join(failures)

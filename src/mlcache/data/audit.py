@@ -64,7 +64,6 @@ the audit off.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -77,6 +76,7 @@ from collections.abc import Callable, Iterable, Mapping
 from time import perf_counter
 from typing import Any
 
+from .._atomic import write_bytes_atomic
 from .._audit import SAME, UNKNOWN, AuditBudget, AuditPolicy, audit_policy, compare
 from ..errors import warn_at_user
 from .frozen import same_sample, warn_frozen_randomness
@@ -133,18 +133,13 @@ class LoadTimer:
         return self.seconds / self.count if self.count else None
 
 
-def write_load_seconds(path: str, seconds: float) -> None:
+def write_load_seconds(path: str, seconds: float, root: str) -> None:
     """Record beside the packs (``path``: ``<folder>/.<attributes>.loads``) what a load
     of an item took when the pack was filled. Housekeeping: never raises."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump({"load": seconds}, f)
-        os.replace(tmp, path)
+    try:  # below root, never through a planted link
+        write_bytes_atomic(path, json.dumps({"load": seconds}).encode(), durable=False, root=root)
     except OSError as exc:
         logger.debug("mlcache: could not record the load time in %s: %s", path, exc)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
 
 
 def read_load_seconds(path: str) -> float | None:

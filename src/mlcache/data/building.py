@@ -61,6 +61,7 @@ class PackBuilder:
     cache_ignore: ClassVar[tuple[str, ...]]
     pack_path: str
     _root: str
+    _chosen: str  # the folder the user chose (see CachedDataset.__init__)
     _folder: str
     _key_names: list[str]
     _args_id: str
@@ -222,12 +223,12 @@ class PackBuilder:
         if samples is None:  # a filled pack's cost was its loading, spread over its reads
             record_build_time(named or self.pack_path, elapsed, self._root)
         if named is None:
-            write_code_tag(self.pack_path, self._code_id)
+            write_code_tag(self.pack_path, self._code_id, self._root)
             return built
         if named != self.pack_path:  # first: a process told the state finds the pack
             os.replace(self.pack_path, named)
         write_state(self._root, self._folder, self._shape, self._state)
-        write_code_tag(named, self._code_id)
+        write_code_tag(named, self._code_id, self._root)
         if named == self.pack_path:
             return built
         self.pack_path = named
@@ -335,7 +336,7 @@ class PackBuilder:
                 self.pack_path = self._name_pack()
         try:
             opened = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
-            note_open(self.pack_path)  # a hit: what the pack saved (mlcache ls)
+            note_open(self.pack_path, self._chosen)  # a hit: what the pack saved (mlcache ls)
             if time.time() - os.stat(self.pack_path).st_mtime > GRACE_SECONDS:
                 # in use: a rebuild of another version leaves it alone a while, and
                 # `mlcache prune --older-than` sees its use even where atime is off
@@ -556,7 +557,8 @@ class PackBuilder:
         built = self._build(False, samples, items, self._watched_before)
         mean = self._timed_load().mean
         if mean is not None:
-            write_load_seconds(os.path.join(self._folder, f".{self._args_id}.loads"), mean)
+            loads = os.path.join(self._folder, f".{self._args_id}.loads")
+            write_load_seconds(loads, mean, self._root)
         if self._remote is None:
             remove_older_versions(self.pack_path, self._args_id)
         else:

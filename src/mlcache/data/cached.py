@@ -41,12 +41,9 @@ What the pack is keyed by (any change is a rebuild; so is ``force_recache=True``
   and ``stat`` (size, modification time, inode, ctime) of ``source_files()``, of
   the files the items of ``source_items()`` name (a path, or inside a tuple, a
   dict, a dataclass), and of the files the key attributes name (``self.path =
-  "table.npy"``), the value of the items; or whatever your
-  ``source_fingerprint()`` returns. A dataset filled
-  item by item (``load_item()``) is not rebuilt when an item changes: each
-  item's key and fingerprint (:meth:`CachedDataset.item_fingerprint`) are
-  compared, and only the changed items are loaded again (a
-  ``source_fingerprint()`` of your own still names the pack).
+  "table.npy"``), the value of the items; or your ``source_fingerprint()``. A
+  dataset filled item by item is not rebuilt when an item changes: only the
+  changed items (by :meth:`CachedDataset.item_fingerprint`) are loaded again.
 
 Several processes opening the same dataset at once: one builds (holding a lock
 on ``<pack>.lock``), the others wait and open its result. A damaged pack is
@@ -245,6 +242,9 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         self._key_names, self._declared = names, declared  # the declaration: in the key
         self._args_id, self._args_id_full = args_key[:16], args_key
         self._root = os.path.abspath(root)
+        #: the folder the user chose (datasets/ of the default location is mlcache's)
+        chosen = self._root if cache_dir is not None and self._remote is None else None
+        self._chosen = chosen or os.path.abspath(default_location())
         self._folder = os.path.join(self._root, slug(f"{cls.__module__}.{cls.__qualname__}"))
         self._record = SourceRecord(self._root, self._folder, self._args_id_full, self._declared)
         self.transform, self._allow_pickle, self._num_workers = transform, allow_pickle, num_workers

@@ -115,18 +115,19 @@ def build_time(pack_path: str) -> float | None:
     return _builds(pack_path).get("seconds")
 
 
-def note_open(pack_path: str) -> None:
+def note_open(pack_path: str, root: str) -> None:
     """An open found ``pack_path`` built (a hit): one byte appended to
     ``.<pack name>.opens``, so that what the pack saved can be told. An open is
     not a function-cache hit (a dataset is opened once per run and worker pool);
-    never raises."""
+    never raises, and writes nothing when a link below ``root`` (the folder the
+    user chose) leads the pack's folder out of it: a count is not worth a write
+    through a planted link, nor a repair of the folder an open reads."""
     folder, name = os.path.split(pack_path)
     try:
-        fd = os.open(
-            os.path.join(folder, f".{name}.opens"),
-            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
-            0o600,
-        )
+        if not os.path.realpath(folder).startswith(os.path.join(os.path.realpath(root), "")):
+            return
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        fd = os.open(os.path.join(folder, f".{name}.opens"), flags, 0o600)
         try:
             if os.fstat(fd).st_size < MAX_OPENS:
                 os.write(fd, b".")

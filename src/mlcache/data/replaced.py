@@ -33,6 +33,8 @@ import logging
 import os
 import re
 
+from .._atomic import write_bytes_atomic
+
 __all__ = [
     "code_tag_path",
     "in_use",
@@ -64,7 +66,7 @@ def forget_records(pack_path: str) -> None:
             os.unlink(os.path.join(folder, f".{name}.{record}"))
 
 
-def write_code_tag(pack_path: str, code: str) -> None:
+def write_code_tag(pack_path: str, code: str, root: str) -> None:
     """Record that ``pack_path`` was built by ``code`` (a digest of the dataset's
     class, code and attributes: everything of its name but the source).
     Housekeeping: never raises (a pack without it is kept by last use)."""
@@ -75,15 +77,10 @@ def write_code_tag(pack_path: str, code: str) -> None:
                 return
     except OSError:
         pass
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(code.encode())
-        os.replace(tmp, path)
+    try:  # below root, never through a planted link
+        write_bytes_atomic(path, code.encode(), durable=False, root=root)
     except OSError as exc:
         logger.debug("mlcache: could not record the code of %s: %s", pack_path, exc)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
 
 
 def _code_of(pack_path: str) -> bytes | None:
