@@ -69,7 +69,7 @@ import struct
 import sys
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import xxhash
@@ -79,6 +79,7 @@ from .bytecode import PY, code_digest
 from .dependencies import CodeWalkError, DependencyWalk, call_target, is_code, library_part
 from .hashing import Hasher, code_walk, handle_exact, handle_family, in_code_walk, typename
 from .origin import is_user_code, library_version
+from .state import BY_TYPE, FunctionShell, epoch
 
 __all__ = ["CODE_MODES", "CodeVersion", "CodeWalkError", "code_version"]
 
@@ -108,7 +109,7 @@ def code_version(
     func: Callable[..., Any],
     mode: str = "transitive",
     pin: str | None = None,
-    state: frozenset[str] = frozenset(),
+    state: Mapping[str, str] | frozenset[str] = frozenset(),
 ) -> CodeVersion:
     """The version of the code behind ``func`` (see the module docstring).
 
@@ -116,8 +117,10 @@ def code_version(
     ``"source"`` (the function's source text only, as joblib does: comments
     count, helpers do not) or ``"off"`` (no code check: results are kept until
     cleared, whatever the code does). ``pin`` (``cache(version="2")``) is a
-    version set by hand: the code is not looked at. ``state`` names the
-    module-level values that calls change: they count by type only.
+    version set by hand: the code is not looked at. ``state`` names the parts of
+    module-level values that calls change as bookkeeping (name -> kind, see
+    :mod:`mlcache.keys.state`): they count by their baseline; a set of names
+    counts them by type only.
 
     Raises :class:`CodeWalkError` when reading something the code refers to
     raises (a global whose attribute access fails).
@@ -130,6 +133,7 @@ def code_version(
         return _source_version(func)
     if mode != "transitive":
         raise ValueError(f"code must be one of {CODE_MODES}, got {mode!r}")
+    state = _kinds(state)
     target = call_target(func)
     if getattr(func, "__wrapped__", None) is not None:
         return _walk_version(func, state)  # a decorator chain: not worth caching
@@ -141,7 +145,9 @@ def code_version(
     held = tuple(
         id(c.cell_contents) for c in getattr(target, "__closure__", None) or () if _cell_is_code(c)
     )
-    key = (id(code), id(getattr(target, "__globals__", None)), held, state)
+    # baselines count in it: a reset one (other code changed the value) is a new walk
+    learned = (frozenset(state.items()), epoch()) if state else ()
+    key = (id(code), id(getattr(target, "__globals__", None)), held, learned)
     cached = _VERSIONS.get(key)
     if cached is not None and cached[0]() is code:
         return cached[1]
@@ -167,8 +173,15 @@ def _forget(key: tuple[Any, ...], _gone: Any) -> None:
     _VERSIONS.pop(key, None)
 
 
-def _walk_version(func: Callable[..., Any], state: frozenset[str] = frozenset()) -> CodeVersion:
-    walk = DependencyWalk(state)
+def _kinds(state: Mapping[str, str] | frozenset[str]) -> Mapping[str, str]:
+    """``state`` as name -> kind (a set of names: by type only)."""
+    return state if isinstance(state, Mapping) else dict.fromkeys(state, BY_TYPE)
+
+
+def _walk_version(
+    func: Callable[..., Any], state: Mapping[str, str] | frozenset[str] = frozenset()
+) -> CodeVersion:
+    walk = DependencyWalk(_kinds(state))
     f: Any = func
     seen: set[int] = set()
     while f is not None and id(f) not in seen:  # a decorator's wrapper and what it wraps
@@ -213,8 +226,9 @@ _FUNCTION_TOKENS: weakref.WeakKeyDictionary[types.FunctionType, list[Any]] = (
 _CLASS_VERSIONS: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
 
 
-def _hash_function(h: Hasher, obj: types.FunctionType) -> None:
-    """A Python function: its name, the code that runs, and its closure's values."""
+def _hash_function(h: Hasher, obj: types.FunctionType, shell: bool = False) -> None:
+    """A Python function: its name, the code that runs, and its closure's values
+    (``shell``: only its name and code, see :class:`~mlcache.keys.state.FunctionShell`)."""
     if h.seen(obj):  # also ends cycles of functions reaching each other
         return
     deep = not in_code_walk()
@@ -227,6 +241,9 @@ def _hash_function(h: Hasher, obj: types.FunctionType) -> None:
     if token is None:
         token = cached[2 if deep else 1] = _function_token(obj, deep)
     h.buf += token
+    if shell:
+        h.buf += b"S"
+        return
     h.update(obj.__defaults__)
     h.update(obj.__kwdefaults__)
     wrapped = getattr(obj, "__wrapped__", None)
@@ -333,6 +350,11 @@ def _unwrap_descriptor(value: Any) -> Any:
     return value
 
 
+def _hash_function_shell(h: Hasher, obj: FunctionShell) -> None:
+    _hash_function(h, obj.func, shell=True)
+
+
 handle_exact(types.FunctionType, _hash_function)
+handle_exact(FunctionShell, _hash_function_shell)
 handle_exact(type, _hash_plain_class)
 handle_family(type, _hash_class, callable_kind=True)  # classes of a metaclass

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import types
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from .bytecode import code_digest, references
 from .identity import module_name, target_function
 from .origin import NOT_USER, is_user_file, is_user_module, library_version
-from .state import MAX_ITEMS, state_parts, value_digest, watchable
+from .state import BY_TYPE, MAX_ITEMS, ancestors, keyed_parts, state_parts, value_digest, watchable
 
 __all__ = [
     "CodeWalkError",
@@ -70,13 +71,16 @@ def _name_of(obj: Any) -> str:
 class DependencyWalk:
     """One walk of a dependency graph: ``parts`` maps names to digests."""
 
-    def __init__(self, state: frozenset[str] = frozenset()) -> None:
+    def __init__(self, state: Mapping[str, str] = types.MappingProxyType({})) -> None:
         self._found: dict[str, set[str]] = {}
         self._shape: dict[str, set[str]] = {}  # the same, mutable values by type
         self.state_used: set[str] = set()  # names of ``state`` met
         self._seen: set[int] = set()
         self._keep: list[Any] = []  # what ``_seen`` refers to, alive for the walk
-        self._state = state  # names of values that calls change: by type only
+        #: parts of values that calls change as bookkeeping (name -> kind, see
+        #: mlcache.keys.state): by their baseline (or type), the rest by value
+        self._state = state
+        self._split_at = ancestors(state)
         self._static: set[str] = set()  # modules read from their files
         #: mutable values counted by content: (name, value)
         self.watched: list[tuple[str, Any]] = []
@@ -150,20 +154,26 @@ class DependencyWalk:
 
     def _data(self, name: str, obj: Any) -> None:
         """A value: by content, and watched for changes when it is mutable. What
-        calls are known to change (``state``: the value itself, or some keys of a
-        dict or attributes of an object, see :func:`state_parts`) is left out."""
+        calls are known to change as bookkeeping (``state``: the value itself, or
+        some of its parts) counts by its baseline (:func:`keyed_parts`)."""
         kind = f"<{type(obj).__qualname__}>"
-        if name in self._state:
+        if self._state.get(name) == BY_TYPE:  # what a data build changes: by type only
             self.state_used.add(name)
             self._record(name, f"<state {type(obj).__qualname__}>", kind)
+            return
+        if name in self._state or name in self._split_at:
+            if watchable(obj):
+                self.watched.append((name, obj))
+            kept = keyed_parts(name, obj, self._state, self._split_at)
+            self.state_used.update(n for n, _ in kept if n in self._state)
+            self._record(name, value_digest([(n[len(name) :], v) for n, v in kept]), kind)
             return
         if watchable(obj):
             self.watched.append((name, obj))
             parts = state_parts(name, obj)
             if parts is not None:  # counted key by key, or attribute by attribute
-                kept = [(sub[len(name) :], v) for sub, v in parts if sub not in self._state]
-                self.state_used.update(sub for sub, _ in parts if sub in self._state)
-                self._record(name, value_digest((type(obj).__qualname__, kept)), kind)
+                kept_parts = [(sub[len(name) :], v) for sub, v in parts]
+                self._record(name, value_digest((type(obj).__qualname__, kept_parts)), kind)
                 return
             self._record(name, value_digest(obj), kind)
             return

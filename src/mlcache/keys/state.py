@@ -1,100 +1,489 @@
 """What a call changes is state, not input: the helpers that tell which of the
-mutable values a code walk met (:attr:`~mlcache.keys.code_version.CodeVersion.watched`)
-a call changed, and how those values count.
+values a function captures, or a code walk met
+(:attr:`~mlcache.keys.code_version.CodeVersion.watched`), a computed call changed
+only as bookkeeping, and how such values count in later keys.
 
-A module-level value that is mutable (a dict, a list, an object) counts in a
-code version by value, because the code reads it; its digests
-(:func:`watched_digests`) are compared before and after each computed call
-(:class:`~mlcache.memo.func.MemorizedFunc`, :class:`~mlcache.data.CachedDataset`).
-One that a call changed (a memo such as ``_VOCAB_CACHE = {}``, a counter) is
-state: it then counts by type only. A dict is split into its keys and a plain
-object into its attributes (:func:`state_parts`), so a call that records into
-one key of a dict it also reads makes only that key state;
-:func:`learnable` says which values may become state at all.
+A value the code reads counts by value. What a computed call changed is judged
+by its shape, part by part (:func:`split`: a dict by key, a plain object by
+attribute, a user function by its closure cells and defaults, down to
+:data:`DEPTH` levels), comparing a snapshot taken before the call
+(:func:`observe`) with one taken after (:func:`judge`). Only two shapes are
+bookkeeping:
+
+- :data:`COUNTER`: an ``int`` the call raised (``self.calls += 1``,
+  ``STATS["calls"] += 1``, ``stats.n += 1``);
+- :data:`GROWN`: a list, deque, bytearray, set or dict the call only grew (items
+  appended, new keys) while what it held stays as it was (``seen.append(x)``, a
+  memo dict the call fills).
+
+Anything else that changed stays input, whatever it is: an object that changed
+inside (``self.model`` after ``model.eval()``), a value set or replaced
+(``self.mean_ = X.mean()``, ``CFG["scale"] = fitted``), a float, a flag, an
+attribute added to an object, a key removed. A miss is cheap; a wrong value is
+not.
+
+A part learned as bookkeeping is not left out of the key: it counts by its
+*baseline* (:func:`baseline`), what it held before cached calls of this
+process changed it (at import, or when first seen), so that what a container
+held before (``LABELS = ["cat", "dog"]`` edited to ``["dog", "cat"]``) or got from
+code outside a cached call stays in the key, and only what cached calls
+themselves added or counted is left out. The baselines are facts about
+objects, shared by the process; what is learned (which names are bookkeeping)
+belongs to one function and one code version (:mod:`mlcache.memo.versions`).
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
+import threading
 import types
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
 
 from .hashing import code_walk, hash_value
+from .origin import is_user_code
 
 __all__ = [
+    "BY_TYPE",
+    "COUNTER",
+    "DEPTH",
+    "GROWN",
     "MAX_ITEMS",
     "STATE_PARTS_MAX",
+    "FunctionShell",
+    "Node",
+    "ancestors",
+    "baseline",
+    "calls_in_flight",
+    "epoch",
+    "judge",
+    "keyed_parts",
     "learnable",
+    "note_after",
+    "note_before",
+    "observe",
     "plain_object",
+    "split",
     "state_parts",
     "value_digest",
     "watchable",
     "watched_digests",
 ]
 
-#: a container with more items than this is identified by its type and length
-#: only, not by every value (a constant table that big is data, not code)
+#: a container with more items than this is not watched for changes (comparing
+#: it before and after every computed call would cost more than the rare memo
+#: that big is worth); it counts by value, hashed once per process (see
+#: :func:`value_digest`)
 MAX_ITEMS = 100_000
+#: a dict with more keys (an object with more attributes) than this counts whole:
+#: comparing it key by key before and after every computed call would cost more
+#: than telling a memo's keys from the ones a function reads is worth
+STATE_PARTS_MAX = 1000
+#: how many levels of parts are followed (``REG[<key>].stats.n`` is three)
+DEPTH = 4
+#: the kinds of bookkeeping: an int calls raise, a container calls grow
+COUNTER, GROWN = "counter", "grown"
+#: what data builds learn (:mod:`mlcache.data.building`): counted by type only
+BY_TYPE = "type"
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, np.generic, type)
 #: a module-level array larger than this (bytes) is not watched for in-place
 #: changes: hashing it before and after every computed call would cost more than
 #: the rare accumulator array is worth
 _WATCH_ARRAY_MAX = 1 << 20
+_SEQUENCES = (list, collections.deque, bytearray)
+_GROWABLE = (*_SEQUENCES, set, dict)
 
 
+# -- digests ------------------------------------------------------------------------------
 def value_digest(obj: Any) -> str:
     """A value's short digest, as code versions count it (16 hex digits; its type
-    and size only when it cannot be hashed or is a huge container). Functions in
-    it count by their own code (:func:`~mlcache.keys.hashing.code_walk`)."""
+    when it cannot be hashed). Functions in it count by their own code
+    (:func:`~mlcache.keys.hashing.code_walk`). A container of more than
+    :data:`MAX_ITEMS` items is hashed by value once per process (again when its
+    length changes): a table that big is data the code reads."""
     try:
-        if isinstance(obj, (list, tuple, dict, set, frozenset)) and len(obj) > MAX_ITEMS:
-            return f"{type(obj).__qualname__}[{len(obj)}]"
+        big = isinstance(obj, (list, tuple, dict, set, frozenset)) and len(obj) > MAX_ITEMS
+        if big:
+            found = _BIG.get(id(obj))
+            if found is not None and found[0] is obj and found[1] == len(obj):
+                return found[2]
         with code_walk():  # functions in it by their own code: no walk inside the walk
-            return hash_value(obj)[:16]
+            digest = hash_value(obj)[:16]
+        if big:
+            with _LOCK:
+                while len(_BIG) >= _BIG_MAX:
+                    del _BIG[next(iter(_BIG))]
+                _BIG[id(obj)] = (obj, len(obj), digest)
+        return digest
     except Exception:  # an open file, a lock, a logger: what it is, not what it holds
         return f"<{type(obj).__module__}.{type(obj).__qualname__}>"
 
 
+#: id -> (the big container, its length, its digest): hashed once per process
+_BIG: dict[int, tuple[Any, int, str]] = {}
+_BIG_MAX = 64
+_LOCK = threading.Lock()
+
+
 def watchable(obj: Any) -> bool:
     """Whether a call may change ``obj`` in place and it is small enough to be
-    compared before and after calls (an array over 1 MiB is not)."""
+    compared before and after calls (an array over 1 MiB, a container of more
+    than :data:`MAX_ITEMS` items are not)."""
     if _immutable(obj):
         return False
-    return not (isinstance(obj, np.ndarray) and obj.nbytes > _WATCH_ARRAY_MAX)
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes <= _WATCH_ARRAY_MAX
+    try:  # by type: a proxy's __len__ may raise anything
+        return not (issubclass(type(obj), (*_GROWABLE, tuple)) and len(obj) > MAX_ITEMS)
+    except Exception:
+        return True
 
 
-def state_parts(name: str, obj: Any) -> list[tuple[str, Any]] | None:
-    """``obj``, met under ``name``, as the parts that a call may change one by one:
-    a dict by key (``name[<key digest>]``), an object whose state is its
-    ``__dict__`` by attribute (``name.attr``); anything else whole. So a call that
-    records into one key of a dict it also reads (``REG["seen"]``) makes only that
-    key state, never the keys it reads (``REG["scale"]``). None: ``obj`` counts
-    whole (a list, a set, a big dict, an object with its own pickling)."""
+# -- parts ----------------------------------------------------------------------------------
+class FunctionShell:
+    """A user function without its closure values and defaults (those count as
+    parts of their own, :func:`split`): hashed as its identity and code
+    (the handler is registered by :mod:`mlcache.keys.code_version`)."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, func: types.FunctionType) -> None:
+        self.func = func
+
+
+def split(name: str, obj: Any) -> tuple[Any, list[tuple[str, Any]]] | None:
+    """``obj``, met under ``name``, as a shell and the parts a call may change one
+    by one: a dict by key (``name[<key digest>]``), an object whose state is its
+    ``__dict__`` by attribute (``name.attr``), a user function by its closure
+    cells (``name.<closure var>``), defaults and what it wraps; None: ``obj``
+    counts whole (a list, a set, a big dict, an object with its own pickling)."""
     try:  # by type: a proxy's __class__ or __getattr__ may raise anything
-        if issubclass(type(obj), dict) and len(obj) <= STATE_PARTS_MAX:
-            items = list(dict.items(obj))
-            return sorted(((f"{name}[{_key_digest(k)}]", v) for k, v in items), key=_first)
+        t = type(obj)
+        if issubclass(t, dict):
+            if len(obj) > STATE_PARTS_MAX:
+                return None
+            items = [(f"{name}[{_key_digest(k)}]", v) for k, v in dict.items(obj)]
+            return t, sorted(items, key=_first)
+        if t is types.FunctionType:
+            return _function_parts(name, obj)
         if plain_object(obj) and len(vars(obj)) <= STATE_PARTS_MAX:
-            return sorted(((f"{name}.{k}", v) for k, v in vars(obj).items()), key=_first)
+            return t, sorted(((f"{name}.{k}", v) for k, v in vars(obj).items()), key=_first)
     except Exception:
         return None
     return None
 
 
+def _function_parts(name: str, f: types.FunctionType) -> tuple[Any, list[tuple[str, Any]]] | None:
+    if not (f.__closure__ or f.__defaults__ or f.__kwdefaults__) or not is_user_code(
+        f.__module__
+    ):
+        return None
+    parts: list[tuple[str, Any]] = []
+    for var, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+        try:
+            parts.append((f"{name}.<closure {var}>", cell.cell_contents))
+        except ValueError:  # an empty cell
+            parts.append((f"{name}.<closure {var}>", None))
+    if f.__defaults__:
+        parts.append((f"{name}.<defaults>", f.__defaults__))
+    if f.__kwdefaults__:
+        parts.append((f"{name}.<kwdefaults>", f.__kwdefaults__))
+    wrapped = vars(f).get("__wrapped__")
+    if wrapped is not None:
+        parts.append((f"{name}.<wrapped>", wrapped))
+    return FunctionShell(f), parts
+
+
+def state_parts(name: str, obj: Any) -> list[tuple[str, Any]] | None:
+    """The parts of a dict or plain object (:func:`split`, without functions), or
+    None: what the code walk counts a module-level value by."""
+    if type(obj) is types.FunctionType:
+        return None
+    found = split(name, obj)
+    return None if found is None else found[1]
+
+
+def ancestors(names: Iterable[str]) -> frozenset[str]:
+    """Every name some of ``names`` are parts of (``REG`` and ``REG[k]`` for
+    ``REG[k].calls``): where a key is split to reach them."""
+    found: set[str] = set()
+    for name in names:
+        for i, c in enumerate(name):
+            if c in ".[" and i:
+                found.add(name[:i])
+    return frozenset(found)
+
+
+# -- snapshots and the verdict -----------------------------------------------------------------
+class Node(NamedTuple):
+    """One part in a snapshot: its digest, the object, a cheap probe of it (a
+    container's length, an int's value), a set's items, its parts' names."""
+
+    digest: str
+    obj: Any
+    probe: Any
+    items: frozenset[Any] | None
+    parts: tuple[str, ...] | None
+    shell: str
+    #: where its baseline is kept: (the object, "") for a container, (the object
+    #: holding it, its name there) for an int, None for anything else
+    where: tuple[Any, str] | None
+
+
+def observe(entries: Iterable[tuple[str, Any]], holder: Any = None) -> dict[str, Node]:
+    """A snapshot of ``entries`` (name, value) and of their parts, :data:`DEPTH`
+    levels down; ``holder`` holds the entries (for the baseline of an int)."""
+    out: dict[str, Node] = {}
+    for name, value in entries:
+        _observe(name, value, holder, name, DEPTH, out)
+    return out
+
+
+def _observe(
+    name: str, obj: Any, holder: Any, rel: str, depth: int, out: dict[str, Node]
+) -> None:
+    t = type(obj)
+    parts = split(name, obj) if depth > 0 else None
+    names: tuple[str, ...] | None = None
+    shell = ""
+    if parts is not None:
+        shell = value_digest(parts[0])
+        names = tuple(sub for sub, _ in parts[1])
+        for sub, value in parts[1]:
+            _observe(sub, value, obj, sub[len(name) :], depth - 1, out)
+    items = None
+    if t is set:
+        try:
+            items = frozenset(obj)
+        except Exception:
+            items = None
+    out[name] = Node(value_digest(obj), obj, _probe(obj), items, names, shell, _where(obj, holder, rel))
+
+
+def _probe(obj: Any) -> Any:
+    t = type(obj)
+    if t is int:
+        return obj
+    if issubclass(t, _GROWABLE):
+        try:
+            return len(obj)
+        except Exception:
+            return None
+    return None
+
+
+def _where(obj: Any, holder: Any, rel: str) -> tuple[Any, str] | None:
+    t = type(obj)
+    if t is int:
+        return (holder, rel)
+    if issubclass(t, _GROWABLE):
+        return (obj, "")
+    return None
+
+
+def judge(
+    before: Mapping[str, Node], after: Mapping[str, Node], roots: Iterable[str]
+) -> tuple[dict[str, str], set[str]]:
+    """What a call changed, from snapshots taken before and after it: (name ->
+    :data:`COUNTER` or :data:`GROWN` of what it changed as bookkeeping, names of
+    what it changed otherwise: input)."""
+    kept: dict[str, str] = {}
+    changed: set[str] = set()
+    for name in roots:
+        _judge(name, before, after, kept, changed)
+    return kept, changed
+
+
+def _judge(
+    name: str,
+    before: Mapping[str, Node],
+    after: Mapping[str, Node],
+    kept: dict[str, str],
+    changed: set[str],
+) -> bool:
+    """True if ``name`` is unchanged or changed as bookkeeping only."""
+    b, a = before.get(name), after.get(name)
+    if b is None or a is None:
+        changed.add(name)
+        return False
+    if b.digest == a.digest and b.shell == a.shell:
+        return True
+    kind = _bookkeeping(b, a)
+    if kind is not None:
+        kept[name] = kind
+        return True
+    if b.parts is not None and a.parts is not None and a.obj is b.obj and b.shell == a.shell:
+        ok = True
+        for sub in b.parts:  # what was there: unchanged, or bookkeeping itself
+            ok = _judge(sub, before, after, kept, changed) and ok
+        new = set(a.parts) - set(b.parts)
+        if ok and not new:
+            return True  # changed only in parts that are bookkeeping
+        if ok and issubclass(type(a.obj), dict) and set(b.parts) <= set(a.parts):
+            for sub in list(kept):  # the dict counts by its baseline, as a whole
+                if sub.startswith((f"{name}[", f"{name}.")):
+                    del kept[sub]
+            kept[name] = GROWN
+            return True
+    changed.add(name)
+    return False
+
+
+def _bookkeeping(b: Node, a: Node) -> str | None:
+    """:data:`COUNTER`, :data:`GROWN` or None for a part that changed from ``b``
+    to ``a`` (both snapshots)."""
+    t = type(a.obj)
+    if t is int and type(b.obj) is int:
+        return COUNTER if a.obj > b.obj else None
+    if a.obj is not b.obj or b.probe is None or a.probe is None or a.probe <= b.probe:
+        return None  # replaced, shrunk, or not a container
+    if issubclass(t, _SEQUENCES):
+        head: Any = (
+            collections.deque(itertools.islice(a.obj, b.probe), a.obj.maxlen)
+            if isinstance(a.obj, collections.deque)
+            else a.obj[: b.probe]
+        )
+        return GROWN if value_digest(head) == b.digest else None
+    if t is set and b.items is not None:
+        return GROWN if b.items <= a.obj else None
+    return None  # a dict grows key by key: judged by its parts
+
+
+# -- baselines: what cached calls did not add --------------------------------------------------
+class _Base:
+    __slots__ = ("after", "base", "obj", "probe")
+
+    def __init__(self, obj: Any, digest: str, probe: Any) -> None:
+        self.obj, self.base, self.after, self.probe = obj, digest, digest, probe
+
+
+#: (id of the container or of what holds the int, the int's name there) -> its
+#: baseline; the object is held, so that its id stays its own
+_BASES: dict[tuple[int, str], _Base] = {}
+_BASES_MAX = 4096
+#: computed calls running in this process (changes seen while another runs may be its)
+_IN_FLIGHT = [0]
+#: bumped when a baseline is reset: code versions that counted the old one are stale
+_EPOCH = [0]
+
+
+def epoch() -> int:
+    """How many baselines were reset in this process (part of a cached code
+    version's key when it counts some)."""
+    return _EPOCH[0]
+
+
+def calls_in_flight(delta: int) -> None:
+    """Count a computed call in (1) or out (-1)."""
+    with _LOCK:
+        _IN_FLIGHT[0] += delta
+
+
+def _entry(where: tuple[Any, str], digest: str, probe: Any) -> tuple[_Base, bool]:
+    key = (id(where[0]), where[1])
+    found = _BASES.get(key)
+    if found is not None and found.obj is where[0]:
+        return found, False
+    while len(_BASES) >= _BASES_MAX:  # forgotten: the next sight is a new baseline
+        del _BASES[next(iter(_BASES))]
+    made = _BASES[key] = _Base(where[0], digest, probe)
+    return made, True
+
+
+def note_before(nodes: Mapping[str, Node]) -> set[str]:
+    """Before a computed call: the baselines of the parts in a snapshot (first
+    seen: what they hold now). A part that changed since the last cached call
+    left it, while no other was running, was changed by other code: what it
+    holds now is its baseline. Returns the names whose baseline was so reset."""
+    reset: set[str] = set()
+    with _LOCK:
+        alone = _IN_FLIGHT[0] <= 1
+        for name, node in nodes.items():
+            if node.where is None:
+                continue
+            entry, made = _entry(node.where, node.digest, node.probe)
+            if not made and entry.after != node.digest:
+                if alone:
+                    entry.base = node.digest
+                    reset.add(name)
+                    _EPOCH[0] += 1
+                entry.after, entry.probe = node.digest, node.probe
+    return reset
+
+
+def note_after(nodes: Mapping[str, Node]) -> None:
+    """After a computed call: what the parts hold now is what cached calls left."""
+    with _LOCK:
+        for node in nodes.values():
+            if node.where is not None:
+                entry, _ = _entry(node.where, node.digest, node.probe)
+                entry.after, entry.probe = node.digest, node.probe
+
+
+def baseline(obj: Any, holder: Any, rel: str) -> str:
+    """The digest ``obj`` (a container, or an int ``holder`` holds under ``rel``)
+    counts by as bookkeeping: what it held before cached calls changed it. Its
+    length (an int's value) is checked at each call: one that differs from what
+    the last cached call left means other code changed it, and it counts as it
+    is now."""
+    where = (obj, "") if type(obj) is not int else (holder, rel)
+    probe = _probe(obj)
+    with _LOCK:
+        found = _BASES.get((id(where[0]), where[1]))
+        if found is not None and found.obj is where[0] and found.probe == probe:
+            return found.base
+    digest = value_digest(obj)
+    with _LOCK:
+        entry, made = _entry(where, digest, probe)
+        if not made and entry.after != digest and _IN_FLIGHT[0] == 0:
+            entry.base = digest
+            _EPOCH[0] += 1
+        entry.after, entry.probe = digest, probe
+        return entry.base
+
+
+def keyed_parts(
+    name: str,
+    obj: Any,
+    learned: Mapping[str, str],
+    split_at: frozenset[str],
+    holder: Any = None,
+    rel: str = "",
+) -> list[tuple[str, Any]]:
+    """``obj``, met under ``name``, as the (name, value) pairs a key counts: split
+    down to what is learned (``learned``: name -> kind; ``split_at``: their
+    :func:`ancestors`), a part learned as bookkeeping by its baseline, as long as
+    it still has that shape (else by value)."""
+    kind = learned.get(name)
+    if kind == BY_TYPE:
+        return [(name, ("<state>", type(obj).__qualname__))]
+    t = type(obj)
+    if (kind == COUNTER and t is int) or (kind == GROWN and issubclass(t, _GROWABLE)):
+        return [(name, (f"<{kind}>", baseline(obj, holder, rel or name)))]
+    if name in split_at:
+        parts = split(name, obj)
+        if parts is not None:
+            found: list[tuple[str, Any]] = [(name, parts[0])]
+            for sub, value in parts[1]:
+                found.extend(keyed_parts(sub, value, learned, split_at, obj, sub[len(name) :]))
+            return found
+    return [(name, obj)]
+
+
+# -- data builds: what they change counts by type (mlcache.data.building) ----------------------
 #: mutable values that a call can only add to or take from: an accumulator
 _ACCUMULATORS = (list, set, bytearray, collections.deque)
 
 
 def learnable(entries: Iterable[tuple[str, Any]], *, expanded: bool) -> set[str]:
-    """The names among ``entries`` (name, value) that may become state: the parts
-    of dicts and plain objects, and accumulators. ``expanded``: the entries are
-    already split into parts (as :meth:`mlcache.memo.versions.FunctionCode._captured`
-    gives them), so a part is any entry named below another (``self.calls``,
-    ``conf[<key>]``)."""
+    """The names among ``entries`` (name, value) that a data build may learn as
+    state: the parts of dicts and plain objects, and accumulators. ``expanded``:
+    the entries are already split into parts, so a part is any entry named
+    below another (``conf[<key>]``)."""
     names = set()
     for name, value in entries:
         if issubclass(type(value), _ACCUMULATORS):  # by type: a proxy may raise
@@ -110,20 +499,13 @@ def learnable(entries: Iterable[tuple[str, Any]], *, expanded: bool) -> set[str]
 
 def watched_digests(watched: Iterable[tuple[str, Any]]) -> dict[str, str]:
     """Digests of mutable values met by the walk (:attr:`CodeVersion.watched`), part
-    by part (:func:`state_parts`): compared before and after a call to find what
-    it changes."""
+    by part (:func:`state_parts`): compared before and after a data build."""
     digests: dict[str, str] = {}
     for name, value in watched:
         parts = state_parts(name, value)
         for sub, v in [(name, value)] if parts is None else parts:
             digests[sub] = value_digest(v)
     return digests
-
-
-#: a dict with more keys (an object with more attributes) than this counts whole:
-#: comparing it key by key before and after every computed call would cost more
-#: than telling a memo's keys from the ones a function reads is worth
-STATE_PARTS_MAX = 1000
 
 
 def _first(pair: tuple[str, Any]) -> str:

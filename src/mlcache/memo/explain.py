@@ -31,6 +31,8 @@ def miss_reason(code: FunctionCode, store: Store, digests: list[bytes]) -> str:
         return "new arguments"
     changed = code.keyer.changed(old, digests)
     if not changed:  # the same arguments, but the function's state differs
-        return "what the function captures (closure, bound object) changed"
+        learned = code.state_names()
+        state = f"; treated as state: {', '.join(learned[:8])}" if learned else ""
+        return f"what the function captures (closure, bound object) changed{state}"
     what = ", ".join(repr(c) for c in changed)
     return f"argument{'s' if len(changed) > 1 else ''} {what} changed since the last entry"

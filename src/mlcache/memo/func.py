@@ -46,7 +46,7 @@ from .locking import KeyLocks
 from .results import MemorizedResult, NotMemorizedResult
 from .tier import tier
 from .usage import FunctionStats, collect
-from .versions import FunctionCode, Keyed
+from .versions import FunctionCode, Keyed, Snapshot
 
 if TYPE_CHECKING:
     from .memory import Memory
@@ -395,7 +395,7 @@ class MemorizedFunc(Generic[P, R]):
         t0: float,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        before: tuple[dict[str, bytes], dict[str, str]] | None = None,
+        before: Snapshot | None = None,
     ) -> tuple[Any, dict[str, Any] | None, str]:
         """Store the result of a computed call; (value, metadata or None when not
         stored, the entry's name)."""
@@ -423,7 +423,11 @@ class MemorizedFunc(Generic[P, R]):
         self._log_call(keyed, args, kwargs)
         before = self._code.snapshot()
         t0 = time.perf_counter()
-        out = self.func(*args, **kwargs)
+        try:
+            out = self.func(*args, **kwargs)
+        except BaseException:
+            self._code.abandon(before)
+            raise
         return self._finish(keyed, out, t0, args, kwargs, before)
 
     def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Keyed | None, Any]:
@@ -453,16 +457,31 @@ class MemorizedFunc(Generic[P, R]):
             return self.func(*args, **kwargs)
         # one computation per key at a time, across processes and threads (stores
         # that can lock; the others compute concurrently, as joblib does)
-        claim = self._locks.claim(keyed[0], self.memory.lock_timeout, self._loader(keyed[0]))
+        claim = self._locks.claim(
+            keyed[0], self.memory.lock_timeout, self._loader(keyed[0], args, kwargs)
+        )
         if claim.value is not _MISS:
             return claim.value
         with claim:
             return self._run(keyed, args, kwargs)[0]
 
-    def _loader(self, name: str) -> Callable[[], Any]:
+    def _loader(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Callable[[], Any]:
         """Loads entry ``name`` (``_MISS`` while there is none): what a call waiting
-        for another one's result looks for."""
-        return lambda: self._load(name, self.mmap_mode)
+        for another one's result looks for; once the call that computed it
+        learned state, the result is under the key as it is now."""
+        generation = self._code.generation
+
+        def load() -> Any:
+            value = self._load(name, self.mmap_mode)
+            if value is _MISS and self._code.generation != generation:
+                keyed = self._key(args, kwargs)
+                if keyed is not None and keyed[0] != name:
+                    value = self._load(keyed[0], self.mmap_mode)
+            return value
+
+        return load
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
         """Always compute and store; return ``(output, metadata)`` as joblib does."""
@@ -524,7 +543,9 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
             return await self.func(*args, **kwargs)  # type: ignore[misc]
         # the lock loop of plain functions, waiting without blocking the event loop
         name = keyed[0]
-        claim = await self._locks.aclaim(name, self.memory.lock_timeout, self._loader(name))
+        claim = await self._locks.aclaim(
+            name, self.memory.lock_timeout, self._loader(name, args, kwargs)
+        )
         if claim.value is not _MISS:
             return claim.value
         with claim:
@@ -536,7 +557,11 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
         self._log_call(keyed, args, kwargs)
         before = self._code.snapshot()
         t0 = time.perf_counter()
-        out = await self.func(*args, **kwargs)  # type: ignore[misc]
+        try:
+            out = await self.func(*args, **kwargs)  # type: ignore[misc]
+        except BaseException:
+            self._code.abandon(before)
+            raise
         return self._finish(keyed, out, t0, args, kwargs, before)
 
     async def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:  # type: ignore[override]

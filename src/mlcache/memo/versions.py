@@ -4,10 +4,13 @@
 under (:func:`mlcache.keys.code_version.code_version`, once per process and
 again when the code is replaced), notes the function's other versions (kept
 side by side; one unused for :data:`OLD_VERSIONS_KEPT_FOR` is removed), and
-learns what calls change: a captured variable, a bound object's attribute or a
-module-level container that the function itself mutates is state, not input,
-and is left out of later keys. What was learned is recorded, signed, in
-``<function folder>/<code shape>.state`` (see :mod:`mlcache.memo.layout`), so
+learns what calls change: a part of a captured variable, of a bound object or
+of a module-level value that the function's calls change only as bookkeeping
+(an int they raise, a container they grow: :mod:`mlcache.keys.state`) counts
+by its baseline, what cached calls did not add, in later keys; anything else
+they change stays input. What is learned belongs to this function and its code
+version only: it is recorded, signed, in ``<function folder>/<code
+shape>.state`` (see :mod:`mlcache.memo.layout`), written when it changes, so
 that the next process starts with it.
 """
 
@@ -19,7 +22,7 @@ import threading
 import time
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._log import logger_for
 from .._util import slug
@@ -30,7 +33,18 @@ from ..keys.call import CallKeyer
 from ..keys.code_version import CodeVersion, code_version
 from ..keys.hashing import Hasher
 from ..keys.identity import call_state, target_function
-from ..keys.state import learnable, state_parts, watched_digests
+from ..keys.state import (
+    COUNTER,
+    GROWN,
+    Node,
+    ancestors,
+    calls_in_flight,
+    judge,
+    keyed_parts,
+    note_after,
+    note_before,
+    observe,
+)
 from .context import MemoContext
 from .layout import CODE_MANIFEST, STATE, STATS
 
@@ -48,14 +62,17 @@ _CLEANED_LOCK = threading.Lock()
 #: were not used for this long (seconds) is removed when another version of the
 #: function is first used in a process. Size limits and ``prune`` remove them too.
 OLD_VERSIONS_KEPT_FOR = 30 * 86400
-#: module-level values (names of their parts, see state_parts) that calls of any
-#: memoized function of this process were seen changing: state for all of them
-_PROCESS_STATE: set[str] = set()
 
 
-def _changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
-    """Names whose digest differs, or that are in only one of the two."""
-    return {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+class Snapshot(NamedTuple):
+    """What a computed call could change, as it was before the call."""
+
+    captured: dict[str, Node]
+    watched: dict[str, Node]
+    roots: list[str]  #: the names of what the function captures
+    #: parts other code changed since the last cached call (their baseline was reset)
+    reset: frozenset[str]
+    generation: int
 
 
 class FunctionCode:
@@ -116,11 +133,18 @@ class FunctionCode:
         self.code_path = ""  #: the code folder's local path (stores with local paths)
         self.walk_failed = False  #: the code walk raised: uncached until the code changes
         self._unhashable_warned: set[str] = set()  # captured variables left out of keys
-        #: names of what calls of this function change (state, not input): captured
-        #: variables and bound-object attributes, and module-level values (code
-        #: walk names); read from and written to the function's folder
-        self._captured_state: set[str] = set()
-        self._global_state: frozenset[str] = frozenset()
+        #: what calls of this function change as bookkeeping (name -> kind, see
+        #: mlcache.keys.state): parts of what it captures (closure variables, the
+        #: bound object) and of module-level values (code walk names); read from
+        #: and written to the function's folder
+        self._captured_state: dict[str, str] = {}
+        self._captured_split: frozenset[str] = frozenset()  # their ancestors
+        self._global_state: dict[str, str] = {}
+        #: names once learned and then seen changed otherwise: never learned again
+        self._revoked: set[str] = set()
+        self._lock = threading.RLock()
+        #: bumped when what keys are made of changes (learned state, the code)
+        self.generation = 0
         #: the record of what was learned (``<folder>/<shape>.state``): named by
         #: the code version's shape (CodeVersion.shape), the same in every process
         self._state_base: str | None = None
@@ -154,7 +178,8 @@ class FunctionCode:
         other versions; None (warned once) when the code cannot be walked."""
         seen = self._code_ids()
         if self.keyer is not None and not self.same_code():  # new code: learn anew
-            self._captured_state, self._global_state, self._state_base = set(), frozenset(), None
+            self._set_state({}, {})
+            self._state_base = None
         try:
             code = self._code_version()
             if self._state_base is None:
@@ -164,11 +189,6 @@ class FunctionCode:
                 self._state_base = f"{self.folder}/{shape}.{STATE}"
                 if self._load_state():
                     code = self._code_version()
-            if code.state_used - self._global_state:
-                # learned from another function of this process (a memo they share):
-                # recorded for this one too, so that its next process starts with it
-                self._global_state |= code.state_used
-                self._save_state()
         except Exception as exc:  # a global whose attribute access raises, a bug of ours
             self.walk_failed, self._seen_code = True, seen
             self._on_unkeyable(
@@ -180,11 +200,11 @@ class FunctionCode:
         self._use_version(code)
         keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{code.digest[:16]}".encode())
         self.keyer, self._seen_code = keyer, seen
+        self.generation += 1
         return keyer
 
     def _code_version(self) -> CodeVersion:
-        state = frozenset(self._global_state | _PROCESS_STATE)
-        return code_version(self.func, self._ctx.code, self.version, state)
+        return code_version(self.func, self._ctx.code, self.version, self._global_state)
 
     def _use_version(self, code: CodeVersion) -> None:
         version = code.digest[:16]
@@ -263,44 +283,52 @@ class FunctionCode:
         changed = [k for k in sorted(parts.keys() | old.keys()) if parts.get(k) != old.get(k)]
         return changed[:8] + (["..."] if len(changed) > 8 else [])
 
-    # -- state: what calls change is not input ----------------------------------------
-    def _captured(self, *, split: bool = True) -> list[tuple[str, Any]]:
-        """What the function captures, by name: closure variables, the bound
-        object, a partial's arguments; dicts key by key and plain objects
-        attribute by attribute (:func:`~mlcache.keys.code_version.state_parts`), so that what
-        calls change can be left out alone. What calls change is left out.
-        ``split=False`` (the key, at every call) splits only a value some part of
-        which is known to be state: hashing a value whole is cheaper."""
+    # -- state: what calls change as bookkeeping is not input ---------------------------------
+    def _set_state(self, captured: dict[str, str], globals_: dict[str, str]) -> None:
+        self._captured_state, self._global_state = captured, globals_
+        self._captured_split = ancestors(captured)
+        self.generation += 1
+
+    def state_names(self) -> list[str]:
+        """What calls of this function were learned to change as bookkeeping, each
+        as ``name (kind)``: said by verbose and the miss explanation."""
+        learned = {**self._global_state, **self._captured_state}
+        return [f"{n} ({learned[n]})" for n in sorted(learned)]
+
+    def _captured_entries(self) -> list[tuple[str, Any]]:
+        """What the function captures, by name (closure variables, the bound
+        object, a partial's arguments), whole."""
+        return [
+            (e[0], e[1:] if e[0] == "partial" else e[1])
+            for e in call_state(self.func, self._state_ignore) or ()
+        ]
+
+    def _captured(self) -> list[tuple[str, Any]]:
+        """What the function captures, as its key counts it: a value some part
+        of which is learned as bookkeeping is split down to that part, which
+        counts by its baseline (:func:`~mlcache.keys.state.keyed_parts`); the
+        rest whole (hashing a value whole is cheaper; this runs at every call)."""
+        learned, split_at = self._captured_state, self._captured_split
+        if not learned:
+            return self._captured_entries()
         found: list[tuple[str, Any]] = []
-        learned = self._captured_state
-        for entry in call_state(self.func, self._state_ignore) or ():
-            name = entry[0]
-            value = entry[1:] if name == "partial" else entry[1]
-            whole = name == "partial" or (
-                not split and not any(n.startswith((f"{name}.", f"{name}[")) for n in learned)
-            )
-            parts = None if whole else state_parts(name, value)
-            if parts is None:
-                found.append((name, value))
+        for name, value in self._captured_entries():
+            if name in learned or name in split_at:
+                found.extend(keyed_parts(name, value, learned, split_at, self.func, name))
             else:
-                found.append((name, type(value)))
-                found.extend(parts)
-        return [(n, v) for n, v in found if n not in self._captured_state]
+                found.append((name, value))
+        return found
 
     def captured_key(self) -> bytes:
         """The digest of what the function captures, for the key: one hash of the
         (name, value) pairs (this runs at every call); a value that cannot be
-        hashed is left out, with one warning (see :meth:`_captured_digests`)."""
-        entries = self._captured(split=False)
+        hashed is left out, with one warning (see :meth:`_digests`)."""
+        entries = self._captured()
         try:
             return Hasher().digest_of(entries)
         except TypeError:
             hashable = self._digests(entries)
             return Hasher().digest_of([(n, v) for n, v in entries if n in hashable])
-
-    def _captured_digests(self) -> dict[str, bytes]:
-        """Name -> digest of each part of what the function captures (on a miss)."""
-        return self._digests(self._captured())
 
     def _digests(self, entries: list[tuple[str, Any]]) -> dict[str, bytes]:
         """Name -> digest of each entry; a value that cannot be hashed is left out
@@ -322,90 +350,127 @@ class FunctionCode:
                     )
         return digests
 
-    def _watched_digests(self) -> dict[str, str]:
-        """Digests of the mutable module-level values the code reads, part by part."""
-        return watched_digests(self._watched)
+    def _observe(self) -> tuple[dict[str, Node], dict[str, Node], list[str]]:
+        """Snapshots of what the function captures and of the values the code
+        reads, and the names of the former."""
+        entries = self._captured_entries() if self.stateful else []
+        return observe(entries, self.func), observe(self._watched), [n for n, _ in entries]
 
-    def snapshot(self) -> tuple[dict[str, bytes], dict[str, str]] | None:
-        """Digests of what a call could change, taken before a computed call (None
-        when there is nothing to watch, or it cannot be read: nothing is learned)."""
+    def snapshot(self) -> Snapshot | None:
+        """What a call could change, taken before a computed call (None when there
+        is nothing to watch, or it cannot be read: nothing is learned). Each
+        snapshot is followed by :meth:`learn` or :meth:`abandon`."""
         if not self.stateful and not self._watched:
             return None
+        generation = self.generation
+        calls_in_flight(1)
         try:
-            captured = self._captured_digests() if self.stateful else {}
-            return captured, self._watched_digests()
+            captured, watched, roots = self._observe()
+            reset = note_before(captured) | note_before(watched)
         except Exception as exc:
+            calls_in_flight(-1)
             logger.debug("mlcache: %s: cannot watch what calls change: %s", self.func_id, exc)
             return None
+        return Snapshot(captured, watched, roots, frozenset(reset), generation)
 
-    def learn(
-        self,
-        before: tuple[dict[str, bytes], dict[str, str]] | None,
-        keyed: Keyed,
-    ) -> Keyed:
-        """After a computed call: what it changed, added or removed of what the
-        function captures or the code reads is state, remembered with the
-        function's cache and left out of later keys (a dict's other keys, an
-        object's other attributes still count). Returns the entry to store the
-        result under (the same, unless something was learned)."""
+    def abandon(self, before: Snapshot | None) -> None:
+        """The call that :meth:`snapshot` was taken for raised: nothing is learned."""
+        if before is not None:
+            calls_in_flight(-1)
+
+    def learn(self, before: Snapshot | None, keyed: Keyed) -> Keyed:
+        """After a computed call: the parts of what the function captures or the
+        code reads that it changed only as bookkeeping (an int it raised, a
+        container it grew) are learned, for this function and code version, and
+        count by their baseline from now on; a learned part it changed otherwise
+        is input again. Returns the entry to store the result under: the key as
+        it is now when only bookkeeping changed (what was learned, or made the
+        key, changed since it was asked), else the key it was asked under."""
         if before is None:
             return keyed
-        captured, watched = before
-        changed = _changed(captured, self._captured_digests() if self.stateful else {})
-        changed_globals = _changed(watched, self._watched_digests())
-        # only a part (a dict's key, an object's attribute) or an accumulator (a
-        # list, a set) becomes state: an object that changes as a whole (a seeded
-        # random generator) keeps counting, so that it never gives a wrong hit
-        changed_captured = changed & learnable(self._captured(), expanded=True)
-        changed_globals &= learnable(self._watched, expanded=False)
-        if not changed_captured and not changed_globals:
-            return keyed
-        self._captured_state |= changed_captured
-        self._global_state |= changed_globals
-        _PROCESS_STATE.update(changed_globals)
-        if self._verbose:
-            logger_for(self._verbose).info(
-                "[Memory] %s changes %s: state, not input; left out of its keys from now on",
-                self.func_id,
-                ", ".join(sorted(changed_captured | changed_globals)[:8]),
-            )
-        self._save_state()
-        keyer = self.keyer if not changed_globals else self.prepare()
-        if keyer is None or changed - changed_captured:
-            # something captured changed that stays input: what remains is not as
-            # it was before the call, so the result keeps the key it was asked under
+        try:
+            captured, watched, _ = self._observe()
+            note_after(captured)
+            note_after(watched)
+        finally:
+            calls_in_flight(-1)
+        kept_c, changed_c = judge(before.captured, captured, before.roots)
+        kept_g, changed_g = judge(before.watched, watched, [n for n, _ in self._watched])
+        with self._lock:
+            learned_c = self._merge(self._captured_state, kept_c, changed_c)
+            learned_g = self._merge(self._global_state, kept_g, changed_g)
+            new = learned_c != self._captured_state or learned_g != self._global_state
+            stale_g = bool(before.reset & (self._global_state.keys() | ancestors(learned_g)))
+            if new:
+                said = sorted((learned_c.items() | learned_g.items()) - (
+                    self._captured_state.items() | self._global_state.items()
+                ))
+                self._set_state(learned_c, learned_g)
+                self._say_learned(said)
+                self._save_state()
+            keyer = self.keyer
+            if new or stale_g:
+                keyer = self.prepare()
+            current = self.generation
+        if keyer is None or changed_c or changed_g or current == before.generation:
+            # something changed that stays input: what remains is not as it was
+            # before the call, so the result keeps the key it was asked under
             return keyed
         # what remains of what it captures is as it was before the call
         extra = self.captured_key() if self.stateful else b""
         return f"{self.code_dir}/{keyer.combine(keyed[1], extra)}", keyed[1]
 
+    def _merge(self, learned: dict[str, str], kept: dict[str, str], changed: set[str]) -> dict[str, str]:
+        """``learned`` with what a call was now seen changing as bookkeeping
+        (``kept``) added and what it changed otherwise (``changed``) taken out."""
+        merged = {n: k for n, k in learned.items() if n not in changed}
+        self._revoked |= learned.keys() & changed
+        for name, kind in kept.items():
+            if name in self._revoked or merged.get(name) == kind:
+                continue
+            if any(name.startswith((f"{n}.", f"{n}[")) for n, k in merged.items() if k == GROWN):
+                continue  # inside a container that counts by its baseline as a whole
+            merged[name] = kind
+        return merged
+
+    def _say_learned(self, said: list[tuple[str, str]]) -> None:
+        if self._verbose:
+            logger_for(self._verbose).info(
+                "[Memory] %s: treated as state (bookkeeping its calls do, not input): %s; "
+                "they count as they were before cached calls changed them",
+                self.func_id,
+                ", ".join(f"{n} ({k})" for n, k in said[:8]) + (" ..." if len(said) > 8 else ""),
+            )
+
     def _load_state(self) -> bool:
         """Add what earlier processes learned calls of code of this shape change
-        (a signed record: a planted one cannot take anything out of a key). True
-        if module-level values were learned (the version is worked out again)."""
+        as bookkeeping (a signed record: a planted one cannot take anything out
+        of a key; one of an older mlcache, which learned by other rules, is not
+        read). True if module-level values were learned (the version is worked
+        out again)."""
         if self._state_base is None:
             return False
         try:
             reader = open_entry(self._store, self._state_base, signer=self._ctx.signer)
             data = decode(reader, allow_pickle=False)
-            captured, globals_ = data["captured"], data["globals"]
-            if not all(isinstance(n, str) for n in [*captured, *globals_]):
-                raise ValueError("names that are not strings")
+            captured, globals_ = _kinds(data["captured"]), _kinds(data["globals"])
         except EntryNotFound:
             return False
         except Exception as exc:  # unreadable, unsigned, another key: learned again
             logger.debug("could not read what %s changes: %s", self.func_id, exc)
             return False
-        self._captured_state |= set(captured)
-        new = frozenset(globals_) - self._global_state - _PROCESS_STATE
-        self._global_state |= frozenset(globals_)
-        return bool(new)
+        captured = {n: k for n, k in captured.items() if n not in self._revoked}
+        globals_ = {n: k for n, k in globals_.items() if n not in self._revoked}
+        new = bool(globals_.items() - self._global_state.items())
+        self._set_state({**captured, **self._captured_state}, {**globals_, **self._global_state})
+        return new
 
     def _save_state(self) -> None:
+        """Record what was learned (when it changed: never at every miss)."""
         if self._state_base is None:
             return
         name = self._state_base
-        value = {"captured": sorted(self._captured_state), "globals": sorted(self._global_state)}
+        value = {"captured": dict(self._captured_state), "globals": dict(self._global_state)}
         try:
             codec = select_codec(value, allow_pickle=False)
             info = {"func": self.func_id, "time": time.time()}
@@ -414,3 +479,12 @@ class FunctionCode:
                 plan.write(f)
         except Exception as exc:  # learned again by the next process
             logger.debug("could not record what %s changes: %s", self.func_id, exc)
+
+
+def _kinds(found: Any) -> dict[str, str]:
+    """A record's ``{name: kind}`` of bookkeeping, checked."""
+    if not isinstance(found, dict) or not all(
+        isinstance(n, str) and k in (COUNTER, GROWN) for n, k in found.items()
+    ):
+        raise ValueError("not a record of bookkeeping (written by another mlcache?)")
+    return found
