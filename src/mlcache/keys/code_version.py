@@ -145,9 +145,9 @@ def code_version(
     held = tuple(
         id(c.cell_contents) for c in getattr(target, "__closure__", None) or () if _cell_is_code(c)
     )
-    # baselines count in it: a reset one (other code changed the value) is a new walk
-    learned = (frozenset(state.items()), epoch()) if state else ()
-    key = (id(code), id(getattr(target, "__globals__", None)), held, learned)
+    # a value a cached call changed as input, or a reset baseline: a new walk
+    learned = frozenset(state.items()) if state else ()
+    key = (id(code), id(getattr(target, "__globals__", None)), held, learned, epoch())
     cached = _VERSIONS.get(key)
     if cached is not None and cached[0]() is code:
         return cached[1]

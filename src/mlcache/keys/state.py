@@ -49,6 +49,7 @@ from .origin import is_user_code
 
 __all__ = [
     "BY_TYPE",
+    "EPOCH",
     "COUNTER",
     "DEPTH",
     "GROWN",
@@ -60,6 +61,8 @@ __all__ = [
     "baseline",
     "calls_in_flight",
     "epoch",
+    "touch",
+    "touched_since",
     "judge",
     "keyed_parts",
     "learnable",
@@ -367,20 +370,48 @@ _BASES: dict[tuple[int, str], _Base] = {}
 _BASES_MAX = 4096
 #: computed calls running in this process (changes seen while another runs may be its)
 _IN_FLIGHT = [0]
-#: bumped when a baseline is reset: code versions that counted the old one are stale
-_EPOCH = [0]
+#: bumped when a watched value changed in a way the code versions that counted
+#: it do not show (a cached call changed it as input; a baseline was reset):
+#: part of a cached code version's key, and checked by every call
+EPOCH = [0]
+#: id of such a value -> the epoch it last changed at
+_TOUCHED: dict[int, int] = {}
 
 
 def epoch() -> int:
-    """How many baselines were reset in this process (part of a cached code
-    version's key when it counts some)."""
-    return _EPOCH[0]
+    """See :data:`EPOCH`."""
+    return EPOCH[0]
 
 
-def calls_in_flight(delta: int) -> None:
-    """Count a computed call in (1) or out (-1)."""
+def touch(objs: Iterable[Any]) -> None:
+    """``objs`` (values code versions count) changed: a new epoch."""
+    with _LOCK:
+        EPOCH[0] += 1
+        for obj in objs:
+            _TOUCHED.pop(id(obj), None)  # kept in the order they changed in
+            _TOUCHED[id(obj)] = EPOCH[0]
+        while len(_TOUCHED) > _BASES_MAX:
+            _FORGOTTEN[0] = _TOUCHED.pop(next(iter(_TOUCHED)))
+
+
+#: the newest epoch of a change no longer in _TOUCHED
+_FORGOTTEN = [0]
+
+
+def touched_since(since: int, objs: Iterable[Any]) -> bool:
+    """Whether one of ``objs`` changed after epoch ``since`` (a change forgotten
+    meanwhile counts)."""
+    with _LOCK:
+        if since < _FORGOTTEN[0]:
+            return True
+        return any(_TOUCHED.get(id(obj), 0) > since for obj in objs)
+
+
+def calls_in_flight(delta: int = 0) -> int:
+    """Count a computed call in (1) or out (-1); how many run now."""
     with _LOCK:
         _IN_FLIGHT[0] += delta
+        return _IN_FLIGHT[0]
 
 
 def _entry(where: tuple[Any, str], digest: str, probe: Any) -> tuple[_Base, bool]:
@@ -410,7 +441,6 @@ def note_before(nodes: Mapping[str, Node]) -> set[str]:
                 if alone:
                     entry.base = node.digest
                     reset.add(name)
-                    _EPOCH[0] += 1
                 entry.after, entry.probe = node.digest, node.probe
     return reset
 
@@ -441,7 +471,7 @@ def baseline(obj: Any, holder: Any, rel: str) -> str:
         entry, made = _entry(where, digest, probe)
         if not made and entry.after != digest and _IN_FLIGHT[0] == 0:
             entry.base = digest
-            _EPOCH[0] += 1
+            EPOCH[0] += 1
         entry.after, entry.probe = digest, probe
         return entry.base
 

@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..keys.call import CallKeyer
 from ..keys.identity import call_state, func_identity
+from ..keys.state import EPOCH as _EPOCH
 from .audit import auditor
 from .config import check_callback
 from .context import MemoContext
@@ -185,7 +186,11 @@ class MemorizedFunc(Generic[P, R]):
         hashed: warned once per function, then called uncached)."""
         code = self._code
         keyer = code.keyer
-        if keyer is None or (code.target is not None and not code.same_code()):
+        if (
+            keyer is None
+            or code.epoch != _EPOCH[0]  # a value the code reads was changed by a call
+            or (code.target is not None and not code.same_code())
+        ):
             keyer = code.current()
             if keyer is None:
                 return None
@@ -401,15 +406,18 @@ class MemorizedFunc(Generic[P, R]):
         stored, the entry's name)."""
         duration = time.perf_counter() - t0
         try:
-            keyed = self._code.learn(before, keyed)
+            keyed, learned = self._code.learn(before, keyed)
         except Exception as exc:  # learning is an optimisation: never fail the call
-            logger.debug(
-                "mlcache: %s: could not learn what the call changed: %s", self.func_id, exc
-            )
-        if self._verbose > 0:
-            logger_for(self._verbose).info("[Memory] %s computed in %.3fs", self.func_id, duration)
-        self._ctx.usage.miss(keyed[0], self.func_id, duration)
-        meta = self._store_result(keyed, out, duration, args, kwargs)
+            logger.debug("mlcache: %s: could not learn what calls change: %s", self.func_id, exc)
+            learned = self._code.abandon
+        try:
+            if self._verbose > 0:
+                log = logger_for(self._verbose)
+                log.info("[Memory] %s computed in %.3fs", self.func_id, duration)
+            self._ctx.usage.miss(keyed[0], self.func_id, duration)
+            meta = self._store_result(keyed, out, duration, args, kwargs)
+        finally:  # once stored: a call keyed with what was learned finds it
+            learned(before)
         if meta is not None and self.mmap_mode is not None:
             # consistent with later hits: return the memory-mapped copy
             loaded = self._load(keyed[0], self.mmap_mode, validate=False, hit=False)

@@ -35,6 +35,7 @@ from ..keys.hashing import Hasher
 from ..keys.identity import call_state, target_function
 from ..keys.state import (
     COUNTER,
+    EPOCH,
     GROWN,
     Node,
     ancestors,
@@ -44,6 +45,8 @@ from ..keys.state import (
     note_after,
     note_before,
     observe,
+    touch,
+    touched_since,
 )
 from .context import MemoContext
 from .layout import CODE_MANIFEST, STATE, STATS
@@ -149,6 +152,10 @@ class FunctionCode:
         #: the code version's shape (CodeVersion.shape), the same in every process
         self._state_base: str | None = None
         self._watched: tuple[tuple[str, Any], ...] = ()  # mutable values the code reads
+        self._watched_objs: tuple[Any, ...] = ()
+        #: the epoch (mlcache.keys.state.EPOCH) the version was worked out at: a
+        #: value a cached call changed as input since is read again
+        self.epoch = -1
         self.code_changed = False  #: other code versions were found
         self.code_changes: list[str] = []  #: what differed from the newest of them
         self._manifest: dict[str, str] | None = None  # to write with the first result
@@ -156,9 +163,17 @@ class FunctionCode:
     def current(self) -> CallKeyer | None:
         """The keyer of the code as it is now (worked out again when the code was
         replaced), or None when the code cannot be walked (warned once)."""
-        if self.walk_failed and (self.target is None or self.same_code()):
-            return None  # warned: the code walk fails until the code changes
-        return self.prepare()
+        with self._lock:  # one walk at a time: a thread arriving meanwhile uses it
+            if self.walk_failed and (self.target is None or self.same_code()):
+                return None  # warned: the code walk fails until the code changes
+            if self.keyer is not None and (self.target is None or self.same_code()):
+                now = EPOCH[0]  # some value changed: one this code reads?
+                if not touched_since(self.epoch, self._watched_objs):
+                    self.epoch = now
+                    return self.keyer
+                if calls_in_flight():  # read again once no call is halfway through
+                    return self.keyer
+            return self.prepare()
 
     # -- the code version -------------------------------------------------------------------
     def _code_ids(self) -> tuple[Any, ...]:
@@ -180,6 +195,7 @@ class FunctionCode:
         if self.keyer is not None and not self.same_code():  # new code: learn anew
             self._set_state({}, {})
             self._state_base = None
+        self.epoch = EPOCH[0]  # before the walk: a change during it walks again
         try:
             code = self._code_version()
             if self._state_base is None:
@@ -213,6 +229,7 @@ class FunctionCode:
             # hits join keys to this path: names built here need no re-validation
             self.code_path = self._ctx.local.local_path(self.code_dir)
         self._watched = code.watched
+        self._watched_objs = tuple(v for _, v in code.watched)
         self._note_other_versions(version, code.parts)
         self._manifest = code.parts
 
@@ -303,12 +320,16 @@ class FunctionCode:
             for e in call_state(self.func, self._state_ignore) or ()
         ]
 
-    def _captured(self) -> list[tuple[str, Any]]:
+    def _captured(self, learned: dict[str, str] | None = None) -> list[tuple[str, Any]]:
         """What the function captures, as its key counts it: a value some part
-        of which is learned as bookkeeping is split down to that part, which
-        counts by its baseline (:func:`~mlcache.keys.state.keyed_parts`); the
-        rest whole (hashing a value whole is cheaper; this runs at every call)."""
-        learned, split_at = self._captured_state, self._captured_split
+        of which is learned as bookkeeping (``learned``; default: what is) is
+        split down to that part, which counts by its baseline
+        (:func:`~mlcache.keys.state.keyed_parts`); the rest whole (hashing a
+        value whole is cheaper; this runs at every call)."""
+        if learned is None:
+            learned, split_at = self._captured_state, self._captured_split
+        else:
+            split_at = ancestors(learned)
         if not learned:
             return self._captured_entries()
         found: list[tuple[str, Any]] = []
@@ -319,11 +340,11 @@ class FunctionCode:
                 found.append((name, value))
         return found
 
-    def captured_key(self) -> bytes:
+    def captured_key(self, learned: dict[str, str] | None = None) -> bytes:
         """The digest of what the function captures, for the key: one hash of the
         (name, value) pairs (this runs at every call); a value that cannot be
         hashed is left out, with one warning (see :meth:`_digests`)."""
-        entries = self._captured()
+        entries = self._captured(learned)
         try:
             return Hasher().digest_of(entries)
         except TypeError:
@@ -366,59 +387,107 @@ class FunctionCode:
         calls_in_flight(1)
         try:
             captured, watched, roots = self._observe()
-            reset = note_before(captured) | note_before(watched)
+            reset = note_before(captured)
+            reset_g = note_before(watched)
+            if reset_g:  # other code changed a value the code reads: read it again
+                touch(self._roots_of(reset_g))
+                reset |= reset_g
         except Exception as exc:
             calls_in_flight(-1)
             logger.debug("mlcache: %s: cannot watch what calls change: %s", self.func_id, exc)
             return None
         return Snapshot(captured, watched, roots, frozenset(reset), generation)
 
+    def _roots_of(self, names: set[str]) -> list[Any]:
+        """The module-level values the parts ``names`` belong to."""
+        return [
+            value
+            for root, value in self._watched
+            if any(n == root or n.startswith((f"{root}.", f"{root}[")) for n in names)
+        ]
+
     def abandon(self, before: Snapshot | None) -> None:
-        """The call that :meth:`snapshot` was taken for raised: nothing is learned."""
+        """The call :meth:`snapshot` was taken for is over (it raised, or what it
+        changed is settled)."""
         if before is not None:
             calls_in_flight(-1)
 
-    def learn(self, before: Snapshot | None, keyed: Keyed) -> Keyed:
+    def learn(
+        self, before: Snapshot | None, keyed: Keyed
+    ) -> tuple[Keyed, Callable[[Snapshot | None], None]]:
         """After a computed call: the parts of what the function captures or the
         code reads that it changed only as bookkeeping (an int it raised, a
         container it grew) are learned, for this function and code version, and
         count by their baseline from now on; a learned part it changed otherwise
-        is input again. Returns the entry to store the result under: the key as
-        it is now when only bookkeeping changed (what was learned, or made the
-        key, changed since it was asked), else the key it was asked under."""
+        is input again. Returns the entry to store the result under (the key as
+        it is with what is learned, when only bookkeeping changed; else the key
+        it was asked under), and what to call, with ``before``, once the result
+        is stored: it makes the learned the function's then, so that a call
+        keyed with it finds the result (one keyed before waits on the lock of
+        the key asked under, and then finds it under the new key)."""
         if before is None:
-            return keyed
+            return keyed, self.abandon
         try:
-            captured, watched, _ = self._observe()
-            note_after(captured)
-            note_after(watched)
-        finally:
-            calls_in_flight(-1)
+            keyed, commit = self._learn(before, keyed)
+        except BaseException:
+            self.abandon(before)
+            raise
+        if commit is None:
+            return keyed, self.abandon
+
+        def done(before: Snapshot | None) -> None:
+            try:
+                commit()
+            except Exception as exc:  # learned again by a later call
+                logger.debug("mlcache: %s: could not learn: %s", self.func_id, exc)
+            finally:
+                self.abandon(before)
+
+        return keyed, done
+
+    def _learn(self, before: Snapshot, keyed: Keyed) -> tuple[Keyed, Callable[[], None] | None]:
+        captured, watched, _ = self._observe()
+        note_after(captured)
+        note_after(watched)
         kept_c, changed_c = judge(before.captured, captured, before.roots)
         kept_g, changed_g = judge(before.watched, watched, [n for n, _ in self._watched])
+        if changed_g:  # changed as input: the versions that count it read it again
+            touch(self._roots_of(changed_g))
         with self._lock:
             learned_c = self._merge(self._captured_state, kept_c, changed_c)
             learned_g = self._merge(self._global_state, kept_g, changed_g)
             new = learned_c != self._captured_state or learned_g != self._global_state
-            stale_g = bool(before.reset & (self._global_state.keys() | ancestors(learned_g)))
-            if new:
-                said = sorted((learned_c.items() | learned_g.items()) - (
-                    self._captured_state.items() | self._global_state.items()
-                ))
-                self._set_state(learned_c, learned_g)
-                self._say_learned(said)
-                self._save_state()
-            keyer = self.keyer
-            if new or stale_g:
-                keyer = self.prepare()
-            current = self.generation
-        if keyer is None or changed_c or changed_g or current == before.generation:
-            # something changed that stays input: what remains is not as it was
-            # before the call, so the result keeps the key it was asked under
-            return keyed
-        # what remains of what it captures is as it was before the call
-        extra = self.captured_key() if self.stateful else b""
-        return f"{self.code_dir}/{keyer.combine(keyed[1], extra)}", keyed[1]
+            stale_g = bool(before.reset & self._global_state.keys())
+        # something changed that stays input: what remains is not as it was
+        # before the call, so the result keeps the key it was asked under
+        keep = bool(changed_c or changed_g)
+        if not new and not stale_g:
+            if keep or self.keyer is None or self.generation == before.generation:
+                return keyed, None
+            return self._rekey(keyed, self.keyer, self.code_dir, self._captured_state), None
+
+        def commit() -> None:
+            with self._lock:
+                if new:
+                    old = self._captured_state.items() | self._global_state.items()
+                    self._set_state(learned_c, learned_g)
+                    self._say_learned(sorted((learned_c.items() | learned_g.items()) - old))
+                    self._save_state()
+                self.prepare()
+
+        if keep:
+            return keyed, commit
+        code = code_version(self.func, self._ctx.code, self.version, learned_g)
+        version = code.digest[:16]
+        keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{version}".encode())
+        return self._rekey(keyed, keyer, f"{self.folder}/{version}", learned_c), commit
+
+    def _rekey(
+        self, keyed: Keyed, keyer: CallKeyer, code_dir: str, learned: dict[str, str]
+    ) -> Keyed:
+        """The entry of the call ``keyed`` under ``keyer`` with ``learned``."""
+        extra = self.captured_key(learned) if self.stateful else b""
+        return f"{code_dir}/{keyer.combine(keyed[1], extra)}", keyed[1]
 
     def _merge(self, learned: dict[str, str], kept: dict[str, str], changed: set[str]) -> dict[str, str]:
         """``learned`` with what a call was now seen changing as bookkeeping

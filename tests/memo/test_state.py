@@ -1,0 +1,510 @@
+"""What a computed call changes is state only when it is bookkeeping (issue 23):
+an int calls raise, a container calls grow while what it held stays. Anything
+else a call changes (an object, a value it sets, a float, a flag) stays input,
+what was learned belongs to one function and code version, and what a
+container held before cached calls stays in the key. The cases a user meets
+across runs run in fresh interpreters; each failed before these rules held."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import pytest
+
+from mlcache import Memory
+from mlcache.memo.versions import FunctionCode
+from scripts import ScriptFolder
+
+HEADER = """
+import os, sys
+from mlcache import Memory
+mem = Memory(os.environ["CACHE"], verbose=0)
+
+def _log(name):
+    with open(os.environ["LOG"], "a") as f:
+        f.write(name + "\\n")
+"""
+
+
+class Runner(ScriptFolder):
+    def run(self, rel: str, *args: str) -> tuple[list[str], str]:
+        """(what computed, stdout) of one run of the script ``rel``."""
+        res = self.execute(rel, *args)
+        return self.logged(), res.stdout.strip()
+
+
+@pytest.fixture
+def runner(tmp_path):
+    return Runner(tmp_path)
+
+
+@pytest.fixture
+def mem(tmp_path):
+    return Memory(tmp_path / "cache", verbose=0)
+
+
+# -- case 1: an object a call changes inside is never state --------------------------------
+def test_a_model_a_method_puts_in_eval_mode_stays_in_the_key(mem):
+    import torch
+
+    class Predictor:
+        def __init__(self, model):
+            self.model = model
+
+        def predict(self, x):
+            self.model.eval()  # flips flags inside the module: not bookkeeping
+            with torch.no_grad():
+                return float(self.model(x).sum())
+
+    x = torch.ones(1, 3)
+    torch.manual_seed(0)
+    model_c = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Dropout(0.5))
+    torch.manual_seed(1)
+    model_d = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Dropout(0.5))
+    with torch.no_grad():
+        expected = [float(m.eval()(x).sum()) for m in (model_c, model_d)]
+    model_c.train(), model_d.train()
+    got_c = mem.cache(Predictor(model_c).predict)(x)
+    got_d = mem.cache(Predictor(model_d).predict)(x)
+    assert [got_c, got_d] == expected and got_c != got_d
+
+
+HOLDER = (
+    HEADER
+    + """
+class Net:
+    def __init__(self, w):
+        self.w = w
+        self.training = True
+
+    def eval(self):
+        self.training = False  # a flag: never bookkeeping
+
+class Ctx:
+    model = None
+
+ctx = Ctx()
+ctx.model = Net(float(sys.argv[1]))  # another checkpoint in another run
+
+@mem.cache
+def predict(x):
+    _log("predict")
+    ctx.model.eval()
+    return x * ctx.model.w
+
+print(predict(2), predict(2))
+"""
+)
+
+
+def test_a_module_level_holder_of_a_model_stays_in_the_key_in_a_later_run(runner):
+    runner.write("holder.py", HOLDER)
+    assert runner.run("holder.py", "3")[1] == "6.0 6.0"
+    assert runner.run("holder.py", "5")[1] == "10.0 10.0"
+    assert runner.run("holder.py", "3") == ([], "6.0 6.0")
+
+
+# -- case 2: a value a call writes once and then reads -------------------------------------
+def test_a_lazily_fitted_attribute_stays_in_the_key(mem):
+    import numpy as np
+
+    class Scaler:
+        def __init__(self, mean=None):
+            self.mean_ = mean
+
+        def transform(self, X):
+            X = np.asarray(X, dtype=float)
+            if self.mean_ is None:
+                self.mean_ = X.mean()  # a value set to something computed
+            return X - self.mean_
+
+    first = mem.cache(Scaler().transform)([0, 1, 2, 3])
+    second = mem.cache(Scaler(mean=100).transform)([0, 1, 2, 3])
+    assert first.tolist() == [-1.5, -0.5, 0.5, 1.5]
+    assert second.tolist() == [-100, -99, -98, -97]
+
+
+REGISTRY = (
+    HEADER
+    + """
+class Model:
+    def __init__(self, w):
+        self.w = w
+        self.calls = 0
+
+    def predict(self, x):
+        self.calls += 1  # a counter: bookkeeping
+        return x * self.w
+
+REG = {"clf": Model(2)}
+
+@mem.cache
+def predict(x):
+    _log("predict")
+    return REG["clf"].predict(x)
+
+print(predict(3.0), predict(3.0))
+"""
+)
+
+
+def test_a_counter_inside_a_registered_model_leaves_its_weights_in_the_key(runner):
+    runner.write("reg.py", REGISTRY)
+    assert runner.run("reg.py") == (["predict"], "6.0 6.0")
+    assert runner.run("reg.py") == ([], "6.0 6.0")
+    runner.edit("reg.py", "Model(2)", "Model(5)")
+    assert runner.run("reg.py") == (["predict"], "15.0 15.0")
+    runner.edit("reg.py", "Model(5)", "Model(7)")
+    assert runner.run("reg.py") == (["predict"], "21.0 21.0")
+
+
+# -- case 3: one function's write never changes another's key ------------------------------
+FIT = (
+    HEADER
+    + """
+CFG = {"scale": 4.0}
+
+@mem.cache
+def fit_scale(data):
+    _log("fit")
+    CFG["scale"] = sum(data) / len(data)  # a fitted value: input, not bookkeeping
+    return CFG["scale"]
+
+@mem.cache
+def transform(x, override=None):
+    _log("transform")
+    if override is not None:
+        CFG["scale"] = override
+    return x * CFG["scale"]
+
+for call in sys.argv[1:]:
+    if call == "fit":
+        print(fit_scale([1.0, 5.0]))
+    elif call == "over":
+        print(transform(2, override=0.5))
+    else:
+        print(transform(2))
+"""
+)
+
+
+def test_a_value_one_function_writes_stays_in_the_key_of_the_one_that_reads_it(runner):
+    runner.write("fit.py", FIT)
+    assert runner.run("fit.py", "fit", "t")[1].split() == ["3.0", "6.0"]
+    runner.edit("fit.py", '{"scale": 4.0}', '{"scale": 10.0}')
+    assert runner.run("fit.py", "t")[1] == "20.0"
+    assert runner.run("fit.py", "fit", "t")[1].split() == ["3.0", "6.0"]
+
+
+def test_a_function_that_sometimes_writes_what_it_reads_does_not_depend_on_call_order(runner):
+    runner.write("fit.py", FIT)
+    assert runner.run("fit.py", "over", "t")[1].split() == ["1.0", "1.0"]
+    # the other order, in another run: the plain call reads the source's value
+    assert runner.run("fit.py", "t", "over")[1].split() == ["8.0", "1.0"]
+    runner.edit("fit.py", '{"scale": 4.0}', '{"scale": 10.0}')
+    assert runner.run("fit.py", "t")[1] == "20.0"
+
+
+# -- case 4: what a container held before cached calls stays in the key --------------------
+LABELS = (
+    HEADER
+    + """
+LABELS = ["cat", "dog"]
+
+@mem.cache
+def encode(label):
+    _log("encode-" + label)
+    if label not in LABELS:
+        LABELS.append(label)  # grows: bookkeeping, but only what calls added
+    return LABELS.index(label)
+
+print(encode("bird"), encode("dog"), encode("fish"))
+"""
+)
+
+
+def test_a_list_calls_append_to_keeps_what_it_held_in_the_key(runner):
+    runner.write("labels.py", LABELS)
+    assert runner.run("labels.py") == (["encode-bird", "encode-dog", "encode-fish"], "2 1 3")
+    assert runner.run("labels.py") == ([], "2 1 3")  # the appends are bookkeeping
+    runner.edit("labels.py", '["cat", "dog"]', '["dog", "cat"]')
+    assert runner.run("labels.py")[1] == "2 0 3"
+
+
+# -- case 5: a big table is keyed by value ---------------------------------------------------
+def test_a_module_level_table_over_max_items_is_keyed_by_value(runner):
+    runner.write(
+        "weights.py",
+        HEADER
+        + """
+WEIGHTS = [1.0] * 150_000
+WEIGHTS[7] = 20.0
+
+@mem.cache
+def weight(i):
+    _log("weight")
+    return WEIGHTS[i]
+
+print(weight(7), weight(7))
+""",
+    )
+    assert runner.run("weights.py") == (["weight"], "20.0 20.0")
+    assert runner.run("weights.py") == ([], "20.0 20.0")
+    runner.edit("weights.py", "WEIGHTS[7] = 20.0", "WEIGHTS[7] = 30.0")
+    assert runner.run("weights.py") == (["weight"], "30.0 30.0")
+
+
+def test_a_big_table_is_hashed_once_per_process(monkeypatch):
+    from mlcache.keys import state
+
+    hashed = []
+    original = state.hash_value
+    monkeypatch.setattr(state, "hash_value", lambda obj: hashed.append(1) or original(obj))
+    table = list(range(state.MAX_ITEMS + 10))
+    assert not state.watchable(table)  # not compared before and after every call
+    first = state.value_digest(table)
+    assert state.value_digest(table) == first and len(hashed) == 1
+    edited = list(table)
+    edited[3] = -1
+    assert state.value_digest(edited) != first  # by value: one item differs
+
+
+# -- case 7: state in a helper's closure is bookkeeping under the same rules -----------------
+def _calls_of(f, *calls):
+    for args in calls:
+        f(*args)
+
+
+def test_a_nested_helper_appending_to_its_closure_computes_once(mem):
+    def make():
+        seen = []
+
+        def helper(x):
+            seen.append(x)
+            return x
+
+        def f(x):
+            return helper(x) * 2
+
+        return f, seen
+
+    f, seen = make()
+    cached = mem.cache(f)
+    _calls_of(cached, *[(3,)] * 50)
+    assert len(seen) == 1
+
+
+def test_a_lambda_over_a_helper_with_an_accumulator(mem):
+    accumulator = []
+
+    def helper(x):
+        accumulator.append(1)
+        return x
+
+    f = mem.cache(lambda x: helper(x))
+    for i in range(3):
+        for _ in range(2):
+            assert f(i) == i and len(accumulator) == i + 1
+    # what the helper's closure only reads stays in the key
+    assert [mem.cache(_scaled(2))(3), mem.cache(_scaled(2))(3)] == [6, 6]
+    assert mem.cache(_scaled(5))(3) == 15
+
+
+def test_a_counter_object_reached_through_a_helper(mem):
+    class Stats:
+        def __init__(self):
+            self.n = 0
+
+    stats = Stats()
+
+    def count(x):
+        stats.n += 1
+        return x
+
+    f = mem.cache(lambda x: count(x) + 1)
+    _calls_of(f, *[(1,)] * 10)
+    assert stats.n == 1
+
+
+def test_a_wraps_decorator_with_ignore(mem):
+    accumulator = []
+
+    def decorate(f):
+        @functools.wraps(f)
+        def wrapped(*args, **kwargs):
+            return f(*args, **kwargs)
+
+        return wrapped
+
+    @mem.cache(ignore=["y"])
+    @decorate
+    def z(x, y=1):
+        accumulator.append(1)
+
+    z(0, y=1), z(0, y=1), z(0, y=2)
+    assert len(accumulator) == 1
+
+
+def _scaled(scale):
+    seen = []
+
+    def helper(x):
+        seen.append(x)
+        return x * scale  # read: input
+
+    return lambda x: helper(x)
+
+
+# -- per function, per code version ----------------------------------------------------------
+def test_what_one_function_learned_never_leaves_another_functions_key(runner):
+    runner.write(
+        "two.py",
+        HEADER
+        + """
+TABLE = {"scale": 2}
+
+@mem.cache
+def bump(x):
+    TABLE["scale"] += 1  # a counter for bump: never for the function that reads it
+    return x
+
+@mem.cache
+def scaled(x):
+    _log("scaled")
+    return x * TABLE["scale"]
+
+if sys.argv[1:] == ["both"]:
+    bump(1)
+print(scaled(3))
+""",
+    )
+    assert runner.run("two.py", "both") == (["scaled"], "9")
+    runner.edit("two.py", '{"scale": 2}', '{"scale": 5}')
+    assert runner.run("two.py") == (["scaled"], "15")
+
+
+# -- case 11: learning does not cost every miss ----------------------------------------------
+def _count(monkeypatch, name):
+    calls = [0]
+    original = getattr(FunctionCode, name)
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FunctionCode, name, counted)
+    return calls
+
+
+STATS = {"calls": 0}
+COMPUTED: list[int] = []
+
+
+def counted(x):
+    STATS["calls"] += 1  # a module-level counter
+    COMPUTED.append(x)
+    return x * 2
+
+
+def test_a_counter_writes_the_state_record_once_not_at_every_miss(mem, monkeypatch):
+    saves = _count(monkeypatch, "_save_state")
+    COMPUTED.clear()
+    cached = mem.cache(counted)
+    _calls_of(cached, *[(i,) for i in range(30)])
+    assert len(COMPUTED) == 30 and saves[0] == 1
+    _calls_of(cached, *[(i,) for i in range(30)])
+    assert len(COMPUTED) == 30
+
+
+def test_a_memo_dict_helper_is_walked_once_not_at_every_miss(mem, monkeypatch):
+    walks = _count(monkeypatch, "prepare")
+    memo = {}
+
+    def vocab(word):
+        if word not in memo:
+            memo[word] = len(memo)
+        return memo[word]
+
+    cached = mem.cache(lambda w: vocab(w) * 10)
+    _calls_of(cached, *[(f"w{i}",) for i in range(30)])
+    assert len(memo) == 30 and walks[0] <= 2  # the first call, and once learned
+
+
+ENTERED, RELEASE = threading.Event(), threading.Event()
+
+
+def gated(x):
+    STATS["calls"] += 1  # learned when the first call ends
+    COMPUTED.append(x)
+    ENTERED.set()
+    RELEASE.wait(60)
+    return x * 2
+
+
+def test_a_call_waiting_on_a_key_does_not_recompute_when_state_is_first_learned(
+    mem, monkeypatch
+):
+    import time
+
+    from mlcache.memo import locking
+
+    COMPUTED.clear()
+    ENTERED.clear(), RELEASE.clear()
+    waiting = threading.Event()
+    sleep = time.sleep
+
+    def noted(seconds):
+        waiting.set()  # the second call waits for the first one's lock
+        sleep(seconds)
+
+    monkeypatch.setattr(locking.time, "sleep", noted)
+    cached = mem.cache(gated)
+    got = []
+    first = threading.Thread(target=lambda: got.append(cached(1)))
+    first.start()
+    assert ENTERED.wait(60)
+    second = threading.Thread(target=lambda: got.append(cached(1)))
+    second.start()
+    assert waiting.wait(60)
+    RELEASE.set()
+    first.join(), second.join()
+    assert got == [2, 2] and COMPUTED == [1]
+
+
+def test_threads_on_the_same_keys_compute_each_once(mem):
+    COMPUTED.clear()
+    cached = mem.cache(counted)
+    results: list[list[int]] = []
+
+    def worker():
+        results.append([cached(i) for i in range(20)])
+
+    threads = [threading.Thread(target=worker) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(COMPUTED) == list(range(20))
+    assert results == [[2 * i for i in range(20)]] * 20
+
+
+# -- say it -----------------------------------------------------------------------------------
+def test_verbose_and_the_miss_explanation_name_what_is_treated_as_state(tmp_path, caplog):
+    stats = {"calls": 0}
+    history = []
+
+    def f(x):
+        stats["calls"] += 1
+        history.append(x)
+        return x
+
+    cached = Memory(tmp_path, verbose=2).cache(f)
+    with caplog.at_level(logging.INFO, logger="mlcache"):
+        cached(1)
+    said = caplog.text
+    assert "treated as state" in said
+    assert "stats[" in said and "(counter)" in said and "history (grown)" in said
+    assert cached._code.state_names() == sorted(cached._code.state_names())
+    assert any("history (grown)" == n for n in cached._code.state_names())
