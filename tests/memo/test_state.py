@@ -443,9 +443,7 @@ def gated(x):
     return x * 2
 
 
-def test_a_call_waiting_on_a_key_does_not_recompute_when_state_is_first_learned(
-    mem, monkeypatch
-):
+def test_a_call_waiting_on_a_key_does_not_recompute_when_state_is_first_learned(mem, monkeypatch):
     import time
 
     from mlcache.memo import locking
@@ -507,4 +505,4 @@ def test_verbose_and_the_miss_explanation_name_what_is_treated_as_state(tmp_path
     assert "treated as state" in said
     assert "stats[" in said and "(counter)" in said and "history (grown)" in said
     assert cached._code.state_names() == sorted(cached._code.state_names())
-    assert any("history (grown)" == n for n in cached._code.state_names())
+    assert any(n == "history (grown)" for n in cached._code.state_names())

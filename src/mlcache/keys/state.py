@@ -49,9 +49,9 @@ from .origin import is_user_code
 
 __all__ = [
     "BY_TYPE",
-    "EPOCH",
     "COUNTER",
     "DEPTH",
+    "EPOCH",
     "GROWN",
     "MAX_ITEMS",
     "STATE_PARTS_MAX",
@@ -61,8 +61,6 @@ __all__ = [
     "baseline",
     "calls_in_flight",
     "epoch",
-    "touch",
-    "touched_since",
     "judge",
     "keyed_parts",
     "learnable",
@@ -72,6 +70,8 @@ __all__ = [
     "plain_object",
     "split",
     "state_parts",
+    "touch",
+    "touched_since",
     "value_digest",
     "watchable",
     "watched_digests",
@@ -181,9 +181,7 @@ def split(name: str, obj: Any) -> tuple[Any, list[tuple[str, Any]]] | None:
 
 
 def _function_parts(name: str, f: types.FunctionType) -> tuple[Any, list[tuple[str, Any]]] | None:
-    if not (f.__closure__ or f.__defaults__ or f.__kwdefaults__) or not is_user_code(
-        f.__module__
-    ):
+    if not (f.__closure__ or f.__defaults__ or f.__kwdefaults__) or not is_user_code(f.__module__):
         return None
     parts: list[tuple[str, Any]] = []
     for var, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
@@ -246,9 +244,7 @@ def observe(entries: Iterable[tuple[str, Any]], holder: Any = None) -> dict[str,
     return out
 
 
-def _observe(
-    name: str, obj: Any, holder: Any, rel: str, depth: int, out: dict[str, Node]
-) -> None:
+def _observe(name: str, obj: Any, holder: Any, rel: str, depth: int, out: dict[str, Node]) -> None:
     t = type(obj)
     parts = split(name, obj) if depth > 0 else None
     names: tuple[str, ...] | None = None
@@ -264,7 +260,9 @@ def _observe(
             items = frozenset(obj)
         except Exception:
             items = None
-    out[name] = Node(value_digest(obj), obj, _probe(obj), items, names, shell, _where(obj, holder, rel))
+    out[name] = Node(
+        value_digest(obj), obj, _probe(obj), items, names, shell, _where(obj, holder, rel)
+    )
 
 
 def _probe(obj: Any) -> Any:
@@ -489,8 +487,8 @@ def keyed_parts(
     :func:`ancestors`), a part learned as bookkeeping by its baseline, as long as
     it still has that shape (else by value)."""
     kind = learned.get(name)
-    if kind == BY_TYPE:
-        return [(name, ("<state>", type(obj).__qualname__))]
+    if kind == BY_TYPE:  # a part a data build changes: left out (its parent counts it)
+        return []
     t = type(obj)
     if (kind == COUNTER and t is int) or (kind == GROWN and issubclass(t, _GROWABLE)):
         return [(name, (f"<{kind}>", baseline(obj, holder, rel or name)))]

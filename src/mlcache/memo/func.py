@@ -185,22 +185,24 @@ class MemorizedFunc(Generic[P, R]):
         cannot be cached (an argument, or state its function holds, cannot be
         hashed: warned once per function, then called uncached)."""
         code = self._code
-        keyer = code.keyer
+        keyed_by = code.keyed_by  # one read: another thread may learn meanwhile
         if (
-            keyer is None
+            keyed_by is None
             or code.epoch != _EPOCH[0]  # a value the code reads was changed by a call
             or (code.target is not None and not code.same_code())
         ):
-            keyer = code.current()
-            if keyer is None:
+            if code.current() is None:
                 return None
-        extra = code.captured_key() if code.stateful else b""
+            keyed_by = code.keyed_by
+            assert keyed_by is not None
+        keyer, code_dir, learned = keyed_by
+        extra = code.captured_key(learned) if code.stateful else b""
         try:
             key, digests = keyer.key(args, kwargs, extra)
         except UnhashableArgument as exc:
             self._warn_unkeyable(str(exc))
             return None
-        return f"{code.code_dir}/{key}", digests
+        return f"{code_dir}/{key}", digests
 
     def _warn_unkeyable(
         self, why: str, hint: str = "name what should not count in ignore="
@@ -456,6 +458,7 @@ class MemorizedFunc(Generic[P, R]):
     # -- the public interface ---------------------------------------------------------
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         began = time.perf_counter()  # what a hit costs, for the audits' budget
+        generation = self._code.generation  # what the key is made with (see _loader)
         keyed, value = self._lookup(args, kwargs)
         if value is not _MISS:
             if self._audit is None or not self._audit.due(keyed, began):
@@ -466,7 +469,7 @@ class MemorizedFunc(Generic[P, R]):
         # one computation per key at a time, across processes and threads (stores
         # that can lock; the others compute concurrently, as joblib does)
         claim = self._locks.claim(
-            keyed[0], self.memory.lock_timeout, self._loader(keyed[0], args, kwargs)
+            keyed[0], self.memory.lock_timeout, self._loader(keyed[0], args, kwargs, generation)
         )
         if claim.value is not _MISS:
             return claim.value
@@ -474,12 +477,12 @@ class MemorizedFunc(Generic[P, R]):
             return self._run(keyed, args, kwargs)[0]
 
     def _loader(
-        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], generation: int
     ) -> Callable[[], Any]:
         """Loads entry ``name`` (``_MISS`` while there is none): what a call waiting
-        for another one's result looks for; once the call that computed it
-        learned state, the result is under the key as it is now."""
-        generation = self._code.generation
+        for another one's result looks for; once a call learned state after
+        ``generation`` (when ``name`` was made), the result is under the key as
+        it is now."""
 
         def load() -> Any:
             value = self._load(name, self.mmap_mode)
@@ -544,6 +547,7 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
     """A memoized ``async def`` function: awaiting it computes or loads."""
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:  # type: ignore[override]
+        generation = self._code.generation
         keyed, value = self._lookup(args, kwargs)
         if value is not _MISS:
             return value
@@ -552,7 +556,7 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
         # the lock loop of plain functions, waiting without blocking the event loop
         name = keyed[0]
         claim = await self._locks.aclaim(
-            name, self.memory.lock_timeout, self._loader(name, args, kwargs)
+            name, self.memory.lock_timeout, self._loader(name, args, kwargs, generation)
         )
         if claim.value is not _MISS:
             return claim.value

@@ -56,6 +56,8 @@ __all__ = ["OLD_VERSIONS_KEPT_FOR", "FunctionCode", "Keyed"]
 logger = logging.getLogger("mlcache")
 #: a call's entry name and its kept arguments' digests (see CallKeyer.key)
 Keyed = tuple[str, list[bytes]]
+#: what is learned of what a function captures: name -> kind, and their ancestors
+Learned = tuple[dict[str, str], frozenset[str]]
 
 #: (location, function folder, version) whose other versions this process looked at
 _CLEANED: set[tuple[str, str, str]] = set()
@@ -73,8 +75,10 @@ class Snapshot(NamedTuple):
     captured: dict[str, Node]
     watched: dict[str, Node]
     roots: list[str]  #: the names of what the function captures
-    #: parts other code changed since the last cached call (their baseline was reset)
+    #: parts other code changed since the last cached call (their baseline was
+    #: reset), of what the function captures and of what the code reads
     reset: frozenset[str]
+    reset_globals: frozenset[str]
     generation: int
 
 
@@ -131,6 +135,10 @@ class FunctionCode:
         #: the function captures something (closure, bound object, partial)
         self.stateful = call_state(func, state_ignore) is not None
         self.keyer: CallKeyer | None = None
+        #: (keyer, code folder, what is learned of what the function captures),
+        #: swapped as one value: a call keyed while another thread learns uses
+        #: one version whole
+        self.keyed_by: tuple[CallKeyer, str, Learned] | None = None
         self._seen_code: tuple[Any, ...] = (None, None, None)
         self.code_dir = ""  #: ``<function folder>/<code version>``
         self.code_path = ""  #: the code folder's local path (stores with local paths)
@@ -141,7 +149,8 @@ class FunctionCode:
         #: bound object) and of module-level values (code walk names); read from
         #: and written to the function's folder
         self._captured_state: dict[str, str] = {}
-        self._captured_split: frozenset[str] = frozenset()  # their ancestors
+        #: the same and their ancestors, as one value (read at every call)
+        self._captured_learned: Learned = ({}, frozenset())
         self._global_state: dict[str, str] = {}
         #: names once learned and then seen changed otherwise: never learned again
         self._revoked: set[str] = set()
@@ -216,6 +225,7 @@ class FunctionCode:
         self._use_version(code)
         keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{code.digest[:16]}".encode())
         self.keyer, self._seen_code = keyer, seen
+        self.keyed_by = (keyer, self.code_dir, self._captured_learned)
         self.generation += 1
         return keyer
 
@@ -303,7 +313,7 @@ class FunctionCode:
     # -- state: what calls change as bookkeeping is not input ---------------------------------
     def _set_state(self, captured: dict[str, str], globals_: dict[str, str]) -> None:
         self._captured_state, self._global_state = captured, globals_
-        self._captured_split = ancestors(captured)
+        self._captured_learned = (captured, ancestors(captured))
         self.generation += 1
 
     def state_names(self) -> list[str]:
@@ -320,27 +330,24 @@ class FunctionCode:
             for e in call_state(self.func, self._state_ignore) or ()
         ]
 
-    def _captured(self, learned: dict[str, str] | None = None) -> list[tuple[str, Any]]:
+    def _captured(self, learned: Learned | None = None) -> list[tuple[str, Any]]:
         """What the function captures, as its key counts it: a value some part
         of which is learned as bookkeeping (``learned``; default: what is) is
         split down to that part, which counts by its baseline
         (:func:`~mlcache.keys.state.keyed_parts`); the rest whole (hashing a
         value whole is cheaper; this runs at every call)."""
-        if learned is None:
-            learned, split_at = self._captured_state, self._captured_split
-        else:
-            split_at = ancestors(learned)
-        if not learned:
+        names, split_at = self._captured_learned if learned is None else learned
+        if not names:
             return self._captured_entries()
         found: list[tuple[str, Any]] = []
         for name, value in self._captured_entries():
-            if name in learned or name in split_at:
-                found.extend(keyed_parts(name, value, learned, split_at, self.func, name))
+            if name in names or name in split_at:
+                found.extend(keyed_parts(name, value, names, split_at, self.func, name))
             else:
                 found.append((name, value))
         return found
 
-    def captured_key(self, learned: dict[str, str] | None = None) -> bytes:
+    def captured_key(self, learned: Learned | None = None) -> bytes:
         """The digest of what the function captures, for the key: one hash of the
         (name, value) pairs (this runs at every call); a value that cannot be
         hashed is left out, with one warning (see :meth:`_digests`)."""
@@ -391,12 +398,11 @@ class FunctionCode:
             reset_g = note_before(watched)
             if reset_g:  # other code changed a value the code reads: read it again
                 touch(self._roots_of(reset_g))
-                reset |= reset_g
         except Exception as exc:
             calls_in_flight(-1)
             logger.debug("mlcache: %s: cannot watch what calls change: %s", self.func_id, exc)
             return None
-        return Snapshot(captured, watched, roots, frozenset(reset), generation)
+        return Snapshot(captured, watched, roots, frozenset(reset), frozenset(reset_g), generation)
 
     def _roots_of(self, names: set[str]) -> list[Any]:
         """The module-level values the parts ``names`` belong to."""
@@ -427,11 +433,7 @@ class FunctionCode:
         the key asked under, and then finds it under the new key)."""
         if before is None:
             return keyed, self.abandon
-        try:
-            keyed, commit = self._learn(before, keyed)
-        except BaseException:
-            self.abandon(before)
-            raise
+        keyed, commit = self._learn(before, keyed)  # raising: the caller abandons
         if commit is None:
             return keyed, self.abandon
 
@@ -457,14 +459,20 @@ class FunctionCode:
             learned_c = self._merge(self._captured_state, kept_c, changed_c)
             learned_g = self._merge(self._global_state, kept_g, changed_g)
             new = learned_c != self._captured_state or learned_g != self._global_state
-            stale_g = bool(before.reset & self._global_state.keys())
+        # other code changed what the key was made of: the key asked under is stale
+        stale_c = bool(before.reset & learned_c.keys())
+        stale_g = bool(before.reset_globals)
         # something changed that stays input: what remains is not as it was
         # before the call, so the result keeps the key it was asked under
         keep = bool(changed_c or changed_g)
         if not new and not stale_g:
-            if keep or self.keyer is None or self.generation == before.generation:
+            if (
+                keep
+                or self.keyed_by is None
+                or (self.generation == before.generation and not stale_c)
+            ):
                 return keyed, None
-            return self._rekey(keyed, self.keyer, self.code_dir, self._captured_state), None
+            return self._rekey(keyed, *self.keyed_by), None
 
         def commit() -> None:
             with self._lock:
@@ -480,16 +488,17 @@ class FunctionCode:
         code = code_version(self.func, self._ctx.code, self.version, learned_g)
         version = code.digest[:16]
         keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{version}".encode())
-        return self._rekey(keyed, keyer, f"{self.folder}/{version}", learned_c), commit
+        learned = (learned_c, ancestors(learned_c))
+        return self._rekey(keyed, keyer, f"{self.folder}/{version}", learned), commit
 
-    def _rekey(
-        self, keyed: Keyed, keyer: CallKeyer, code_dir: str, learned: dict[str, str]
-    ) -> Keyed:
+    def _rekey(self, keyed: Keyed, keyer: CallKeyer, code_dir: str, learned: Learned) -> Keyed:
         """The entry of the call ``keyed`` under ``keyer`` with ``learned``."""
         extra = self.captured_key(learned) if self.stateful else b""
         return f"{code_dir}/{keyer.combine(keyed[1], extra)}", keyed[1]
 
-    def _merge(self, learned: dict[str, str], kept: dict[str, str], changed: set[str]) -> dict[str, str]:
+    def _merge(
+        self, learned: dict[str, str], kept: dict[str, str], changed: set[str]
+    ) -> dict[str, str]:
         """``learned`` with what a call was now seen changing as bookkeeping
         (``kept``) added and what it changed otherwise (``changed``) taken out."""
         merged = {n: k for n, k in learned.items() if n not in changed}
