@@ -8,7 +8,9 @@ Inside the package, imports point down::
       |
     func          MemorizedFunc: the call, the hit path, exceptions -> misses
       |
-    versions      code versions side by side, old-version cleanup, learned state
+    versions      code versions side by side, old-version cleanup
+      |
+    learning      what calls change: bookkeeping learned per function and version
     locking       one computation per key (one lock loop, sync and async)
     results       MemorizedResult, shelved results
       |

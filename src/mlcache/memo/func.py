@@ -431,13 +431,9 @@ class MemorizedFunc(Generic[P, R]):
         self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, dict[str, Any] | None, str]:
         self._log_call(keyed, args, kwargs)
-        before = self._code.snapshot()
-        t0 = time.perf_counter()
-        try:
+        with self._code.watching() as before:  # what the call changes
+            t0 = time.perf_counter()
             out = self.func(*args, **kwargs)
-        except BaseException:
-            self._code.abandon(before)
-            raise
         return self._finish(keyed, out, t0, args, kwargs, before)
 
     def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Keyed | None, Any]:
@@ -480,19 +476,13 @@ class MemorizedFunc(Generic[P, R]):
         self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], generation: int
     ) -> Callable[[], Any]:
         """Loads entry ``name`` (``_MISS`` while there is none): what a call waiting
-        for another one's result looks for; once a call learned state after
-        ``generation`` (when ``name`` was made), the result is under the key as
-        it is now."""
-
-        def load() -> Any:
-            value = self._load(name, self.mmap_mode)
-            if value is _MISS and self._code.generation != generation:
-                keyed = self._key(args, kwargs)
-                if keyed is not None and keyed[0] != name:
-                    value = self._load(keyed[0], self.mmap_mode)
-            return value
-
-        return load
+        for another one's result looks for (see :meth:`FunctionCode.reloading`)."""
+        return self._code.reloading(
+            name,
+            generation,
+            lambda n: self._load(n, self.mmap_mode),
+            lambda: self._key(args, kwargs),
+        )
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
         """Always compute and store; return ``(output, metadata)`` as joblib does."""
@@ -567,13 +557,9 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
         self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, dict[str, Any] | None, str]:
         self._log_call(keyed, args, kwargs)
-        before = self._code.snapshot()
-        t0 = time.perf_counter()
-        try:
+        with self._code.watching() as before:
+            t0 = time.perf_counter()
             out = await self.func(*args, **kwargs)  # type: ignore[misc]
-        except BaseException:
-            self._code.abandon(before)
-            raise
         return self._finish(keyed, out, t0, args, kwargs, before)
 
     async def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:  # type: ignore[override]
