@@ -88,6 +88,8 @@ MAX_ITEMS = 100_000
 STATE_PARTS_MAX = 1000
 #: how many levels of parts are followed (``REG[<key>].stats.n`` is three)
 DEPTH = 4
+#: a dict of more keys is not compared key by key (a memo): grown or changed
+_SPLIT_DICT_MAX = 64
 #: the kinds of bookkeeping: an int calls raise, a container calls grow
 COUNTER, GROWN = "counter", "grown"
 #: what data builds learn (:mod:`mlcache.data.building`): counted by type only
@@ -246,7 +248,9 @@ def observe(entries: Iterable[tuple[str, Any]], holder: Any = None) -> dict[str,
 
 def _observe(name: str, obj: Any, holder: Any, rel: str, depth: int, out: dict[str, Node]) -> None:
     t = type(obj)
-    parts = split(name, obj) if depth > 0 else None
+    # a dict of many keys (a memo) is judged whole: grown, or changed
+    whole = issubclass(t, dict) and len(obj) > _SPLIT_DICT_MAX
+    parts = split(name, obj) if depth > 0 and not whole else None
     names: tuple[str, ...] | None = None
     shell = ""
     if parts is not None:
@@ -255,13 +259,13 @@ def _observe(name: str, obj: Any, holder: Any, rel: str, depth: int, out: dict[s
         for sub, value in parts[1]:
             _observe(sub, value, obj, sub[len(name) :], depth - 1, out)
     items = None
-    if t is set:
+    if t is set or issubclass(t, dict):  # what it held: to tell it only grew
         try:
             items = frozenset(obj)
         except Exception:
             items = None
     out[name] = Node(
-        value_digest(obj), obj, _probe(obj), items, names, shell, _where(obj, holder, rel)
+        _node_digest(obj), obj, _probe(obj), items, names, shell, _where(obj, holder, rel)
     )
 
 
@@ -348,10 +352,14 @@ def _bookkeeping(b: Node, a: Node) -> str | None:
             if isinstance(a.obj, collections.deque)
             else a.obj[: b.probe]
         )
-        return GROWN if value_digest(head) == b.digest else None
+        return GROWN if _node_digest(head) == b.digest else None
     if t is set and b.items is not None:
         return GROWN if b.items <= a.obj else None
-    return None  # a dict grows key by key: judged by its parts
+    if issubclass(t, dict) and b.items is not None and b.items <= a.obj.keys():
+        # the keys it held, holding what they held
+        held = {k: dict.__getitem__(a.obj, k) for k in b.items}
+        return GROWN if _node_digest(held) == b.digest else None
+    return None
 
 
 # -- baselines: what cached calls did not add --------------------------------------------------
@@ -464,7 +472,7 @@ def baseline(obj: Any, holder: Any, rel: str) -> str:
         found = _BASES.get((id(where[0]), where[1]))
         if found is not None and found.obj is where[0] and found.probe == probe:
             return found.base
-    digest = value_digest(obj)
+    digest = _node_digest(obj)
     with _LOCK:
         entry, made = _entry(where, digest, probe)
         if not made and entry.after != digest and _IN_FLIGHT[0] == 0:
@@ -540,7 +548,22 @@ def _first(pair: tuple[str, Any]) -> str:
     return pair[0]
 
 
+#: values whose text is what they are: digested by it (a memo's keys and values,
+#: a counter; hashing each costs more than comparing a memo of them is worth)
+_BY_TEXT = (int, str, float, bool, type(None))
+
+
+def _node_digest(obj: Any) -> str:
+    """A part's digest in a snapshot (and its baseline)."""
+    t = type(obj)
+    if t in _BY_TEXT:
+        return xxhash.xxh3_64_hexdigest(f"{t.__name__}:{obj!r}".encode("utf-8", "surrogatepass"))
+    return value_digest(obj)
+
+
 def _key_digest(key: Any) -> str:
+    if type(key) in _BY_TEXT:
+        return _node_digest(key)
     try:
         return hash_value(key)[:16]
     except Exception:  # a key the hash cannot take: its text
