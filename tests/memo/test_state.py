@@ -433,10 +433,11 @@ def test_a_memo_dict_helper_is_walked_once_not_at_every_miss(mem, monkeypatch):
 
 
 ENTERED, RELEASE = threading.Event(), threading.Event()
+GATED = {"calls": 0}  # no other test's function changes it
 
 
 def gated(x):
-    STATS["calls"] += 1  # learned when the first call ends
+    GATED["calls"] += 1  # learned when the first call ends
     COMPUTED.append(x)
     ENTERED.set()
     RELEASE.wait(60)
@@ -471,9 +472,18 @@ def test_a_call_waiting_on_a_key_does_not_recompute_when_state_is_first_learned(
     assert got == [2, 2] and COMPUTED == [1]
 
 
+SHARED = {"calls": 0}
+
+
+def shared(x):
+    SHARED["calls"] += 1  # learned by the first of many threads to finish
+    COMPUTED.append(x)
+    return x * 2
+
+
 def test_threads_on_the_same_keys_compute_each_once(mem):
     COMPUTED.clear()
-    cached = mem.cache(counted)
+    cached = mem.cache(shared)
     results: list[list[int]] = []
 
     def worker():
