@@ -3,12 +3,41 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+from .._log import logger_for, logging_configured
 from ..entry import read_entry_info
 from ..store import Store
 from .layout import is_entry
 from .versions import FunctionCode
 
-__all__ = ["miss_reason"]
+__all__ = ["log_call", "miss_reason"]
+
+
+def log_call(
+    verbose: int,
+    func_id: str,
+    code: FunctionCode,
+    store: Store,
+    keyed: tuple[str, list[bytes]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """Log a call that computes, with its arguments and, with ``verbose=2`` or
+    logging configured, why it missed."""
+    log = logger_for(verbose)
+    if not log.isEnabledFor(logging.INFO):
+        return
+    assert code.keyer is not None
+    shown = ", ".join(f"{k}={v}" for k, v in code.keyer.describe(args, kwargs).items())
+    if verbose < 2 and not logging_configured():
+        # the default console output: why it missed costs a listing of the
+        # function's folder (a LIST on S3), so it waits for verbose=2 or logging
+        log.info("[Memory] calling %s(%s)", func_id, shown)
+        return
+    reason = miss_reason(code, store, keyed[1])
+    log.info("[Memory] calling %s(%s): %s", func_id, shown, reason)
 
 
 def miss_reason(code: FunctionCode, store: Store, digests: list[bytes]) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 
-from .._log import logger_for, logging_configured
+from .._log import logger_for
 from ..codecs import select_codec
 from ..entry import EntryPlan, decode, open_entry, read_entry_info
 from ..errors import (
@@ -41,7 +41,7 @@ from ..keys.state import EPOCH as _EPOCH
 from .audit import auditor
 from .config import check_callback
 from .context import MemoContext
-from .explain import miss_reason
+from .explain import log_call
 from .locking import MISS as _MISS
 from .locking import KeyLocks
 from .results import MemorizedResult, NotMemorizedResult
@@ -379,21 +379,8 @@ class MemorizedFunc(Generic[P, R]):
         warn(f"mlcache: the result of {self.func_id} {why}; it is returned uncached", stacklevel=5)
 
     def _log_call(self, keyed: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._verbose > 0 and (log := logger_for(self._verbose)).isEnabledFor(logging.INFO):
-            keyer = self._code.keyer
-            assert keyer is not None
-            shown = ", ".join(f"{k}={v}" for k, v in keyer.describe(args, kwargs).items())
-            if self._verbose < 2 and not logging_configured():
-                # the default console output: why it missed costs a listing of the
-                # function's folder (a LIST on S3), so it waits for verbose=2 or logging
-                log.info("[Memory] calling %s(%s)", self.func_id, shown)
-                return
-            log.info(
-                "[Memory] calling %s(%s): %s",
-                self.func_id,
-                shown,
-                miss_reason(self._code, self._store, keyed[1]),
-            )
+        if self._verbose > 0:
+            log_call(self._verbose, self.func_id, self._code, self._store, keyed, args, kwargs)
 
     def _finish(
         self,
@@ -414,8 +401,9 @@ class MemorizedFunc(Generic[P, R]):
             learned = self._code.abandon
         try:
             if self._verbose > 0:
-                log = logger_for(self._verbose)
-                log.info("[Memory] %s computed in %.3fs", self.func_id, duration)
+                logger_for(self._verbose).info(
+                    "[Memory] %s computed in %.3fs", self.func_id, duration
+                )
             self._ctx.usage.miss(keyed[0], self.func_id, duration)
             meta = self._store_result(keyed, out, duration, args, kwargs)
         finally:  # once stored: a call keyed with what was learned finds it
@@ -464,9 +452,8 @@ class MemorizedFunc(Generic[P, R]):
             return self.func(*args, **kwargs)
         # one computation per key at a time, across processes and threads (stores
         # that can lock; the others compute concurrently, as joblib does)
-        claim = self._locks.claim(
-            keyed[0], self.memory.lock_timeout, self._loader(keyed[0], args, kwargs, generation)
-        )
+        wait = self._loader(keyed[0], args, kwargs, generation)
+        claim = self._locks.claim(keyed[0], self.memory.lock_timeout, wait)
         if claim.value is not _MISS:
             return claim.value
         with claim:
@@ -477,12 +464,8 @@ class MemorizedFunc(Generic[P, R]):
     ) -> Callable[[], Any]:
         """Loads entry ``name`` (``_MISS`` while there is none): what a call waiting
         for another one's result looks for (see :meth:`FunctionCode.reloading`)."""
-        return self._code.reloading(
-            name,
-            generation,
-            lambda n: self._load(n, self.mmap_mode),
-            lambda: self._key(args, kwargs),
-        )
+        load, rekey = (lambda n: self._load(n, self.mmap_mode)), (lambda: self._key(args, kwargs))
+        return self._code.reloading(name, generation, load, rekey)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> tuple[R, dict[str, Any]]:
         """Always compute and store; return ``(output, metadata)`` as joblib does."""
@@ -545,9 +528,8 @@ class AsyncMemorizedFunc(MemorizedFunc[P, R]):
             return await self.func(*args, **kwargs)  # type: ignore[misc]
         # the lock loop of plain functions, waiting without blocking the event loop
         name = keyed[0]
-        claim = await self._locks.aclaim(
-            name, self.memory.lock_timeout, self._loader(name, args, kwargs, generation)
-        )
+        wait = self._loader(name, args, kwargs, generation)
+        claim = await self._locks.aclaim(name, self.memory.lock_timeout, wait)
         if claim.value is not _MISS:
             return claim.value
         with claim:

@@ -26,14 +26,13 @@ from typing import Any
 
 from .._log import logger_for
 from .._util import slug
-from ..entry import read_entry_info
 from ..errors import EntryNotFound
 from ..keys.call import CallKeyer
 from ..keys.code_version import CodeVersion, code_version
 from ..keys.identity import call_state, target_function
 from ..keys.state import EPOCH, calls_in_flight, touched_since
 from .context import MemoContext
-from .layout import CODE_MANIFEST, STATE, STATS, is_entry
+from .layout import CODE_MANIFEST, STATE, STATS
 from .learning import Keyed, Learned, Snapshot, StateLearning
 from .locking import MISS
 
@@ -258,33 +257,6 @@ class FunctionCode(StateLearning):
                     f.write(json.dumps(parts, sort_keys=True).encode())
         except (OSError, ValueError) as exc:  # an explanation only
             logger.debug("could not write the code manifest of %s: %s", self.func_id, exc)
-
-    def miss_reason(self, digests: list[bytes]) -> str:
-        """Why a call (its arguments' ``digests``) missed, against the most recently
-        used entry of the function (a listing of its folder: paid on a logged
-        miss only)."""
-        code = self
-        assert code.keyer is not None
-        try:
-            entries = [e for e in self._store.list(code.code_dir) if is_entry(e.name)]
-            latest = max(entries, key=lambda e: e.last_used, default=None)
-            if latest is None:
-                if not code.code_changed:
-                    return "no entry yet"
-                changes = code.code_changes
-                return f"its code changed ({', '.join(changes)})" if changes else "its code changed"
-            old = read_entry_info(self._store, latest.name).get("arg_digests")
-        except Exception:  # an explanation must never fail the call
-            return "new arguments"
-        if not isinstance(old, dict):
-            return "new arguments"
-        changed = code.keyer.changed(old, digests)
-        if not changed:  # the same arguments, but the function's state differs
-            learned = code.state_names()
-            state = f"; treated as state: {', '.join(learned[:8])}" if learned else ""
-            return f"what the function captures (closure, bound object) changed{state}"
-        what = ", ".join(repr(c) for c in changed)
-        return f"argument{'s' if len(changed) > 1 else ''} {what} changed since the last entry"
 
     def reloading(
         self,
