@@ -447,7 +447,8 @@ class MemorizedFunc(Generic[P, R]):
         if value is not _MISS:
             if self._audit is None or not self._audit.due(keyed, began):
                 return value
-            return self._audit.check(keyed, value, self.func, args, kwargs, self._finish)
+            again = lambda *a, **k: self._code.watched(keyed, lambda: self.func(*a, **k))  # noqa: E731
+            return self._audit.check(keyed, value, again, args, kwargs, self._finish)
         if keyed is None:
             return self.func(*args, **kwargs)
         # one computation per key at a time, across processes and threads (stores

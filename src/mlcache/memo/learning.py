@@ -207,6 +207,20 @@ class StateLearning:
             self.abandon(before)
             raise
 
+    def watched(self, keyed: tuple[str, list[bytes]], call: Callable[[], Any]) -> Any:
+        """``call()``, an audit's computation of ``keyed``, watched as a computed
+        call is: what it changes is learned as a miss's would be (an unwatched
+        call that grows a learned container would move its baseline, and the
+        keys made after it), and nothing is stored."""
+        with self.watching() as before:
+            out = call()
+        try:
+            learned = self.learn(before, keyed)[1]
+        except Exception:  # learning is an optimisation: never fail the call
+            learned = self.abandon
+        learned(before)
+        return out
+
     def abandon(self, before: Snapshot | None) -> None:
         """The call :meth:`snapshot` was taken for is over (it raised, or what it
         changed is settled)."""
