@@ -34,7 +34,8 @@ def env() -> dict[str, str]:
     return {**os.environ, "CI": "true"}
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The command run from ``cwd`` (a user in their project folder), as a script."""
     return subprocess.run(
         [sys.executable, "-m", "mlcache", *args],
         capture_output=True,
@@ -42,6 +43,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         stdin=subprocess.DEVNULL,
         env=env(),
+        cwd=cwd,
     )
 
 
@@ -512,16 +514,7 @@ def test_a_scripts_function_is_named_by_its_name_alone(tmp_path):
 
 
 def _in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The command run from ``folder``, as a user in their project folder runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "mlcache", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env=env(),
-        cwd=folder,
-    )
+    return run(*args, cwd=folder)
 
 
 def _hint(text: str, verb: str) -> list[str]:
