@@ -2,8 +2,10 @@
 
 ``python benchmarks/joblib_suite.py`` runs the installed joblib's
 ``joblib/test/test_memory.py`` and ``test_memory_async.py`` (nothing of them is
-copied here: pytest collects them from the installed package) with this
-module loaded as a pytest plugin. The plugin swaps mlcache's public classes
+kept here: they are copied from the installed package into a temporary folder
+at each run, so that the functions they define are user code, as a user's tests
+are, and not a library's under site-packages) with this module loaded as a
+pytest plugin. The plugin swaps mlcache's public classes
 into ``joblib`` and ``joblib.memory`` before the test modules import them, so
 every ``Memory``, ``MemorizedFunc``, ``register_store_backend``... the tests
 use is mlcache's, while joblib's private helpers they import
@@ -183,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mlcache-joblib-suite-") as site:
         # a subprocess a test starts swaps too
         Path(site, "sitecustomize.py").write_text("import joblib_suite\n")
+        # the test files run from this temporary folder, not from site-packages: a
+        # user's tests and the functions they define are user code, while code under
+        # site-packages is a library's (mlcache walks and learns user code only)
+        for name in ("test_memory.py", "test_memory_async.py"):
+            text = (tests / name).read_text()
+            text = text.replace("from .test_memory import", "from test_memory import")
+            Path(site, name).write_text(text)
         env = dict(os.environ, MLCACHE_JOBLIB_SWAP="1")
         path = [site, str(here), str(src), env.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
@@ -193,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             "-c",
             os.devnull,
             "--rootdir",
-            str(tests),  # results are named test_memory.py::test_...
+            site,  # results are named test_memory.py::test_...
             "-p",
             "joblib_suite",
             "-p",
@@ -203,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             "-W",
             "ignore::pytest.PytestAssertRewriteWarning",  # this module, loaded twice
             "--tb=line",
-            str(tests / "test_memory.py"),
-            str(tests / "test_memory_async.py"),
+            str(Path(site, "test_memory.py")),
+            str(Path(site, "test_memory_async.py")),
             *args.pytest_args,
         ]
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=site)

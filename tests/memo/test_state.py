@@ -516,3 +516,22 @@ def test_verbose_and_the_miss_explanation_name_what_is_treated_as_state(tmp_path
     assert "stats[" in said and "(counter)" in said and "history (grown)" in said
     assert cached._code.state_names() == sorted(cached._code.state_names())
     assert any(n == "history (grown)" for n in cached._code.state_names())
+
+
+def test_what_a_function_learned_holds_for_another_wrapper_after_clear(tmp_path):
+    # joblib's test_memory_integration: Memory.eval (a new wrapper of the same
+    # function) after clear() removed the record of what its calls change
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return x
+
+    mem = Memory(tmp_path, verbose=0)
+    g = mem.cache(f)
+    g(1)
+    g.clear(warn=False)
+    g(1)
+    done = len(calls)
+    assert mem.eval(f, 1) == 1
+    assert len(calls) == done  # a hit: the new wrapper keys calls as g does

@@ -54,6 +54,12 @@ Keyed = tuple[str, list[bytes]]
 Learned = tuple[dict[str, str], frozenset[str]]
 
 
+#: what this process learned, by store and record: another wrapper of the same
+#: function and code (``Memory.eval``, a second ``cache()`` of it) starts from it,
+#: even when the record was removed meanwhile (``clear()``, a removed folder)
+_LEARNED: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = {}
+
+
 class Snapshot(NamedTuple):
     """What a computed call could change, as it was before the call."""
 
@@ -289,6 +295,8 @@ class StateLearning:
                     old = self._captured_state.items() | self._global_state.items()
                     self._set_state(learned_c, learned_g)
                     self._say_learned(sorted((learned_c.items() | learned_g.items()) - old))
+                    if self._state_base is not None:
+                        _LEARNED[self._learned_at()] = (dict(learned_c), dict(learned_g))
                     self._save_state()
                 self.prepare()
 
@@ -337,20 +345,27 @@ class StateLearning:
         out again)."""
         if self._state_base is None:
             return False
+        captured, globals_ = _LEARNED.get(self._learned_at(), ({}, {}))
         try:
             reader = open_entry(self._store, self._state_base, signer=self._ctx.signer)
             data = decode(reader, allow_pickle=False)
-            captured, globals_ = _kinds(data["captured"]), _kinds(data["globals"])
+            captured = {**_kinds(data["captured"]), **captured}
+            globals_ = {**_kinds(data["globals"]), **globals_}
         except EntryNotFound:
-            return False
+            pass
         except Exception as exc:  # unreadable, unsigned, another key: learned again
             logger.debug("could not read what %s changes: %s", self.func_id, exc)
+        if not captured and not globals_:
             return False
         captured = {n: k for n, k in captured.items() if n not in self._revoked}
         globals_ = {n: k for n, k in globals_.items() if n not in self._revoked}
         new = bool(globals_.items() - self._global_state.items())
         self._set_state({**captured, **self._captured_state}, {**globals_, **self._global_state})
         return new
+
+    def _learned_at(self) -> tuple[str, str]:
+        """Where this function's learning is recorded: its store and record."""
+        return (str(getattr(self._store, "location", id(self._store))), str(self._state_base))
 
     def _save_state(self) -> None:
         """Record what was learned (when it changed: never at every miss)."""
