@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -275,3 +276,36 @@ def test_location_after_the_command_and_plain_seconds(tmp_path):
     assert res.returncode == 0 and "would remove 0 items" in res.stdout
     res = run("prune", "--max-size", "lots", "--location", str(tmp_path))
     assert res.returncode == 2
+
+
+def test_prune_says_why_each_entry_goes_and_keeps_what_is_worth_most(tmp_path):
+    mem = Memory(tmp_path, verbose=0)
+
+    @mem.cache
+    def slow_small(i):
+        time.sleep(0.05)  # what its entry saves: its compute time
+        return i
+
+    @mem.cache
+    def quick_large(i):
+        return np.zeros(100_000) + i  # 800 KB, computed at once
+
+    for i in range(2):
+        slow_small(i)
+        quick_large(i)
+    where = ("--location", str(tmp_path))
+    res = run(*where, "prune", "--max-size", "1MB", "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    removed = json.loads(res.stdout)["removed"]
+    # what goes is the quick, large result (800 KB that recompute in a millisecond)
+    assert removed and all(e["size"] > 500_000 and e["reason"] != "age" for e in removed)
+    res = run(*where, "prune", "--max-size", "1MB", "--dry-run")
+    gone = [line for line in res.stdout.splitlines() if line.startswith("would remove ")]
+    assert len(gone) == len(removed) + 1, res.stdout  # and the total
+    for line in gone[:-1]:
+        assert "worth least: recomputes in" in line and "per MiB kept" in line, line
+    res = run(*where, "prune", "--older-than", "0s", "--dry-run", "--json")
+    reasons = {e.get("reason") for e in json.loads(res.stdout)["removed"]}
+    assert reasons == {"age"}, res.stdout
+    res = run(*where, "prune", "--older-than", "0s", "--dry-run")
+    assert "unused for more than" in res.stdout
