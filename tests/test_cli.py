@@ -57,6 +57,7 @@ def test_demo_quick_prints_timings_writes_a_chart_and_a_report(tmp_path):
     assert "rebuilt" not in edited and edited.endswith("patient 0's age is now 68")
     assert "opened again: 0 files loaded, the same pack" in text
     assert "with load_source() instead (the alternative), the same edit rebuilds" in text
+    assert re.search(r"what the cache saved so far \(mlcache ls\): [\d.]+ \w+ of computing", text)
     assert "after clear(), the last call is cached? False" in text
     # part 4, at every size (--quick: 300, 3,000 and 30,000 samples), a row each
     assert "reopen and per-worker memory at every size" in text

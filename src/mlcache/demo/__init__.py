@@ -230,6 +230,12 @@ def _changes(cached: Any, x: np.ndarray, loaded: loading.Loaded) -> list[str]:
     with open(loaded.pickled, "rb") as f:
         stale = pickle.load(f)[0]["age"]
     lines.append(f"the pickled list after the same edit: still says {stale} (it never looks)")
+    stats = edited.memory.stats().values()  # what `mlcache ls` shows, per function
+    saved, spent = sum(st.saved for st in stats), sum(st.computed for st in stats)
+    lines.append(
+        f"what the cache saved so far (mlcache ls): {report.seconds(saved)} of computing, "
+        f"for {report.seconds(spent)} spent computing what it stored"
+    )
     edited.clear(warn=False)
     lines.append(f"after clear(), the last call is cached? {edited.check_call_in_cache(x)}")
     return lines
