@@ -1,4 +1,4 @@
-"""Test-session setup: a private signing key for the whole run.
+"""Test-session setup: a private signing key and default cache folder for the whole run.
 
 Every ``Memory`` signs entries with the per-user key by default; the tests (and
 the processes they start, which inherit the environment) use a key file of
@@ -17,9 +17,13 @@ import pytest
 @pytest.fixture(autouse=True, scope="session")
 def _private_key_file():
     with tempfile.TemporaryDirectory(prefix="mlcache-test-key-") as folder:
-        saved = {k: os.environ.get(k) for k in ("MLCACHE_KEY_FILE", "MLCACHE_SECRET")}
+        names = ("MLCACHE_KEY_FILE", "MLCACHE_SECRET", "MLCACHE_DIR")
+        saved = {k: os.environ.get(k) for k in names}
         os.environ["MLCACHE_KEY_FILE"] = os.path.join(folder, "key")
         os.environ.pop("MLCACHE_SECRET", None)
+        # what a test leaves in the default cache folder (the local copies of a remote
+        # pack, a dataset without cache_dir) never lands in the user's own
+        os.environ["MLCACHE_DIR"] = os.path.join(folder, "default-cache")
         try:
             yield
         finally:

@@ -46,7 +46,7 @@ from .memo.parallel import cached_map
 from .store import register_store_backend, register_url_scheme
 from .store.local import default_location
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 class _MovedModules(_abc.MetaPathFinder, _abc.Loader):

@@ -266,7 +266,7 @@ def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             print(
                 f"mlcache clear: this would remove {_what(plan)} from {location}; there is no "
-                f"terminal to confirm on: run {_again(args, 'clear', '--yes')} to remove it, "
+                f"terminal to confirm on: run {_again(args, 'clear', '--yes')} to remove that, "
                 f"{_again(args, 'clear', '--dry-run')} to list it",
                 file=sys.stderr,
             )

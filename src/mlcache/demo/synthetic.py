@@ -37,6 +37,8 @@ def write_patients(
 ) -> list[Path]:
     """Write ``n_patients`` files (``p00000.csv`` ...) into ``folder``; return their paths.
 
+    A file that already holds what it would be written with is left as it is.
+
     ``fmt`` is ``"csv"`` or ``"json"``; ``progress`` shows a progress bar (tqdm,
     on a terminal).
 
@@ -78,7 +80,7 @@ def write_patients(
             rows = "\n".join(
                 f"{h}," + ",".join(f"{v:.2f}" for v in row) for h, row in enumerate(vitals)
             )
-            path.write_text(header + rows + "\n")
+            _write_if_new(path, header + rows + "\n")
         else:
             record = {
                 "id": pid,
@@ -90,9 +92,21 @@ def write_patients(
                     for k, name in enumerate(VITALS)
                 },
             }
-            path.write_text(json.dumps(record))
+            _write_if_new(path, json.dumps(record))
         paths.append(path)
     return paths
+
+
+def _write_if_new(path: Path, text: str) -> None:
+    """Write ``text`` unless the file holds it already: a script that makes its data
+    at each run (the README's examples) leaves files it would write unchanged as
+    they were (their mtime too), as a real folder of data that did not change."""
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    path.write_text(text)
 
 
 def read_patient(path: str | os.PathLike[str]) -> dict[str, Any]:
