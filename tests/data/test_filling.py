@@ -483,6 +483,13 @@ def test_a_sample_that_is_not_a_dict_is_a_clear_error(src, tmp_path):
     with pytest.raises(TypeError, match="sample 3 is a int, not a dict of fields"):
         ds[3]
 
+    class Pairs(Files):  # a PyTorch-style (x, y): the message says what to return
+        def load_item(self, path: str) -> Any:
+            return (super().load_item(path)["value"], 0)
+
+    with pytest.raises(TypeError, match=r"a tuple, not a dict of fields: return one, e\.g\."):
+        Pairs(src, cache_dir=tmp_path / "pairs")[3]
+
 
 def open_files() -> set[str]:
     """What this process has open."""

@@ -74,6 +74,7 @@ from .sealing import MISSING as _MISSING
 from .sealing import SealSource
 from .sequence import sample_index, sample_indices
 from .values import as_sealed, other_fields, read_back
+from .writer import not_fields
 
 __all__ = ["FILLS", "RECORD", "Filler"]
 
@@ -342,7 +343,7 @@ class Filler:
             if moved is not None:
                 self._moved(moved)
         if not isinstance(loaded, Mapping):
-            raise TypeError(f"sample {i} is a {type(loaded).__name__}, not a dict of fields")
+            raise not_fields(i, loaded)
         # as the sealed pack will give it: epoch 1 has the types of the later epochs
         loaded = read_back(loaded, self.allow_pickle, i)
         self.record(i, loaded)
@@ -479,9 +480,7 @@ class Filler:
         for i, sample in samples:
             if self.src[i] == _MISSING:
                 if not isinstance(sample, Mapping):
-                    raise TypeError(
-                        f"sample {i} is a {type(sample).__name__}, not a dict of fields"
-                    )
+                    raise not_fields(i, sample)
                 self.record(i, read_back(sample, self.allow_pickle, i))
                 self.loaded += 1
 

@@ -81,7 +81,24 @@ from .fields import FieldWriter
 from .format import BLOCK, HEADER, block_sums, pack_header, pad
 from .reader import PackedDataset
 
-__all__ = ["SPILL_CHUNK", "ColumnSource", "CopiedField", "CopySource", "write_pack"]
+__all__ = [
+    "SPILL_CHUNK",
+    "ColumnSource",
+    "CopiedField",
+    "CopySource",
+    "not_fields",
+    "write_pack",
+]
+
+
+def not_fields(n: int, sample: Any) -> TypeError:
+    """The error for sample ``n`` that is not a dict of fields, with the way out (a
+    PyTorch-style ``(x, y)`` is the common case)."""
+    return TypeError(
+        f"sample {n} is a {type(sample).__name__}, not a dict of fields: return one, "
+        "e.g. {'image': x, 'label': y} (transform= can give it back as (x, y) at each read)"
+    )
+
 
 #: the largest spill file (bytes); a field's spill is a series of them
 SPILL_CHUNK = 16 << 20
@@ -352,7 +369,7 @@ class _Build:
     def add(self, sample: Any) -> None:
         n = self.count
         if not isinstance(sample, Mapping):
-            raise TypeError(f"sample {n} is a {type(sample).__name__}, not a dict of fields")
+            raise not_fields(n, sample)
         if not n:
             self._start(sample)
         elif sample.keys() != self.fields.keys():
