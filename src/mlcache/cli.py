@@ -330,7 +330,9 @@ def _why(w: Any, older: float | None) -> str:
     if w.reason == "age":
         return f"unused for more than {_duration(older or 0)}"
     made = "rebuilds" if w.name.endswith(".pack") else "recomputes"
-    cost = f"{made} in {_secs(w.cost)}" + (" (not recorded: the median)" if w.estimated else "")
+    cost = f"{made} in {'~' if w.estimated else ''}{_secs(w.cost)}" + (
+        " (its cost not recorded: the others' median per byte)" if w.estimated else ""
+    )
     return f"worth least: {cost}, {_secs(w.seconds_per_mib)} per MiB kept"
 
 
