@@ -589,3 +589,20 @@ def test_a_scripts_function_is_shown_under_the_current_folder_and_taken_back(tmp
     assert res.returncode == 0 and "1 entry" in res.stdout, res.stderr
     res = _in(tmp_path, "--location", "cache", "clear", name)
     assert res.returncode == 0 and "removed" in res.stdout, res.stderr
+
+
+def test_local_copies_of_remote_packs_go_as_results_do(tmp_path):
+    # a remote pack's copy on this machine (remote-packs/) is fetched again at its next
+    # open: prune and clear may remove it as they remove what a dataset rebuilds, while
+    # a pack written by pack() elsewhere in the folder is kept
+    Memory(tmp_path, verbose=0)  # the folder is a cache
+    (tmp_path / "remote-packs" / "s3_bucket").mkdir(parents=True)
+    (tmp_path / "mine").mkdir()
+    samples = [{"x": np.arange(100) + i} for i in range(20)]
+    pack(samples, tmp_path / "remote-packs" / "s3_bucket" / "copy.pack")
+    pack(samples, tmp_path / "mine" / "own.pack")
+    res = run("--location", str(tmp_path), "prune", "--max-size", "0", "--dry-run", "--json")
+    out = json.loads(res.stdout)
+    copy = os.path.join("remote-packs", "s3_bucket", "copy.pack")
+    assert [e["name"] for e in out["removed"]] == [copy], res.stdout
+    assert [e["name"] for e in out["kept"]] == [os.path.join("mine", "own.pack")]

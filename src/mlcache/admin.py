@@ -98,8 +98,9 @@ class PackInfo:
 
     @property
     def rebuildable(self) -> bool:
-        """mlcache can make it again (a CachedDataset built it)."""
-        return bool(self.dataset)
+        """mlcache can make it again: a CachedDataset built it, or it is this machine's
+        copy of a remote pack (``remote-packs/``: fetched again at its next open)."""
+        return bool(self.dataset) or self.name.split(os.sep, 1)[0] == "remote-packs"
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"rebuildable": self.rebuildable}
