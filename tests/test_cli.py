@@ -185,6 +185,7 @@ def test_info_of_a_function_and_of_a_pack(tmp_path):
     assert any(line.split()[:2] == ["y", "column"] for line in lines)
     res = run("--location", str(tmp_path), "info", "nothing")
     assert res.returncode == 2 and "no function or dataset named 'nothing'" in res.stderr
+    assert f"`mlcache --location {tmp_path} ls` lists the names" in res.stderr
 
 
 def test_clear_one_function_one_pack_then_everything(tmp_path):

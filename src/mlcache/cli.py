@@ -192,13 +192,18 @@ def _info(mem: Memory, location: str, args: argparse.Namespace) -> int:
     if not chosen:
         if _is_empty(mem, location):
             return _empty(location, args, missing=False)
-        print(f"no function or dataset named {args.name!r} in {location}", file=sys.stderr)
+        _no_such(args, location)
         return USAGE
     for i, pack in enumerate(chosen):
         if i:
             print()
         _pack_info(pack)
     return OK
+
+
+def _no_such(args: argparse.Namespace, location: str) -> None:
+    where = f"no function or dataset named {args.name!r} in {location}"
+    print(f"{where}: {_again(args, 'ls')} lists the names", file=sys.stderr)
 
 
 def _pack_info(pack: admin.PackInfo) -> None:
@@ -256,7 +261,7 @@ def _clear(mem: Memory, location: str, args: argparse.Namespace) -> int:
     if (plan is None or not plan.size) and _is_empty(mem, location):
         return _empty(location, args, missing=False)
     if plan is None:
-        print(f"no function or dataset named {args.name!r} in {location}", file=sys.stderr)
+        _no_such(args, location)
         return USAGE
     ours = [p for p in plan.packs if not p.rebuildable]
     if args.name is None and not args.dry_run and not args.yes and plan.names:
@@ -399,11 +404,8 @@ def _bench(args: argparse.Namespace) -> int:
         options = ["--quick"] if args.quick else []
         options += ["--only", *args.only] if args.only else []
         return subprocess.call([sys.executable, script, *options])
-    print(
-        "mlcache bench runs the scripts in benchmarks/ of a source checkout; "
-        "run it from the repository folder",
-        file=sys.stderr,
-    )
+    say = "mlcache bench runs the scripts in benchmarks/ of a source checkout"
+    print(f"{say}; run it from the repository folder", file=sys.stderr)
     return USAGE
 
 
