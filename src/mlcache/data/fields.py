@@ -29,6 +29,7 @@ from .values import (
     magnitude,
     may_exceed,
     merged_py,
+    names_differ,
     tensor_array,
 )
 
@@ -241,11 +242,10 @@ class FieldWriter:
                 f"has {kind_name(self.kind, self.py, self.dtype)}"
             )
         elif value.keys() != self.children.keys():
-            missing = sorted(set(self.children) - set(value))
-            extra = sorted(map(str, set(value) - set(self.children)))
+            differ = names_differ(self.children, value, "key", f"sample {self.first}")
             raise ValueError(
-                f"sample {index}, field {self.label!r}: keys differ from sample {self.first} "
-                f"(missing {missing}, extra {extra})"
+                f"sample {index}, field {self.label!r}: keys differ from sample "
+                f"{self.first}: {differ}"
             )
         for key, child in self.children.items():
             child.add(value[key], index)

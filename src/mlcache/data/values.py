@@ -41,6 +41,7 @@ __all__ = [
     "magnitude",
     "may_exceed",
     "merged_py",
+    "names_differ",
     "other_fields",
     "tensor_array",
 ]
@@ -198,12 +199,28 @@ def tensor_array(value: Any, label: str, index: int) -> tuple[np.ndarray, str | 
 def other_fields(i: int, item: Any, keys: Any, j: int, first_item: Any, names: Any) -> ValueError:
     """The error of sample ``i`` (of ``item``) whose field names ``keys`` are not
     those of sample ``j`` (``names``): every sample of a pack has the same fields."""
-    missing, extra = sorted(map(str, names - keys)), sorted(map(str, keys - names))
     return ValueError(
         f"sample {i} (item {item!r}): fields differ from sample {j} (item "
-        f"{first_item!r}): missing {missing}, extra {extra}; every sample of a "
+        f"{first_item!r}): {names_differ(names, keys, 'field', f'sample {j}')}; every sample of a "
         "pack has the same fields (give a missing value as None: sample.get(key))"
     )
+
+
+def names_differ(first: Any, these: Any, what: str, of: str) -> str:
+    """What a sample's names (``these``) lack and add to ``first``'s, only the
+    parts that hold (``"it lacks the field 'b'"``, ``"it has the fields 'x', 'y',
+    which sample 0 has not"``; ``of`` names the first sample): an empty
+    ``missing []`` told a user nothing."""
+    missing = sorted(map(str, set(first) - set(these)))
+    extra = sorted(map(str, set(these) - set(first)))
+
+    def named(names: list[str]) -> str:
+        return f"{what}{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}"
+
+    parts = [f"it lacks the {named(missing)}"] if missing else []
+    if extra:
+        parts.append(f"it has the {named(extra)}, which {of} has not")
+    return "; ".join(parts) or f"its {what}s are in another order"
 
 
 def merged_py(mine: str | None, other: str | None, dtype: np.dtype) -> str | None:

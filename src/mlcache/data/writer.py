@@ -80,6 +80,7 @@ from .fetch import is_url, uploading
 from .fields import FieldWriter
 from .format import BLOCK, HEADER, block_sums, pack_header, pad
 from .reader import PackedDataset
+from .values import names_differ
 
 __all__ = [
     "SPILL_CHUNK",
@@ -360,11 +361,8 @@ class _Build:
 
     def _check_names(self, names: Any, n: int) -> None:
         if names != self.fields.keys():
-            missing = sorted(set(self.fields) - set(names))
-            extra = sorted(set(names) - set(self.fields))
-            raise ValueError(
-                f"sample {n}: fields differ from sample 0 (missing {missing}, extra {extra})"
-            )
+            differ = names_differ(self.fields, names, "field", "sample 0")
+            raise ValueError(f"sample {n}: fields differ from sample 0: {differ}")
 
     def add(self, sample: Any) -> None:
         n = self.count
