@@ -559,6 +559,12 @@ class PackBuilder:
         if mean is not None:
             loads = os.path.join(self._folder, f".{self._args_id}.loads")
             write_load_seconds(loads, mean, self._root)
+        else:  # loaded by other processes (DataLoader workers): as they recorded it
+            mean = self._load_seconds()
+        if mean is not None:
+            # the pack's cost is its loads, spread over the reads that filled it:
+            # what evicting it would cost (mlcache ls, prune), not the seal's copy
+            record_build_time(self.pack_path, mean * len(built), self._root)
         if self._remote is None:
             remove_older_versions(self.pack_path, self._args_id)
         else:
