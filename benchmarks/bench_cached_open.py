@@ -50,7 +50,7 @@ Trials are interleaved (one of each contender per round); min and median are
 reported. ::
 
     python benchmarks/bench_cached_open.py [--quick] [--open-only] [--reopen-only]
-        [--before SRC] [--dir PARENT]
+        [--before SRC] [--sizes 20000,100000] [--dir PARENT]
 
 To compare with another version of the code, run it with that version first on
 ``PYTHONPATH``.
@@ -149,7 +149,7 @@ class TinyDS(CachedDataset):
 #: the dataset of the fresh reopens, in a module of its own (as a user's is: the
 #: class's code version walks its module, and this script's is large)
 FILLED_DS = """
-import time
+import os, time
 from mlcache.data import CachedDataset
 
 
@@ -165,22 +165,70 @@ class FilledDS(CachedDataset):
             return {"text": f.read()}
 
 
-def trial(root, cache, check):
+class FolderDS(CachedDataset):
+    # a folder attribute whose files the items name (relative names in it)
+    def __init__(self, root, **kw):
+        self.root = root
+        super().__init__(**kw)
+
+    def source_items(self):
+        return sorted(os.listdir(self.root))
+
+    def load_item(self, name):
+        with open(os.path.join(self.root, name)) as f:
+            return {"text": f.read()}
+
+
+class RowsDS(CachedDataset):
+    # a folder attribute no item names: range(n), load_item opens a file of it
+    def __init__(self, root, n, **kw):
+        self.root, self.n = root, n
+        super().__init__(**kw)
+
+    def source_items(self):
+        return range(self.n)
+
+    def load_item(self, i):
+        with open(os.path.join(self.root, f"{i:06d}.txt")) as f:
+            return {"text": f.read()}
+
+
+class FolderIgnoredDS(FolderDS):
+    cache_ignore = ("root",)  # the same, its folder out of the key: the cost without it
+
+
+class RowsIgnoredDS(RowsDS):
+    cache_ignore = ("root",)
+
+
+def make(kind, root, **kw):
+    n = len(os.listdir(root)) if kind.startswith("Rows") else None
+    return globals()[kind](root, **({"n": n} if n is not None else {}), **kw)
+
+
+def trial(root, cache, check, kind="FilledDS"):
+    n = len(os.listdir(root)) if kind.startswith("Rows") else None  # not timed: the user's own
     t0 = time.perf_counter()
-    ds = FilledDS(root, cache_dir=cache, progress=False, check_source=check)
+    args = [n] if n is not None else []
+    ds = globals()[kind](root, *args, cache_dir=cache, progress=False, check_source=check)
     ds[0]
     return time.perf_counter() - t0
 """
 
 
+#: the datasets of the fresh reopens: a declared folder, a folder attribute whose
+#: files the items name, and one whose files no item names (rows)
+KINDS = ("FilledDS", "FolderDS", "FolderIgnoredDS", "RowsDS", "RowsIgnoredDS")
+
+
 def _reopen_in_new_process(
-    where: Path, root: str, cache: str, check: str, src: str | None
+    where: Path, root: str, cache: str, check: str, src: str | None, kind: str = "FilledDS"
 ) -> float:
     """One fresh process's constructor and ``ds[0]``, in seconds (timed inside it)."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.path.abspath(src)
-    code = f"import filledds; print(filledds.trial({root!r}, {cache!r}, {check!r}))"
+    code = f"import filledds; print(filledds.trial({root!r}, {cache!r}, {check!r}, {kind!r}))"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=where, capture_output=True, text=True
     )
@@ -199,20 +247,30 @@ def bench_reopen(scratch: Path, sizes: tuple[int, ...], rounds: int, before: str
             (src / f"{i:06d}.txt").write_text(str(i))
         (scratch / "filledds.py").write_text(FILLED_DS)
         time.sleep(0.2)  # a listing is trusted once begun this long after the last change
-        fill = f"import filledds; filledds.FilledDS({str(src)!r}, cache_dir={cache!r}, "
-        fill += "progress=False, fill='up-front')"
-        for _ in range(2):  # the pack, then the listing recorded by an open
-            subprocess.run([sys.executable, "-c", fill], cwd=scratch, check=True)
-        runs = {"open": ("open", None), "never": ("never", None)}
+        for kind in KINDS:
+            fill = f"import filledds; filledds.make({kind!r}, {str(src)!r}, cache_dir={cache!r}, "
+            fill += "progress=False, fill='up-front')"
+            for _ in range(2):  # the pack, then the listings recorded by an open
+                subprocess.run([sys.executable, "-c", fill], cwd=scratch, check=True)
+        runs = {"open": ("open", None, "FilledDS"), "never": ("never", None, "FilledDS")}
+        # a folder attribute (issue 24): its files named by the items
+        # (source_items() listing it), or by none (range(n)); each beside the same
+        # dataset with the folder left out of its key (cache_ignore)
+        runs["open, folder attribute"] = ("open", None, "FolderDS")
+        runs["open, folder ignored"] = ("open", None, "FolderIgnoredDS")
+        runs["open, rows of a folder"] = ("open", None, "RowsDS")
+        runs["open, rows, folder ignored"] = ("open", None, "RowsIgnoredDS")
         if before is not None:
-            runs["open, before"] = ("open", before)
-            runs["never, before"] = ("never", before)
+            runs["open, before"] = ("open", before, "FilledDS")
+            runs["never, before"] = ("never", before, "FilledDS")
         times: dict[str, list[float]] = {k: [] for k in runs}
         names = list(runs)
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                check, where = runs[name]
-                times[name].append(_reopen_in_new_process(scratch, str(src), cache, check, where))
+                check, where, kind = runs[name]
+                times[name].append(
+                    _reopen_in_new_process(scratch, str(src), cache, check, where, kind)
+                )
         res = {f"{n:,} files: {k}": Result(f"{n:,} files: {k}", times[k]) for k in names}
         _print(f"Reopen in a fresh process to ds[0], {n:,} files (declared, load_item)", times)
         o, nv = res[f"{n:,} files: open"], res[f"{n:,} files: never"]
@@ -223,6 +281,20 @@ def bench_reopen(scratch: Path, sizes: tuple[int, ...], rounds: int, before: str
                 o.min / nv.min,
                 "<=",
                 4,
+            )
+        )
+        # a folder attribute whose files the items name costs nothing more (issue 24)
+        f, fi = (
+            res[f"{n:,} files: open, folder attribute"],
+            res[f"{n:,} files: open, folder ignored"],
+        )
+        outcomes.append(
+            outcome(
+                f"{n:,} files: reopen, folder attribute / the same with the folder ignored",
+                f.median / fi.median,
+                f.min / fi.min,
+                "<=",
+                1.2,
             )
         )
         sections[f"reopen {n}"] = res
@@ -310,6 +382,7 @@ def main() -> int:
         p.add_argument("--open-only", action="store_true", help="skip the builds")
         p.add_argument("--reopen-only", action="store_true", help="only the fresh reopens")
         p.add_argument("--before", default=None, help="src folder of the code before")
+        p.add_argument("--sizes", default=None, help="files of the reopens: 20000,100000")
 
     args = parse_args(__doc__.splitlines()[0], options)
     n_open, n_csv, n_json = (2_000, 300, 200) if args.quick else (20_000, 3_000, 2_000)
@@ -318,6 +391,8 @@ def main() -> int:
     with scratch_dir(args.dir, "cached-open") as scratch:
         root = Path(scratch)
         sizes = (2_000,) if args.quick else (20_000, 100_000)
+        if args.sizes:
+            sizes = tuple(int(n) for n in args.sizes.split(","))
         reopened, reopen_outcomes = bench_reopen(root, sizes, rounds + 2, args.before)
         if args.reopen_only:
             return finish(args, "bench_cached_open", reopened, reopen_outcomes)

@@ -31,6 +31,7 @@ from ..store.local import mark_cache_folder
 from .audit import LoadTimer, read_load_seconds, write_load_seconds
 from .fetch import publish, remote_lease
 from .filling import Filler
+from .folders import folder_runs
 from .holdings import note_open, record_build_time
 from .items import same_items, table_digest
 from .reader import PackedDataset
@@ -81,6 +82,24 @@ class PackBuilder:
 
     def load_source(self) -> Any:
         raise NotImplementedError  # CachedDataset's
+
+    def source_fingerprint(self) -> str:
+        raise NotImplementedError  # CachedDataset's
+
+    def _open_whole(self, recorded: str | None, force: bool, progress: bool) -> str | None:
+        """Open (or build) the pack of ``load_source()``, named by the source's
+        fingerprint: ``recorded`` by the last open (returned when its pack is
+        there), or taken now (then None is returned)."""
+        self._source = recorded if recorded is not None else self.source_fingerprint()
+        self.pack_path = self._name_pack()
+        if recorded is not None:
+            self._pack = self._try_open(False)
+            if self._pack is None:  # no pack of the recorded source: fingerprint it now
+                recorded, self._source = None, self.source_fingerprint()
+                self.pack_path = self._name_pack()
+        if self._pack is None:
+            self._pack = self._open_or_build(force, progress)
+        return recorded
 
     def _open_or_build(
         self, force: bool, progress: bool, damaged: tuple[int, int] | None = None
@@ -279,9 +298,13 @@ class PackBuilder:
         is new at every run."""
         try:
             mine = {n: hash_value(getattr(self, n))[:16] for n in self._key_names}
+            path = os.path.join(self._folder, f".{self._args_id}.args")
+            # the folder attributes' files of the last builds of these attributes: an
+            # output folder that training writes into changes at every run
+            runs = folder_runs(path, getattr(self, "_folder_digests", {}), type(self))
             write_bytes_atomic(
-                os.path.join(self._folder, f".{self._args_id}.args"),
-                json.dumps({"attrs": mine, "pid": os.getpid()}).encode(),
+                path,
+                json.dumps({"attrs": mine, "pid": os.getpid(), "folders": runs}).encode(),
                 durable=False,
                 root=self._root,
             )

@@ -40,8 +40,9 @@ What the pack is keyed by (any change is a rebuild; so is ``force_recache=True``
 - the source fingerprint (:meth:`CachedDataset.source_fingerprint`): the paths
   and ``stat`` (size, modification time, inode, ctime) of ``source_files()``, of
   the files the items of ``source_items()`` name (a path, or inside a tuple, a
-  dict, a dataclass), and of the files the key attributes name (``self.path =
-  "table.npy"``), the value of the items; or your ``source_fingerprint()``. A
+  dict, a dataclass), of the files the key attributes name (``self.path =
+  "table.npy"``) and under the folders they name (:mod:`mlcache.data.folders`),
+  the value of the items; or your ``source_fingerprint()``. A
   dataset filled item by item is not rebuilt when an item changes: only the
   changed items (by :meth:`CachedDataset.item_fingerprint`) are loaded again.
 
@@ -86,6 +87,7 @@ from .building import PackBuilder
 from .checking import LISTING_SUFFIX, ItemChanged, ItemCheck, folder_table, listed_folder
 from .fetch import is_url
 from .filling import FILLS, Filler
+from .folders import attribute_source, named_paths
 from .items import default_fingerprint, item_table, say_unfingerprinted
 from .reader import PackedDataset, spawning_worker
 from .replaced import remove_replaced
@@ -94,7 +96,6 @@ from .sources import (
     UNUSED_PACKS_KEPT_FOR,
     DeclaredSource,
     SourceRecord,
-    attribute_files,
     attributes_first,
     check_mode,
     read_state,
@@ -267,7 +268,8 @@ class CachedDataset(PackBuilder, Sequence[Any]):
                 own = cls.source_fingerprint is not base.source_fingerprint
                 # and by the files its attributes name (the table.npy of rows):
                 # one changed is a new pack (every row may have changed)
-                files = "" if own else self._attribute_files()
+                never = check_source == "never" and not force_recache
+                files = "" if own else self._attribute_files(never)
                 items_source = ("by item", files) if files else "by item"
                 self._source = self.source_fingerprint() if own else items_source
                 self.pack_path = self._name_pack()
@@ -290,21 +292,6 @@ class CachedDataset(PackBuilder, Sequence[Any]):
             hooks = (self.__len__, self._filling, self._load_seconds, self.source_items, load)
             name = getattr(load, "__qualname__", "load_item")
             self._audit = dataset_auditor(audit, name, hooks, allow_pickle, self._fill_anew)
-
-    def _open_whole(self, recorded: str | None, force: bool, progress: bool) -> str | None:
-        """Open (or build) the pack of ``load_source()``, named by the source's
-        fingerprint: ``recorded`` by the last open (returned when its pack is
-        there), or taken now (then None is returned)."""
-        self._source = recorded if recorded is not None else self.source_fingerprint()
-        self.pack_path = self._name_pack()
-        if recorded is not None:
-            self._pack = self._try_open(False)
-            if self._pack is None:  # no pack of the recorded source: fingerprint it now
-                recorded, self._source = None, self.source_fingerprint()
-                self.pack_path = self._name_pack()
-        if self._pack is None:
-            self._pack = self._open_or_build(force, progress)
-        return recorded
 
     # -- to override ---------------------------------------------------------------
     def load_source(self) -> Iterable[Mapping[str, Any]]:
@@ -338,11 +325,11 @@ class CachedDataset(PackBuilder, Sequence[Any]):
 
         The default combines the files of ``source_files()`` (path, size,
         modification time, inode and ctime of each: one ``stat``), the files the
-        key attributes name (``self.path = "table.npy"``; not folders, nor the
-        cache folder) and, when the class defines ``source_items()``, its items:
-        by value (:func:`mlcache.keys.hashing.hash_value`: the list, its order and
-        count), and each existing file or folder they name: an item that is a
-        path, any path inside it (a tuple or list, a dict's values, a
+        key attributes name (``self.path = "table.npy"``; under a folder, those no
+        item names: :mod:`mlcache.data.folders`) and, when the class defines
+        ``source_items()``, its items: by value (:func:`~mlcache.keys.hashing.hash_value`:
+        the list, its order and count), and each existing file or folder they
+        name: an item that is a path, any path inside it (a tuple or list, a dict's values, a
         dataclass's fields: ``(path, label)``, ``{"image": path}``), or a name
         relative to a folder the dataset holds as an attribute
         (``os.listdir(self.root)``); a folder by every file in it. Opening then
@@ -388,12 +375,26 @@ class CachedDataset(PackBuilder, Sequence[Any]):
                     found.append(os.fspath(v))
         return found[:4]
 
-    def _attribute_files(self) -> str:
-        """The files the key attributes name, by path and stat (or ``""``): the
-        dataset's source along with its items (see
-        :func:`~mlcache.data.sources.attribute_files`)."""
-        values = [getattr(self, n, None) for n in self._key_names]
-        return attribute_files(values, self._root, self._remote is None)
+    def _attribute_files(self, never: bool = False) -> str:
+        """The files the key attributes name and those under its folder attributes
+        that no item names (:func:`~mlcache.data.folders.attribute_source`; with
+        ``never``, as ``check_source="never"`` trusts: as last recorded)."""
+        values = {n: getattr(self, n, None) for n in self._key_names}
+        record = self._record.path.removesuffix(".source") if self._remote is None else None
+        places = (self._root, self._chosen, getattr(self._declared, "folder", None))
+        #: each folder attribute's digest (the build records them: an output folder)
+        found, self._folder_digests = attribute_source(
+            values, type(self), places, record, self._named_paths, self._remote is None, never
+        )
+        return found
+
+    def _named_paths(self) -> set[str]:
+        """The paths the items name (asked when a folder attribute is walked)."""
+        if type(self).source_items is not CachedDataset.source_items:
+            return named_paths(self.source_items(), self._folder_attributes())
+        declared = self._declared  # a declared folder is never walked: named by none
+        files = self.source_files() if declared is None else declared.paths
+        return named_paths(files or (), ())
 
     def _checked_as_read(self) -> ItemCheck | None:
         """The pack of the items of the open, each checked as it is first read
@@ -441,7 +442,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         table = item_table(items, bases=self._folder_attributes(), local=local)
         if len(table) and not table[:, 2:].any():  # none names a file: said once
             own = type(self).source_fingerprint is not CachedDataset.source_fingerprint
-            say_unfingerprinted(type(self), len(table), lambda: own or self._attribute_files())
+            say_unfingerprinted(type(self), len(table), lambda: own or self._source != "by item")
         return items, table
 
     # -- reading ----------------------------------------------------------------------

@@ -544,7 +544,9 @@ def remove_older_versions(pack_path: str, args_id: str) -> None:
                     os.unlink(os.path.join(folder, name))
             continue
         ours = name.startswith(args_id + "-")
-        sidecar = name.startswith(".") and name.endswith((".args", ".source", ".listing"))
+        sidecar = name.startswith(".") and name.endswith(
+            (".args", ".source", ".listing", ".folder")
+        )
         # the records of a version being filled go with it (or alone, if never sealed)
         pack = name.removesuffix(".fill")
         if not (pack.endswith(".pack") or sidecar) or pack == mine:

@@ -1,0 +1,212 @@
+"""A dataset's folder attributes count as its source (issue 24, case 2's folder
+part): the shards under ``self.root`` that ``load_item(i)`` opens by row number
+(no item names them) are fingerprinted by the same ``stat`` as any source file,
+the files the items do name count item by item, the cache is never walked, an
+output folder rewritten at every run is named in one warning, and a huge folder
+too.
+
+Each run is a fresh interpreter (what a user runs), over ``dsmod.py``; its
+``load_item`` calls append the item to ``LOG``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from scripts import ScriptFolder
+
+DSMOD = """
+import os
+import numpy as np
+from mlcache.data import CachedDataset
+
+
+def logged(item):
+    with open(os.environ["LOG"], "a") as f:
+        f.write(f"{item}\\n")
+
+
+class Shards(CachedDataset):
+    \"\"\"Rows of .npy shards, 10 a shard: the h5py / np.memmap pattern.\"\"\"
+
+    def __init__(self, root, n, **kw):
+        self.root, self.n = root, n
+        super().__init__(cache_dir=os.environ["CACHE"], progress=False, **kw)
+
+    def source_items(self):
+        return range(self.n)
+
+    def load_item(self, i):
+        logged(i)
+        rows = np.load(os.path.join(self.root, f"part-{i // 10}.npy"), mmap_mode="r")
+        return {"x": np.array(rows[i % 10])}
+
+
+class Labelled(CachedDataset):
+    \"\"\"Items name files in root; load_item also reads root/labels.txt, which no
+    item names.\"\"\"
+
+    def __init__(self, root, **kw):
+        self.root = root
+        super().__init__(cache_dir=os.environ["CACHE"], progress=False, **kw)
+
+    def source_items(self):
+        return sorted(n for n in os.listdir(self.root) if n.endswith(".txt") and n != "labels.txt")
+
+    def load_item(self, name):
+        logged(name)
+        with open(os.path.join(self.root, "labels.txt")) as f:
+            labels = f.read().split()
+        with open(os.path.join(self.root, name)) as f:
+            return {"text": f.read(), "label": labels[int(name[:-4])]}
+
+
+class Trained(Shards):
+    \"\"\"A training script that writes into an output folder, an attribute.\"\"\"
+
+    def __init__(self, root, n, out_dir, **kw):
+        self.out_dir = out_dir
+        super().__init__(root, n, **kw)
+"""
+
+RUN = """
+import os, sys
+import dsmod
+
+ds = dsmod.Shards(sys.argv[1], int(sys.argv[2]))
+print(" ".join(str(int(ds[i]["x"][0])) for i in range(len(ds))))
+"""
+
+
+def _folder(tmp_path: Path) -> ScriptFolder:
+    folder = ScriptFolder(tmp_path)
+    folder.write("dsmod.py", DSMOD)
+    folder.write("run.py", RUN)
+    return folder
+
+
+def _shard(root: Path, k: int, base: int) -> None:
+    root.mkdir(exist_ok=True)
+    np.save(root / f"part-{k}.npy", np.arange(10, dtype=np.int64)[:, None] + base)
+
+
+def _warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "CacheWarning" in line]
+
+
+def test_a_regenerated_shard_under_a_folder_attribute_serves_its_new_rows(tmp_path):
+    scripts = _folder(tmp_path)
+    shards = tmp_path / "shards"
+    for k in range(3):
+        _shard(shards, k, 100 * k)
+    first = scripts.execute("run.py", str(shards), "30")
+    assert first.stdout.split() == [str(100 * (i // 10) + i % 10) for i in range(30)]
+    assert len(scripts.logged()) == 30 and not _warnings(first.stderr)
+    again = scripts.execute("run.py", str(shards), "30")
+    assert again.stdout == first.stdout and scripts.logged() == []  # reused, nothing loaded
+    _shard(shards, 1, 500)  # regenerated in place: same name, size and folder
+    after = scripts.execute("run.py", str(shards), "30")
+    rows = after.stdout.split()
+    assert rows[10:20] == [str(500 + i) for i in range(10)]  # before: 100..109, stale
+    assert rows[:10] == first.stdout.split()[:10] and len(scripts.logged()) == 30
+    assert scripts.execute("run.py", str(shards), "30").stdout == after.stdout
+    assert scripts.logged() == []  # unchanged since: reused, no item loaded again
+
+
+def test_the_cache_inside_a_folder_attribute_is_never_walked(tmp_path):
+    scripts = _folder(tmp_path)
+    shards = tmp_path / "shards"
+    for k in range(2):
+        _shard(shards, k, 100 * k)
+    env = {"CACHE": str(shards / "cache")}  # each run writes there: walked, every run a miss
+    scripts.execute("run.py", str(shards), "20", env=env)
+    assert len(scripts.logged()) == 20
+    scripts.execute("run.py", str(shards), "20", env=env)
+    assert scripts.logged() == []
+    _shard(shards, 0, 700)
+    assert scripts.execute("run.py", str(shards), "20", env=env).stdout.split()[0] == "700"
+
+
+LABELLED = """
+import sys
+import dsmod
+
+ds = dsmod.Labelled(sys.argv[1])
+print(" ".join(f"{ds[i]['text']}:{ds[i]['label']}" for i in range(len(ds))))
+"""
+
+
+def test_a_file_no_item_names_counts_and_the_named_ones_count_by_item(tmp_path):
+    scripts = _folder(tmp_path)
+    scripts.write("labelled.py", LABELLED)
+    root = tmp_path / "data"
+    root.mkdir()
+    for i in range(12):
+        (root / f"{i:02d}.txt").write_text(f"t{i}")
+    (root / "labels.txt").write_text(" ".join("a" * 12))
+    scripts.execute("labelled.py", str(root))
+    assert len(scripts.logged()) == 12
+    (root / "03.txt").write_text("edited")  # an item's own file: its own load
+    out = scripts.execute("labelled.py", str(root)).stdout.split()
+    assert out[3] == "edited:a" and scripts.logged() == ["03.txt"]
+    (root / "labels.txt").write_text(" ".join("b" * 12))  # read by every load_item
+    out = scripts.execute("labelled.py", str(root)).stdout.split()
+    assert out == [f"{'edited' if i == 3 else f't{i}'}:b" for i in range(12)]  # before: :a
+    assert len(scripts.logged()) == 12
+
+
+TRAIN = """
+import os, sys, time
+import dsmod
+
+ds = dsmod.Trained(sys.argv[1], 10, sys.argv[2])
+for i in range(len(ds)):
+    ds[i]
+with open(os.path.join(sys.argv[2], "checkpoint.txt"), "w") as f:  # each run's output
+    f.write(str(time.time_ns()))
+"""
+
+
+def test_an_output_folder_written_at_every_run_is_named_in_one_warning(tmp_path):
+    scripts = _folder(tmp_path)
+    scripts.write("train.py", TRAIN)
+    shards, out = tmp_path / "shards", tmp_path / "runs"
+    _shard(shards, 0, 0)
+    out.mkdir()
+    said = []
+    for _ in range(3):
+        run = scripts.execute("train.py", str(shards), str(out))
+        assert len(scripts.logged()) == 10  # a new pack each run: a miss, never stale
+        said += [w for w in _warnings(run.stderr) if "'out_dir'" in w]
+    assert len(said) == 1, said  # the third run: once
+    assert "'out_dir' held other files at each of the last 3 runs" in said[0]
+    assert "cache_ignore = ('out_dir',)" in said[0]
+
+
+HUGE = """
+import os, sys
+import dsmod
+
+
+class Home(dsmod.Shards):
+    def __init__(self, root, n, **kw):
+        self.home = os.path.expanduser("~")
+        super().__init__(root, n, **kw)
+
+
+ds = Home(sys.argv[1], 10)
+ds[0]
+"""
+
+
+def test_a_home_folder_attribute_is_not_walked_and_said_once(tmp_path):
+    scripts = _folder(tmp_path)
+    scripts.write("huge.py", HUGE)
+    shards = tmp_path / "shards"
+    _shard(shards, 0, 0)
+    run = scripts.execute("huge.py", str(shards), env={"HOME": str(tmp_path)})
+    said = _warnings(run.stderr)
+    assert len(said) == 1 and "Home.home is the folder" in said[0], run.stderr
+    assert "cache_ignore = ('home',)" in said[0] and "source_fingerprint()" in said[0]
