@@ -258,7 +258,12 @@ def test_a_class_with_its_own_source_files_keeps_its_attributes(root, tmp_path):
 
     ds = Older(root, cache_dir=tmp_path / "cache", progress=False)
     assert _texts(ds) == ["note 1"]
-    assert ds.source_fingerprint() == files_digest([root / "1.txt"])
+    assert ds._declared is None  # its own attribute: no declaration of every *.csv
+    # a folder attribute, so the folder's other files count with source_files()
+    fingerprint = ds.source_fingerprint()
+    assert fingerprint != files_digest([root / "1.txt"])
+    (root / "3.txt").write_text("edited note")
+    assert ds.source_fingerprint() != fingerprint
 
 
 @pytest.mark.parametrize("pattern", ["*", "*.txt", "[13].txt", "?.txt", "*.t?t"])
