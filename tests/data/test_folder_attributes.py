@@ -210,3 +210,37 @@ def test_a_home_folder_attribute_is_not_walked_and_said_once(tmp_path):
     said = _warnings(run.stderr)
     assert len(said) == 1 and "Home.home is the folder" in said[0], run.stderr
     assert "cache_ignore = ('home',)" in said[0] and "source_fingerprint()" in said[0]
+
+
+def test_a_folder_attribute_inside_the_declared_folder_counts(tmp_path):
+    """The declaration names the *.txt files of images/; a folder attribute below it
+    (images/meta/, read by every load) is no part of the declaration: it counts."""
+    import os
+
+    from mlcache.data import CachedDataset
+
+    class Captioned(CachedDataset):
+        source_glob = "*.txt"
+
+        def __init__(self, root, **kw):
+            self.source_dir = os.path.join(root, "images")
+            self.meta = os.path.join(root, "images", "meta")
+            super().__init__(cache_dir=tmp_path / "cache", progress=False, **kw)
+
+        def load_item(self, path):
+            with open(os.path.join(self.meta, "caption.txt")) as f:
+                caption = f.read()
+            with open(path) as f:
+                return {"text": f.read(), "caption": caption}
+
+    meta = tmp_path / "data" / "images" / "meta"
+    meta.mkdir(parents=True)
+    for i in range(3):
+        (meta.parent / f"{i}.txt").write_text(f"image {i}")
+    (meta / "caption.txt").write_text("old")
+    ds = Captioned(tmp_path / "data")
+    assert [ds[i]["caption"] for i in range(len(ds))] == ["old"] * 3
+    (meta / "caption.txt").write_text("new")
+    ds = Captioned(tmp_path / "data")
+    assert [ds[i]["caption"] for i in range(len(ds))] == ["new"] * 3  # before: "old"
+    assert [ds[i]["text"] for i in range(len(ds))] == [f"image {i}" for i in range(3)]

@@ -390,11 +390,10 @@ class CachedDataset(PackBuilder, Sequence[Any]):
 
     def _named_paths(self) -> set[str]:
         """The paths the items name (asked when a folder attribute is walked)."""
+        named = named_paths(self.source_files() or (), ())  # the declared ones too
         if type(self).source_items is not CachedDataset.source_items:
-            return named_paths(self.source_items(), self._folder_attributes())
-        declared = self._declared  # a declared folder is never walked: named by none
-        files = self.source_files() if declared is None else declared.paths
-        return named_paths(files or (), ())
+            named |= named_paths(self.source_items(), self._folder_attributes())
+        return named
 
     def _checked_as_read(self) -> ItemCheck | None:
         """The pack of the items of the open, each checked as it is first read

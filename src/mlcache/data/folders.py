@@ -24,7 +24,8 @@ What is never walked, or walked in part:
 
 - the cache: a folder attribute inside the packs' folder, or the folder the user
   chose as ``cache_dir``, is left out; a folder holding one is walked without it;
-- the declared source folder (``source_dir``): counted by its declaration;
+- the declared source folder (``source_dir``) held as an attribute: counted by its
+  declaration (a folder holding it is walked, its declared files named by the items);
 - hidden folders (``.git``, ``.ipynb_checkpoints``) and ``__pycache__``: tools
   write there at every run; symbolic links to folders are not followed;
 - a huge folder (``/``, the home folder or one holding it, or more than
@@ -111,16 +112,27 @@ def attribute_source(
     """What a dataset's key attributes (``values``) add to its source: the files
     they name (:func:`~mlcache.data.sources.attribute_files`) and, by
     :func:`folder_digests`, the files under the folders they name; ``""`` when
-    none. ``places``: the packs' folder (``cache_dir``), the folder the user
-    chose, the declared source folder (never walked). Also returns the digest of
-    each folder attribute."""
-    root = places[0]
+    none. ``places``: the packs' folder (``cache_dir``) and the folder the user
+    chose (never walked), the declared source folder (an attribute naming it is the
+    declaration: counted by it; a folder holding it is walked, its declared files
+    named by the items). Also returns the digest of each folder attribute."""
+    root, declared = places[0], places[2]
     files = attribute_files(values.values(), root, local)
-    never = [p for p in places if p]
+    if declared is not None:  # the declaration itself (self.source_dir = root)
+        values = {n: v for n, v in values.items() if not _names(v, declared)}
+    never = [p for p in places[:2] if p]
     digests = folder_digests(values, owner, record, root, never, named, local, trusted)
     if not digests:
         return files, digests
     return hash_value(("folders", files, sorted(digests.items()))), digests
+
+
+def _names(value: Any, folder: str) -> bool:
+    """Whether ``value`` is a path of ``folder``."""
+    try:
+        return os.path.abspath(os.fsdecode(os.fspath(value))) == folder
+    except (TypeError, ValueError):
+        return False
 
 
 def folder_digests(
@@ -138,7 +150,7 @@ def folder_digests(
 
     ``record``: the prefix of the records' paths (None: nothing recorded, a remote
     cache); ``root``: the cache folder the records are written below; ``never``:
-    folders never walked (the cache, the declared source); ``named()``: the paths
+    folders never walked (the cache); ``named()``: the paths
     the items name, asked only when a folder is walked; ``trusted``
     (``check_source="never"``): the digest last recorded, without a ``stat``."""
     found: dict[str, str] = {}
@@ -155,7 +167,7 @@ def folder_digests(
             continue
         inside = os.path.join(folder, "")
         if any(inside.startswith(s) for s in skip):
-            continue  # the cache, or the declared source: never counted this way
+            continue  # the cache: never counted
         if _huge(folder):
             found[name] = _said_huge(owner, name, folder)
             continue
