@@ -37,7 +37,7 @@ def test_an_optional_key_is_refused_at_the_sample_naming_its_file(tmp_path):
     src = _records(tmp_path / "src", 30, lambda i: {"id": i, **({"extra": 1} if i == 0 else {})})
     ds = Records(src, cache_dir=tmp_path / "c", progress=False)
     assert ds[0]["id"] == 0
-    with pytest.raises(ValueError, match=r"001\.json.*missing \['extra'\].*sample\.get"):
+    with pytest.raises(ValueError, match=r"001\.json.*it lacks the field 'extra'.*sample\.get"):
         ds[1]
     # the next open is not poisoned: nothing recorded disagrees with it
     again = Records(src, cache_dir=tmp_path / "c", progress=False)
