@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._log import logger_for
@@ -31,6 +32,7 @@ from ..keys.call import CallKeyer
 from ..keys.code_version import CodeVersion, code_version
 from ..keys.identity import call_state, target_function
 from ..keys.state import EPOCH, calls_in_flight, touched_since
+from ..store import EntryStat
 from .context import MemoContext
 from .layout import CODE_MANIFEST, STATE, STATS
 from .learning import Keyed, Learned, Snapshot, StateLearning
@@ -222,7 +224,7 @@ class FunctionCode(StateLearning):
             _CLEANED.add(token)
         try:
             last_used: dict[str, float] = {}
-            for e in self._store.list(self.folder):
+            for e in self._other_entries(version):
                 bits = e.name.split("/")
                 if len(bits) == 3 and bits[1] not in (version, STATS):
                     last_used[bits[1]] = max(last_used.get(bits[1], 0.0), e.last_used)
@@ -243,6 +245,30 @@ class FunctionCode(StateLearning):
                     self._store.delete(f"{self.folder}/{folder}")
         except Exception as exc:  # housekeeping: never fail the call for it
             logger.debug("could not look at the other versions of %s: %s", self.func_id, exc)
+
+    def _other_entries(self, version: str) -> Iterable[EntryStat]:
+        """The entries of the function's folder outside code version ``version``'s
+        folder and the statistics: on a local store the folders are named first,
+        so that the first call of a function does not list (and stat) every entry
+        of its version (2 ms for 200 entries, 10x that at 2,000); a remote store
+        lists the whole folder in one request."""
+        local = self._ctx.local
+        if local is None:
+            yield from self._store.list(self.folder)
+            return
+        try:
+            with os.scandir(local.local_path(self.folder)) as found:
+                others = [
+                    e.name
+                    for e in found
+                    if e.name not in (version, STATS)
+                    and not e.name.startswith(".")  # temporaries, removed folders
+                    and e.is_dir(follow_symlinks=False)
+                ]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for other in others:
+            yield from self._store.list(f"{self.folder}/{other}")
 
     def write_manifest(self) -> None:
         """With the first result this process stores: this code version's manifest,
