@@ -165,6 +165,17 @@ def test_the_budget_is_a_share_of_the_time_saved_after_a_first_second():
     assert not AuditBudget(0.02).hit(-1.0, 0.0)
 
 
+def test_the_compute_time_is_read_from_the_metadata_without_parsing_it_all():
+    from mlcache.memo.audit import recorded_duration
+
+    info = {"func": 'm.f"duration":9,', "time": 1.0, "duration": 2.5e-06}
+    info["input_args"] = {"duration": "7"}  # a parameter named duration comes later
+    assert recorded_duration(json.dumps(info).encode()) == 2.5e-06
+    assert recorded_duration(json.dumps(info, separators=(",", ":")).encode()) == 2.5e-06
+    assert recorded_duration(b'{"time": 1, "duration": 3}') == 3.0  # another shape: parsed
+    assert recorded_duration(b"") == recorded_duration(b"[1]") == 0.0
+
+
 def test_values_are_compared_not_bytes():
     nan, other_nan = np.array([np.nan]), np.array([np.nan])
     other_nan.view(np.uint64)[0] ^= 1  # another NaN payload
