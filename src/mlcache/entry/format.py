@@ -221,26 +221,37 @@ def _unregistered_compression(z: Any) -> bool:
 
 
 def _parse_layout_uncached(data: bytes) -> Layout:
-    lay = json.loads(data)
+    # decoded as UTF-8 (what the writer writes): json.loads of bytes would first
+    # guess among UTF-8, -16 and -32; bytes that are not UTF-8 are damage
+    lay = json.loads(data.decode())
     if type(lay) is not dict:
         raise ValueError("not an object")
     try:
         codec, codec_layout, seg, raw, z = lay["codec"], lay["c"], lay["seg"], lay["raw"], lay["z"]
-        if _unregistered_compression(z):
+        if z is None:
+            comp = None
+        elif _unregistered_compression(z):
             raise UnknownFormat(
                 f"written with the compression {z[0]!r}, which this process has not "
                 "registered (mlcache.register_compressor)"
             )
-        comp = None if z is None else Compression(z[0], z[1])
+        else:
+            comp = Compression(z[0], z[1])
     except (KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"missing or malformed field ({exc})") from None
     if type(codec) is not str or type(codec_layout) is not dict:
         raise ValueError("bad codec fields")
-    if type(seg) is not list or not all(_uints(x, 2) for x in seg) or not _uints(raw, len(seg)):
+    if type(seg) is not list or type(raw) is not list or len(raw) != len(seg):
         raise ValueError("bad segment table")
-    if comp is None and any(n != r for (_, n), r in zip(seg, raw)):
-        raise ValueError("segment lengths do not match")
-    end = max((off + n for off, n in seg), default=0)
+    end = 0  # one pass: a hit of a small entry parses its layout at its first read
+    for x, r in zip(seg, raw):
+        if not _uints(x, 2) or type(r) is not int or r < 0:
+            raise ValueError("bad segment table")
+        off, n = x
+        if comp is None and n != r:
+            raise ValueError("segment lengths do not match")
+        if off + n > end:
+            end = off + n
     return Layout(codec, codec_layout, seg, raw, comp, end)
 
 
