@@ -203,7 +203,8 @@ def test_the_budget_and_lru_bound_it(tmp_path):
         name = f._name((a, 0), {})
         path = f._path(name)
         sizes.append(os.stat(path).st_size)
-        assert t.read(path, name, m.context.signer, True) is None  # noted
+        got = t.read(path, name, m.context.signer, True)  # read by the tier and noted
+        assert got is not None and got[0]["sum"] == a and path in t._seen
         assert t.read(path, name, m.context.signer, True) is not None  # kept
     assert t._bytes <= 3000 and 0 < len(t) < 8
     assert list(t._kept)[-1] == path  # the most recent is kept

@@ -4,9 +4,10 @@ re-checking and re-verifying its file.
 An entry of a local store whose file is under :data:`MAX_ENTRY` bytes, read into
 memory (no ``mmap_mode``) and stored with a codec that decodes from its segments
 alone (:data:`CODECS`), is kept here when this process reads it a second time
-(unchanged), checking its checksum and its signature then; the first read only
-notes the file's identity, so a key hit once pays a ``stat`` more, not the
-keeping. A later hit of the same file costs one ``os.stat`` of it and a decode
+(unchanged), checking its checksum and its signature then; the first read (the
+tier reads it, as :func:`~mlcache.entry.open_entry` would) only notes the
+identity of the file it opened (an ``fstat``), so a key hit once pays nothing
+for the keeping. A later hit of the same file costs one ``os.stat`` of it and a decode
 of the kept bytes:
 
 - The file's identity (device, inode, size, mtime_ns, ctime_ns) must be the one
@@ -171,15 +172,18 @@ class HitTier:
         self, path: str, name: str, signer: Signer | None, allow_pickle: bool
     ) -> tuple[Any, bytes] | None:
         """(value, info bytes) of entry ``name`` at ``path``, or None when the tier
-        does not read it (too large, or changed too recently to be kept): the
-        caller reads it the ordinary way. An entry of another codec is read and
-        decoded as :func:`~mlcache.entry.decode` does, and not kept.
+        leaves it to the caller (a file it read before, since changed, or changed
+        too recently to be kept): the caller reads it the ordinary way. A first
+        read, and an entry of another codec, is read and decoded as
+        :func:`~mlcache.entry.decode` does, and not kept.
 
         Raises what :func:`~mlcache.entry.open_entry` raises: ``EntryNotFound``
         for a missing file, ``EntryCorrupted`` / ``EntrySignatureError`` for
         damage, ``OSError`` when it cannot be read."""
         if not self.enabled:
             return None
+        if path not in self._kept and path not in self._seen:
+            return self._first(path, name, signer, allow_pickle)
         try:
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):  # cleared: a miss at once
@@ -222,6 +226,23 @@ class HitTier:
         fresh = _Kept(ident, name, signer, reader, codec)
         self._keep(path, fresh)
         return self._decode(fresh, path), fresh.info_bytes
+
+    def _first(
+        self, path: str, name: str, signer: Signer | None, allow_pickle: bool
+    ) -> tuple[Any, bytes]:
+        """A first sighting (most hits of a new process): read and decoded as
+        :func:`~mlcache.entry.decode` does, and noted by the identity of the file
+        it read (one ``fstat`` of the open file, not a ``stat`` of its path first)."""
+        try:
+            reader = EntryReader(path, None, signer, name, identify=True)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise EntryNotFound(name) from None
+        st = reader.stat
+        if st is not None and st.st_size < self.max_entry and _settled(st):
+            if len(self._seen) >= SEEN_MAX:
+                self._seen.clear()
+            self._seen[path] = _identity(st)
+        return decode(reader, allow_pickle=allow_pickle), reader.info_bytes
 
     def _decode(self, kept: _Kept, path: str) -> Any:
         try:
