@@ -189,7 +189,8 @@ class EntryReader:
         self, head: bytes, size: int, fd: int, mmap_mode: str | None, f: BinaryIO | None = None
     ) -> None:
         path = self.path
-        head = complete_head(head, size, fd, f)
+        if len(head) < size:  # else the whole file is read: nothing can follow
+            head = complete_head(head, size, fd, f)
         h = self._h = Header(head, path)
         end = h.payload_off + h.payload_len
         if size != end and fd >= 0 and f is None:
@@ -251,8 +252,8 @@ class EntryReader:
             mv = memoryview(payload)
             blocks = [mv[i : i + block] for i in range(0, mv.nbytes, block)]
             self._compare(parallel_map(xxhash.xxh3_64_intdigest, blocks))
-        else:
-            self._compare([xxhash.xxh3_64_intdigest(payload)])
+        elif xxhash.xxh3_64_intdigest(payload) != self._h.payload_sum:
+            raise EntryCorrupted(f"{self.path}: payload checksum mismatch")
 
     def _check_mapped(self, fd: int) -> None:
         """Check a mapped payload before its first use in this process.

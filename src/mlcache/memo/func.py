@@ -296,7 +296,7 @@ class MemorizedFunc(Generic[P, R]):
     ) -> Any:
         """The cached value of ``name`` (an entry of the current code folder), or ``_MISS``."""
         path = self._path(name)
-        if validate and not self._valid(name, path):
+        if validate and self.cache_validation_callback is not None and not self._valid(name, path):
             return _MISS
         ctx = self._ctx
         allow, signer = ctx.allow_pickle, ctx.signer
