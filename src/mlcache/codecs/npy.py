@@ -113,11 +113,12 @@ class NumpyCodec:
             return self._dec(layout["tree"], segments)
 
     def _dec(self, n: Any, segs: Segments) -> Any:
-        if n is None or type(n) in (str, bool, int):
+        t = type(n)  # the common leaves first: a small result is mostly these
+        if t is str or t is int or t is bool or n is None:
             return n
-        if type(n) is list:
+        if t is list:
             return [self._dec(x, segs) for x in n]
-        if type(n) is not dict:
+        if t is not dict:
             raise ValueError(f"bad npy layout node {n!r}")
         if "x" in n:  # a leaf (first: its own keys may be any): unregistered is UnknownFormat
             return get_leaf(n["x"]).decode(n, segs)
