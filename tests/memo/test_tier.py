@@ -48,8 +48,7 @@ def _path(f, *args) -> str:
 def _hit_kept(f) -> str:
     f(1, 2)
     _settle()
-    f(1, 2)  # read once: noted
-    f(1, 2)  # read again, unchanged: verified and kept
+    f(1, 2)  # read (verified) and kept
     path = _path(f, 1, 2)
     assert path in tier._kept
     return path
@@ -77,7 +76,6 @@ def test_returned_values_are_independent_objects(f):
 def test_the_value_returned_when_filling_is_independent_too(f):
     f(1, 2)
     _settle()
-    f(1, 2)
     got = f(1, 2)  # this hit fills the tier
     assert _path(f, 1, 2) in tier._kept
     got["arr"][:] = 9
@@ -203,9 +201,8 @@ def test_the_budget_and_lru_bound_it(tmp_path):
         name = f._name((a, 0), {})
         path = f._path(name)
         sizes.append(os.stat(path).st_size)
-        got = t.read(path, name, m.context.signer, True)  # read by the tier and noted
-        assert got is not None and got[0]["sum"] == a and path in t._seen
-        assert t.read(path, name, m.context.signer, True) is not None  # kept
+        got = t.read(path, name, m.context.signer, True)  # read by the tier and kept
+        assert got is not None and got[0]["sum"] == a and path in t._kept
     assert t._bytes <= 3000 and 0 < len(t) < 8
     assert list(t._kept)[-1] == path  # the most recent is kept
 
@@ -267,13 +264,19 @@ def test_threads_hitting_while_the_tier_is_cleared_get_right_values(f):
     assert errors == [] and CALLS == [1]
 
 
-def test_a_key_hit_once_is_only_noted(f):
+def test_a_key_hit_once_is_kept_and_read_again_once_changed(f):
     f(1, 2)
+    assert f(1, 2)["sum"] == 3
+    assert len(tier) == 0  # changed too recently to be kept: read at each hit
     _settle()
     assert f(1, 2)["sum"] == 3
-    assert len(tier) == 0 and _path(f, 1, 2) in tier._seen
-    st = os.stat(_path(f, 1, 2))
-    os.utime(_path(f, 1, 2), ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))  # changed since
+    path = _path(f, 1, 2)
+    assert list(tier._kept) == [path]  # its first read since settled keeps it
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))  # changed since
+    assert f(1, 2)["sum"] == 3
+    assert len(tier) == 0  # read again: changed too recently to be kept
     _settle()
-    f(1, 2)
-    assert len(tier) == 0  # noted again, with its new identity, not kept
+    assert f(1, 2)["sum"] == 3
+    assert tier._kept[path].ident[3] == st.st_mtime_ns - 10**9  # kept as it is now
+    assert CALLS == [1]
