@@ -12,13 +12,19 @@ variants of the same work, side by side, interleaved, with warm-ups:
 3. the key of an 800 MB array: xxh3-128 on one thread against two threads
    hashing halves (xxhash releases the GIL);
 4. a small hit's pieces: opening and reading a tiny file through ``io.open``
-   (with the ``fstat``) against ``os.open``/``os.read``.
+   (with the ``fstat``) against ``os.open``/``os.read``;
+5. the first hit of an entry (the next run of a script): mlcache's, its read
+   (``EntryReader`` + ``decode``), and the floor: the file read, every check
+   mlcache makes (header, checksums, layout JSON, signature) and the ``npy``
+   decode written inline, without the layers, over 200 entries hit once each.
 
     python benchmarks/profile_paths.py [--quick] [--dir PARENT]
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import sys
 import threading
@@ -249,7 +255,77 @@ def main() -> int:
             ]
         )
         report("4. A small hit's pieces", res, [])
+        report("5. A first hit and its floor", first_hits(sm, trials), [])
     return 0
+
+
+def first_hits(f: Any, trials: int) -> dict[str, Any]:
+    """Section 5: each timed run hits 200 entries of ``f`` once each, the
+    in-process tier and the layout cache emptied before it (a first hit each)."""
+    from mlcache.codecs import codecs
+    from mlcache.entry import format as fmt
+    from mlcache.entry.reader import EntryReader, decode
+    from mlcache.memo.tier import tier
+
+    n = 200
+    for i in range(n):
+        f(i, i + 1)
+    names = [f._name((i, i + 1), {}) for i in range(n)]
+    paths = [f._path(name) for name in names]
+    signer, npy = f._ctx.signer, codecs["npy"]
+    at = iter(())
+
+    def reset() -> None:
+        nonlocal at
+        fmt._parse_small_layout.cache_clear()
+        tier.clear()
+        at = itertools.cycle(range(n))
+
+    def read(path: str) -> bytes:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+
+    def checked(path: str, name: str) -> Any:  # every check of entry/reader, inline
+        head = read(path)
+        magic, version, flags, lay_n, info_n, _n, p_off, p_len, p_sum, h_sum, _r = (
+            fmt.HEADER.unpack_from(head)
+        )
+        meta_end = 64 + lay_n + info_n
+        mv = memoryview(head)
+        seed = xxhash.xxh3_64_intdigest(mv[:48])
+        ok = magic == fmt.MAGIC and version == fmt.FORMAT_VERSION and not _r
+        ok = ok and len(head) == p_off + p_len and flags == fmt.SIGNED
+        ok = ok and xxhash.xxh3_64_intdigest(mv[64:meta_end], seed=seed) == h_sum
+        ok = ok and xxhash.xxh3_64_intdigest(mv[p_off:]) == p_sum
+        lay = json.loads(head[64 : 64 + lay_n].decode())
+        name_b = name.encode()
+        message = b"".join((head[:48], mv[64:meta_end], len(name_b).to_bytes(4, "little"), name_b))
+        key_id, mac = head[meta_end : meta_end + 8], head[meta_end + 8 : meta_end + 40]
+        if not (ok and signer.verify(mac, message) and key_id == signer.key_id):
+            raise ValueError(f"{path}: not a whole signed entry")
+        return lay
+
+    def one(work: Callable[[int], Any]) -> Callable[[], Any]:
+        return lambda: work(next(at))
+
+    rows = [
+        ("mlcache first hit f(i, i + 1)", lambda i: f(i, i + 1)),
+        (
+            "mlcache's read: EntryReader + decode",
+            lambda i: decode(EntryReader(paths[i], None, signer, names[i]), allow_pickle=True),
+        ),
+        ("floor: os.open + os.read + os.close", lambda i: read(paths[i])),
+        ("floor: + every check, inline", lambda i: checked(paths[i], names[i])),
+        (
+            "floor: + the npy decode, inline",
+            lambda i: npy._dec(checked(paths[i], names[i])["c"]["tree"], None),
+        ),
+        ("floor: the key of (i, i + 1)", lambda i: f._key((i, i + 1), {})),
+    ]
+    return measure([Contender(name, one(work), 4 * trials, n, before=reset) for name, work in rows])
 
 
 if __name__ == "__main__":
