@@ -222,7 +222,7 @@ def _unregistered_compression(z: Any) -> bool:
 
 #: the C scanner of a JSON decoder of our own: json.loads adds three Python calls
 #: and two regex matches around it (~1 µs of a layout's ~2.6 µs)
-_SCAN = json.JSONDecoder().scan_once
+_SCAN: Any = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # (set in __init__)
 
 
 def _json_value(text: str) -> Any:
