@@ -449,6 +449,9 @@ def keep_verified(paths: list[str], change: Callable[[], Any]) -> None:
     process has verified, so that recording use does not make the next mapped
     hit check the payload again. A file whose device, inode or size differs
     afterwards is not carried over."""
+    if not _verified:  # no mapped read checked here: nothing to carry (no stats)
+        change()
+        return
     before = {}
     for path in paths:
         try:
