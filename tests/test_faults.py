@@ -27,6 +27,7 @@ from mlcache.entry import decode, open_entry
 from mlcache.errors import EntryCorrupted, EntryNotFound
 from mlcache.memo.layout import is_entry
 from mlcache.memo.usage import collect
+from mlcache.store.keylocks import KEYS_FILE
 
 SIZES = (10, 100_000, 1_500_000)  # int64 elements: up to 12 MB, a wide write window
 PACK_SAMPLES = (50, 1500)
@@ -131,7 +132,8 @@ def _leftovers(location: str) -> list[str]:
     found = []
     for folder, dirs, files in os.walk(location):
         for n in dirs + files:
-            if ".tmp-" in n or (n.startswith(".") and n.endswith(".lock")):
+            # a folder's file of key record locks is kept by design, never debris
+            if ".tmp-" in n or (n.startswith(".") and n.endswith(".lock") and n != KEYS_FILE):
                 found.append(os.path.join(folder, n))
     return found
 

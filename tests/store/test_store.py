@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import fcntl
 import io
 import os
@@ -12,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -39,6 +41,7 @@ from mlcache.store import (
     Store,
     backend_for,
     check_name,
+    keylocks,
     register_url_scheme,
     schemes,
     stores,
@@ -251,6 +254,60 @@ class TestLocalStore(StoreTests):
             assert fresh.exists() and live.exists()
         assert names(store) == {"f/v/k"}
         assert not live.exists()  # its writer is gone now
+
+    def test_a_key_lock_makes_no_file_of_its_own_and_survives_a_sweep(self, store):
+        """A key's lock is a record lock in the folder's one ``.keys.lock``: no
+        file is made and removed per key (two folder changes a miss, before),
+        and a listing that sweeps dead writers' debris never takes that file."""
+        put(store, "f/v/k", b"x")
+        folder = Path(store.location) / "f" / "v"
+        seen: list[bool] = []
+
+        def other() -> None:
+            with store.lock("f/v/k", 0) as held:
+                seen.append(held)
+
+        with store.lock("f/v/k", 1.0) as held:
+            assert held
+            assert sorted(p.name for p in folder.iterdir()) == [".keys.lock", "k"]
+            old = time.time() - DEAD_MIN_AGE - 60
+            os.utime(folder / ".keys.lock", (old, old))
+            assert names(store) == {"f/v/k"}  # the sweep
+            assert (folder / ".keys.lock").exists()
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+        other()
+        assert seen == [False, True]
+
+    @pytest.mark.parametrize("why", ["no record locks", "refused by the file system"])
+    def test_without_record_locks_each_key_has_a_file_of_its_own(self, store, monkeypatch, why):
+        """Another system, or a file system that refuses record locks: the key's own
+        hidden file is ``flock``-ed, and removed by its holder."""
+        if why == "no record locks":
+            monkeypatch.setattr(keylocks, "_OFD_SETLK", None)
+        else:
+
+            def refuse(fd: int, offset: int) -> bool:
+                raise OSError(errno.ENOLCK, "No locks available")
+
+            monkeypatch.setattr(keylocks, "_try_record", refuse)
+        put(store, "f/v/k", b"x")
+        folder = Path(store.location) / "f" / "v"
+        seen: list[bool] = []
+
+        def other() -> None:
+            with store.lock("f/v/k", 0) as held:
+                seen.append(held)
+
+        with store.lock("f/v/k", 1.0) as held:
+            assert held and (folder / ".k.lock").is_file()
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+        assert not (folder / ".k.lock").exists()
+        other()
+        assert seen == [False, True]
 
     def test_delete_does_not_follow_symlinks(self, store, tmp_path):
         target = tmp_path / "elsewhere"

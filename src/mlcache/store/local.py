@@ -37,6 +37,7 @@ from .._atomic import (
 from .._util import backoff
 from ..errors import EntryNotFound, StoreError, warn
 from . import EntryStat, SharedCounter, check_name
+from .keylocks import KEYS_FILE, LOCK_SUFFIX, hold_key
 
 __all__ = ["MARKER", "SUBFOLDER", "LocalStore", "cache_folder", "mark_cache_folder"]
 
@@ -58,7 +59,6 @@ _SLUG = re.compile(r"[^.].*-[0-9a-f]{8}")
 _OWN_FOLDERS = frozenset({"datasets", "remote-datasets", "remote-packs", "remote"})
 #: marks a folder being removed (renamed first, then deleted)
 TOMB_MARK = ".removing-"
-_LOCK_SUFFIX = ".lock"
 _COUNTER = struct.Struct("<qd")  # value, time it was set
 logger = logging.getLogger("mlcache")
 _T = TypeVar("_T")
@@ -240,25 +240,16 @@ class LocalStore:
         computes a key while the others wait. Yields False when the lock could not
         be had within ``timeout`` seconds (the caller then goes on unlocked).
 
-        The lock is an ``flock`` on a hidden file beside the entry, so the kernel
-        releases it when its holder dies, even by SIGKILL: a dead holder never
-        blocks anyone. The holder removes the file when it is done; a waiter that
-        locked a file removed meanwhile notices (another inode) and tries again.
+        The kernel releases the lock when its holder dies, even by SIGKILL: a dead
+        holder never blocks anyone (see :mod:`mlcache.store.keylocks`).
         """
         folder, base = os.path.split(check_name(name))
         if self.read_only:  # nothing is computed into it: no one to wait for
             self._refuse()
-        lock = f".{base}{_LOCK_SUFFIX}"
         dfd = self._remaking(lambda: open_folder(self.location, folder, mode=self.mode))
         try:
-            fd = _lock_file(lock, dfd, os.path.join(self.location, folder, lock), timeout)
-            try:
-                yield fd is not None
-            finally:
-                if fd is not None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(lock, dir_fd=dfd)  # while still holding it: see above
-                    os.close(fd)
+            with hold_key(dfd, base, os.path.join(self.location, folder), timeout) as held:
+                yield held
         finally:
             os.close(dfd)
 
@@ -374,7 +365,9 @@ class LocalStore:
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(e.name, dir_fd=dir_fd)
-        elif is_temporary(e.name) or e.name.endswith(_LOCK_SUFFIX):
+        elif e.name == KEYS_FILE:
+            pass  # record locks, never an flock: in use or not, it stays
+        elif is_temporary(e.name) or e.name.endswith(LOCK_SUFFIX):
             # a key lock left by a killed holder goes too: a waiter that opened it
             # meanwhile sees another inode and locks a new one (see _lock_file)
             remove_if_dead(e.name, dir_fd=dir_fd)
@@ -412,28 +405,6 @@ def _lockf(fd: int, timeout: float) -> bool:
         except OSError:
             pass
     return False
-
-
-def _lock_file(name: str, dir_fd: int, shown: str, timeout: float) -> int | None:
-    """An open, ``flock``-ed descriptor of the file ``name`` of folder ``dir_fd``
-    (never a link's target), or None after ``timeout`` s (polled every 2 ms,
-    doubling up to 100 ms)."""
-    for _ in backoff(timeout, first=0.002, most=0.1, factor=2.0):
-        while True:
-            fd = open_regular(name, os.O_RDWR | os.O_CREAT, dir_fd=dir_fd, shown=shown)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                break  # held: wait, then try again
-            try:
-                current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino
-            except FileNotFoundError:
-                current = None
-            if current == os.fstat(fd).st_ino:
-                return fd
-            os.close(fd)  # its holder removed it after we opened it: lock the new one
-    return None
 
 
 def cache_folder(location: str | os.PathLike[str]) -> str:
@@ -509,7 +480,7 @@ def _written_by_mlcache(root: str, e: os.DirEntry[str]) -> bool:
             # warning, the link replaced), not a sign of a user's folder: else one
             # planted link would move the whole cache to ./mlcache
             return name in (MARKER, ".gitignore") or (
-                name.startswith(".") and name.endswith((".counter", _LOCK_SUFFIX))
+                name.startswith(".") and name.endswith((".counter", LOCK_SUFFIX))
             )
         if name == MARKER:  # put there since _is_cache looked for it: read it again
             return _has_marker(root)
@@ -518,7 +489,7 @@ def _written_by_mlcache(root: str, e: os.DirEntry[str]) -> bool:
                 return f.read(64).startswith(b"# created by mlcache")
         if name.startswith("."):
             return (
-                name.endswith((".counter", _LOCK_SUFFIX)) or is_temporary(name) or TOMB_MARK in name
+                name.endswith((".counter", LOCK_SUFFIX)) or is_temporary(name) or TOMB_MARK in name
             )
         return e.is_dir() and (name in _OWN_FOLDERS or _SLUG.fullmatch(name) is not None)
     except OSError:
