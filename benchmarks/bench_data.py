@@ -18,7 +18,10 @@ On synthetic MIMIC-like patients (``mlcache.demo.synthetic``: one CSV file per p
 Targets: open at 1M samples <= 20 ms and open 1M / open 20k <= 2 (O(1));
 read_patient / mlcache >= 50, pickle list / mlcache >= 1, HF datasets / mlcache >= 1
 (each format); (e) the pass over the open pack at most 2x the pass over the list
-already in memory (issue 15).
+already in memory (issue 15); (e') the same with a pass that reads one value of each
+sample (``s["label"]``), which leaves the whole cost of ``ds[i]`` in the numerator:
+building each sample (a private copy of its vitals, the dict) against a list lookup
+(issue 26).
 
 Sections 3 and 4 (peak RSS while packing 4x a memory budget; the memory of a
 DataLoader over the pack) are in ``bench_data_memory.py``, which takes its sizes and
@@ -86,6 +89,11 @@ class Sizes:
 
 FULL = Sizes(20_000, 20_000, 1_000_000, 21, 20, 11, 3, 512, 10, 4, 3, True, False)
 QUICK = Sizes(200, 2_000, 20_000, 3, 5, 3, 2, 48, 10, 4, 1, False, True)
+
+
+#: the one-value passes (issue 26): what ``ds[i]`` costs over a list lookup
+ONE_LIST = "one-value pass over the list in memory"
+ONE_PACK = "mlcache: one-value pass (pack already open)"
 
 
 # -- the work measured ------------------------------------------------------------------
@@ -287,6 +295,12 @@ def bench_pass(
     def mlc_pass() -> float:
         return sum(touch(opened[i]) for i in order)
 
+    def in_memory_one() -> float:
+        return sum(samples[i]["label"] for i in order)
+
+    def mlc_one() -> float:
+        return sum(opened[i]["label"] for i in order)
+
     def hf_numpy() -> float:
         ds = hf.load_from_disk(hf_dir).with_format("numpy")
         return sum(touch(ds[i]) for i in order)
@@ -310,6 +324,8 @@ def bench_pass(
         Contender("pickle.load only", load_only, fast, info=True),
         Contender("pass over the list already in memory", in_memory, fast, info=True),
         Contender("mlcache: pass only (pack already open)", mlc_pass, fast, info=True),
+        Contender(ONE_LIST, in_memory_one, fast, info=True),
+        Contender(ONE_PACK, mlc_one, fast, info=True),
     ]
     targets = [
         Target("(a) read_patient / mlcache", names["a"], names["c"], ">=", 50),
@@ -321,6 +337,7 @@ def bench_pass(
             "<=",
             2,
         ),
+        Target("(e') one-value pass, pack open / list in memory", ONE_PACK, ONE_LIST, "<=", 2),
     ]
     if hf is not None:
         contenders += [
@@ -356,15 +373,22 @@ def bench_pass(
     )
     res = measure(contenders)
     expected = in_memory()
+    one = (totals.pop(ONE_LIST, None), totals.pop(ONE_PACK, None))
     for name, got in totals.items():
         if not math.isclose(got, expected, rel_tol=1e-9):
             raise AssertionError(f"{name}: total {got} where the samples give {expected}")
+    if one[1] != in_memory_one() or one[0] != one[1]:
+        raise AssertionError(
+            f"one-value passes: totals {one} where the samples give {in_memory_one()}"
+        )
     outcomes = report(
         f"2. A full pass in random order over {n:,} patients", res, targets, note=note
     )
     per = {k: res[v].median / n * 1e6 for k, v in names.items() if v in res}
     per["pass only"] = res["mlcache: pass only (pack already open)"].median / n * 1e6
     per["list in memory"] = res["pass over the list already in memory"].median / n * 1e6
+    per["one value, pack"] = res[ONE_PACK].median / n * 1e6
+    per["one value, list"] = res[ONE_LIST].median / n * 1e6
     print("\nPer sample (medians): " + ", ".join(f"{k} {v:.1f} µs" for k, v in per.items()) + ".")
     return {"pass": res}, outcomes
 
