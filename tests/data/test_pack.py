@@ -437,3 +437,58 @@ def test_the_parsed_index_is_pack_index_and_layout_a_deprecated_name(tmp_path):
         assert ds.layout is ds.pack_index
     again = open_pack(tmp_path / "d.pack")
     assert type(again) is PackedDataset and again.fingerprint == ds.fingerprint
+
+
+def test_text_of_one_width_is_sliced_without_the_offsets(tmp_path):
+    """Text fields whose samples all have one length (ids, one-letter codes, empty)
+    are read by arithmetic instead of two lookups of the offsets (issue 26); the
+    others, and a field with missing values, keep the offsets; every value reads
+    back the same, in any order, twice (the generated reader is made again once
+    every block is verified)."""
+    expected = [
+        {
+            "id": f"p{i:05d}",
+            "sex": "MF"[i % 3 == 0],
+            "empty": "",
+            "mixed": "ab" * (i % 3),
+            "accent": "é",  # one character, two bytes: decoded sample by sample
+            "code": None if i % 7 == 0 else "xy",
+        }
+        for i in range(300)
+    ]
+    ds = pack(expected, tmp_path / "t.pack", progress=False, block_size=256)
+    order = np.random.default_rng(5).permutation(300).tolist()
+    for _ in range(2):
+        for i in order:
+            assert ds[i] == expected[i]
+    source = ds._sample.__doc__
+    offsets = {name: f"o{k}[j]" in source for k, name in enumerate(ds.field_names)}
+    assert offsets == {
+        "id": False,
+        "sex": False,
+        "empty": False,
+        "mixed": True,
+        "accent": True,
+        "code": True,
+    }
+    assert ds.get_batch([3, 0])["id"] == ["p00003", "p00000"]
+
+
+def test_ragged_arrays_all_small_are_copied_without_a_size_test(tmp_path):
+    """A ragged field whose samples are all below PRIVATE_MAP_MIN is copied with no
+    test of each sample's size (issue 26); one with a larger sample keeps the test,
+    and maps that one: both private to each read and writable."""
+    from mlcache.data.regions import PRIVATE_MAP_MIN
+
+    rows = PRIVATE_MAP_MIN // 8 + 1  # float64 rows of one value: the largest is mapped
+    small = [{"x": np.arange(i + 1, dtype=np.float64)} for i in range(20)]
+    mixed = [*small, {"x": np.arange(rows, dtype=np.float64)}]
+    for samples, tested in ((small, False), (mixed, True)):
+        ds = pack(samples, tmp_path / f"r{tested}.pack", progress=False)
+        for _ in range(2):
+            for i in range(len(samples) - 1, -1, -1):
+                x = ds[i]["x"]
+                assert x.flags.writeable and x.flags.owndata == (x.nbytes < PRIVATE_MAP_MIN)
+                x[...] = -1
+                np.testing.assert_array_equal(ds[i]["x"], samples[i]["x"])
+        assert (f"< {PRIVATE_MAP_MIN}" in ds._sample.__doc__) is tested

@@ -203,6 +203,7 @@ class Field:
         "ends",
         "inner",
         "kind",
+        "largest",
         "name",
         "ndim",
         "offsets",
@@ -211,6 +212,7 @@ class Field:
         "shapes",
         "spec",
         "text",
+        "width",
     )
 
     def __init__(self, spec: dict[str, Any], regions: dict[str, Region], path: str) -> None:
@@ -237,6 +239,12 @@ class Field:
         self.shapes: Any = None
         #: a small all-ASCII text field, decoded whole (a sample is a slice), or None
         self.text: str | None = None
+        #: the length of every sample's text, when they share one (ids, codes): the
+        #: slice is found without the offsets (two ints made and indexed fewer)
+        self.width: int | None = None
+        #: the bytes of a ragged field's largest sample: below PRIVATE_MAP_MIN, every
+        #: read copies, decided once
+        self.largest = 0
         self.ends: Any = None  # a strs field's string ends (bytes into data)
         #: a dict field's sub-fields, each with its regions (keys "<i>/..." of ours)
         self.children = [
@@ -289,6 +297,9 @@ class Field:
             raw = bytes(data.mv)
             if raw.isascii():  # one byte a character: the offsets index the str too
                 self.text = raw.decode("ascii")
+                width = data.len // n if n else 0
+                if n and width * n == data.len and (np.diff(table) == width).all():
+                    self.width = width
         if kind == "ragged":
             shapes = self.regions["shapes"].table(n, self.ndim)
             if self.ndim < 1 or (shapes < 0).any():
@@ -299,6 +310,7 @@ class Field:
             sizes = np.prod(shapes, axis=1, dtype=np.int64) * self.dtype.itemsize
             if (sizes != np.diff(table)).any():
                 raise PackCorrupted(f"{bad} has bad shapes")
+            self.largest = int(sizes.max()) if n else 0
             self.shapes = (
                 self.regions["shapes"].mv.cast("q") if _LITTLE else shapes.ravel().tolist()
             )
@@ -358,6 +370,8 @@ class Field:
                     lines.append(f"v{k} = v{k}.copy()")
                 else:
                     lines.append(f"v{k} = p{k}(a, a + w{k}, v{k})")
+            elif self.largest < PRIVATE_MAP_MIN:  # the common case: no test
+                lines.append(f"v{k} = v{k}.copy()")
             else:
                 lines += [
                     f"if z - a < {PRIVATE_MAP_MIN}:",
@@ -416,15 +430,20 @@ class Field:
         if kind == "column":
             py = spec.get("py")
             fmt: Any = _PY_FORMATS.get((str(py), self.dtype.str)) if _LITTLE else None
-            if fmt is not None:
-                ns[f"g{k}"] = data.mv.cast(fmt).__getitem__  # Python scalars, no numpy
-                return [f"v{k} = g{k}(j)"]
+            if fmt is not None:  # Python scalars, no numpy; a subscript, not a call
+                ns[f"g{k}"] = data.mv.cast(fmt)
+                return [f"v{k} = g{k}[j]"]
             column = np.frombuffer(data.mv, dtype=self.dtype).reshape((n, *spec["shape"]))
             if py in ("int", "float", "bool"):  # a format memoryview cannot give directly
                 ns[f"g{k}"] = column.item
                 return [f"v{k} = g{k}(j)"]
             ns[f"g{k}"], ns[f"w{k}"] = column, self.row
             start, stop, value = f"j * w{k}", f"a + w{k}", f"g{k}[j]"
+        elif self.width is not None:  # text of one width, verified whole (prepare)
+            ns[f"x{k}"], ns[f"w{k}"] = self.text, self.width
+            # a str of one character is CPython's own: indexing it allocates nothing
+            one = [f"v{k} = x{k}[j]"]
+            return one if self.width == 1 else [f"a = j * w{k}", f"v{k} = x{k}[a : a + w{k}]"]
         else:
             ns[f"o{k}"] = self.offsets
             start, stop = f"o{k}[j]", f"o{k}[j + 1]"
