@@ -15,7 +15,8 @@ as it was before (loaded from git, ``--before``, default the commit before issue
   faults included);
 * ``patients``: 2,000 synthetic patients (``mlcache.demo.synthetic``, as in
   ``bench_data.py``: vitals float32[T, 6], age, label, sex, id), every field
-  touched, as ``bench_data.py``'s pass does;
+  touched, as ``bench_data.py``'s pass does; and again reading one value of each
+  (``s["label"]``: what ``ds[i]`` itself costs, issue 26);
 * each also with ``writable=False`` (read-only views of the shared map, the
   reads of before with today's file checks);
 * ``torch``: ``mlcache.torch.TorchDataset`` over the medium and large packs
@@ -23,8 +24,10 @@ as it was before (loaded from git, ``--before``, default the commit before issue
   operation).
 
 Each trial is one full pass, preceded by an untimed warm-up pass; rounds are
-interleaved (see ``_bench.py``). Printed: µs per sample, min and median, and the
-ratio after / before. No target: the figures go into ``benchmarks/RESULTS.md``.
+interleaved (see ``_bench.py``). ``--before`` loads that revision's ``reader`` and,
+when it had one, its ``regions`` (the generated reader, since issue 14). Printed:
+µs per sample, min and median, and the ratio after / before. No target: the
+figures go into ``benchmarks/RESULTS.md``.
 
     python benchmarks/bench_reader.py [--quick] [--dir PARENT] [--before REV]
 """
@@ -50,35 +53,49 @@ from mlcache.data import reader as now
 BEFORE = "35eafdd"
 
 
-def _old_reader(rev: str) -> types.ModuleType | None:
-    """``mlcache.data.reader`` as it was at ``rev``, imported beside today's."""
+def _git_show(rev: str, path: str) -> bytes:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        source = subprocess.run(
-            ["git", "show", f"{rev}:src/mlcache/data/reader.py"],
-            cwd=root,
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        print(f"(no reader at {rev}: {exc}; only today's is timed)", file=sys.stderr)
-        return None
-    # what it imports moved since (issue 14's layout): point it at the new homes
-    source = source.replace(b"from .remote import", b"from .fetch import").replace(
-        b"from .format import HEADER, PackCorrupted,",
-        b"from ..errors import PackCorrupted\nfrom .format import HEADER,",
-    )
-    folder = tempfile.mkdtemp(prefix="mlcache-old-reader-")
-    path = os.path.join(folder, "reader_before.py")
+    return subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, check=True
+    ).stdout
+
+
+def _load(name: str, source: bytes, folder: str) -> types.ModuleType:
+    """``source`` imported as the module ``name`` (in the package: its relative
+    imports resolve)."""
+    path = os.path.join(folder, name.rpartition(".")[2] + ".py")
     with open(path, "wb") as f:
         f.write(source)
-    name = "mlcache.data._reader_before"  # in the package: its relative imports resolve
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _old_reader(rev: str) -> types.ModuleType | None:
+    """``mlcache.data.reader`` as it was at ``rev``, imported beside today's, with
+    that revision's ``regions`` (the generated reader) when it had one."""
+    try:
+        source = _git_show(rev, "src/mlcache/data/reader.py")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"(no reader at {rev}: {exc}; only today's is timed)", file=sys.stderr)
+        return None
+    folder = tempfile.mkdtemp(prefix="mlcache-old-reader-")
+    try:
+        regions = _git_show(rev, "src/mlcache/data/regions.py")
+    except subprocess.CalledProcessError:  # before issue 14: all in reader.py
+        regions = None
+    if regions is not None:
+        _load("mlcache.data._regions_before", regions, folder)
+        source = source.replace(b"from .regions import", b"from ._regions_before import")
+    # what it imports moved since (issue 14's layout): point it at the new homes
+    source = source.replace(b"from .remote import", b"from .fetch import").replace(
+        b"from .format import HEADER, PackCorrupted,",
+        b"from ..errors import PackCorrupted\nfrom .format import HEADER,",
+    )
+    return _load("mlcache.data._reader_before", source, folder)
 
 
 def _old_tensors(sample: dict[str, Any]) -> dict[str, Any]:
@@ -148,9 +165,12 @@ def main() -> None:
             for name in packs
         }
 
-        def full_pass(ds: Any, order: list[int], touch: bool) -> Callable[[], None]:
+        def full_pass(ds: Any, order: list[int], touch: bool | str) -> Callable[[], None]:
             def run() -> None:
-                if "vitals" in ds.field_names:
+                if touch == "one":  # one value of each sample: the cost of ds[i] itself
+                    for i in order:
+                        ds[i]["label"]
+                elif "vitals" in ds.field_names:
                     for i in order:
                         s = ds[i]
                         float(s["vitals"].sum()) + s["age"] + s["label"] + len(s["sex"])
@@ -179,10 +199,12 @@ def main() -> None:
             ("large", False),
             ("large", True),
             ("patients", True),
+            ("patients", "one"),
         ]
         for name, touch in cases:
             for which in readers:
-                whole = " read whole" if touch and name != "patients" else ""
+                whole = " read whole" if touch is True and name != "patients" else ""
+                whole = " one value" if touch == "one" else whole
                 label = f"{name}{whole}: {which}"
                 contenders.append(
                     Contender(label, full_pass(opened[which, name], orders[name], touch), trials)
