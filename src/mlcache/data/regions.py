@@ -298,8 +298,8 @@ class Field:
             if raw.isascii():  # one byte a character: the offsets index the str too
                 self.text = raw.decode("ascii")
                 width = data.len // n if n else 0
-                if n and width * n == data.len and (np.diff(table) == width).all():
-                    self.width = width
+                same = n and width * n == data.len and (np.diff(table) == width).all()
+                self.width = width if same else None
         if kind == "ragged":
             shapes = self.regions["shapes"].table(n, self.ndim)
             if self.ndim < 1 or (shapes < 0).any():
