@@ -468,7 +468,9 @@ class Field:
             else:
                 ns["unpickle"] = unpickle
                 value = f"unpickle(r{k}[a:z], n{k})"
-        lines = [f"a = {start}"]
+        # a column's row is found by numpy: its start is needed to verify or to map it
+        needed = kind != "column" or data.pending or self.row >= PRIVATE_MAP_MIN
+        lines = [f"a = {start}"] if needed else []
         if data.pending or "z" in value or kind == "ragged":
             lines.append(f"z = {stop}")
         if data.pending:  # blocks not yet verified: test the one byte, verify if needed
