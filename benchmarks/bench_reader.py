@@ -29,7 +29,7 @@ when it had one, its ``regions`` (the generated reader, since issue 14). Printed
 µs per sample, min and median, and the ratio after / before. No target: the
 figures go into ``benchmarks/RESULTS.md``.
 
-    python benchmarks/bench_reader.py [--quick] [--dir PARENT] [--before REV]
+    python benchmarks/bench_reader.py [--quick] [--dir PARENT] [--before REV] [--patients N]
 """
 
 from __future__ import annotations
@@ -112,10 +112,17 @@ def _old_tensors(sample: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _options(p: Any) -> None:
+    p.add_argument("--before", default=BEFORE, help="git revision of 'before'")
+    p.add_argument(
+        "--patients", type=int, default=2_000, help="patients in their pack (bench_data: 20,000)"
+    )
+
+
 def main() -> None:
     args = parse_args(
         __doc__.splitlines()[0],
-        lambda p: p.add_argument("--before", default=BEFORE, help="git revision of 'before'"),
+        _options,
     )
     quick = args.quick
     scale = 20 if quick else 1
@@ -144,7 +151,7 @@ def main() -> None:
         }
         from mlcache.demo.synthetic import read_patient, write_patients
 
-        files = write_patients(os.path.join(where, "src"), 2_000 // scale, seed=0)
+        files = write_patients(os.path.join(where, "src"), args.patients // scale, seed=0)
         packs["patients"] = pack(
             (read_patient(f) for f in files), os.path.join(where, "p.pack"), progress=False
         ).path
