@@ -507,3 +507,18 @@ def test_a_verified_column_of_small_rows_is_read_without_its_offset(tmp_path):
             np.testing.assert_array_equal(s["x"], samples[i]["x"])
             assert s["y"] == i and s["x"].flags.owndata
     assert "a = " not in ds._sample.__doc__
+
+
+def test_one_width_is_judged_over_the_whole_table_a_piece_at_a_time():
+    """The width test of a text field looks at every step, across the pieces it
+    reads the offsets in (a million at a time, no copy of a long table)."""
+    from mlcache.data.regions import _steps_of
+
+    n = (1 << 20) + 3
+    table = np.arange(n + 1, dtype=np.int64) * 6
+    assert _steps_of(table, 6) and not _steps_of(table, 5)
+    for at in (1, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, n - 1):
+        bent = table.copy()
+        bent[at] += 1  # two steps change: 7 then 5
+        assert not _steps_of(bent, 6), at
+    assert _steps_of(np.zeros(9, dtype=np.int64), 0)

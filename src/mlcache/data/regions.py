@@ -239,11 +239,9 @@ class Field:
         self.shapes: Any = None
         #: a small all-ASCII text field, decoded whole (a sample is a slice), or None
         self.text: str | None = None
-        #: the length of every sample's text, when they share one (ids, codes): the
-        #: slice is found without the offsets (two ints made and indexed fewer)
+        #: the length of every sample's text when they share one (ids, codes): a read
+        #: slices without the offsets; the bytes of a ragged field's largest sample
         self.width: int | None = None
-        #: the bytes of a ragged field's largest sample: below PRIVATE_MAP_MIN, every
-        #: read copies, decided once
         self.largest = 0
         self.ends: Any = None  # a strs field's string ends (bytes into data)
         #: a dict field's sub-fields, each with its regions (keys "<i>/..." of ours)
@@ -298,7 +296,7 @@ class Field:
             if raw.isascii():  # one byte a character: the offsets index the str too
                 self.text = raw.decode("ascii")
                 width = data.len // n if n else 0
-                same = n and width * n == data.len and (np.diff(table) == width).all()
+                same = n and width * n == data.len and _steps_of(table, width)
                 self.width = width if same else None
         if kind == "ragged":
             shapes = self.regions["shapes"].table(n, self.ndim)
@@ -509,6 +507,17 @@ def _tensor_maker(view: str | None, path: str, name: str) -> Callable[[Any], Any
         return tensor if as_view is None else tensor.view(as_view)
 
     return make
+
+
+def _steps_of(table: np.ndarray, width: int) -> bool:
+    """Every step of ``table`` (verified offsets, rising from 0) is ``width``; looked
+    at a million at a time, so that a long table costs no copy of its size."""
+    if not width:  # rising from 0 to 0: all steps are 0
+        return True
+    step = 1 << 20
+    return all(
+        (np.diff(table[s : s + step + 1]) == width).all() for s in range(0, len(table), step)
+    )
 
 
 def _under(regions: dict[str, Region], prefix: str) -> dict[str, Region]:
