@@ -18,10 +18,9 @@ On synthetic MIMIC-like patients (``mlcache.demo.synthetic``: one CSV file per p
 Targets: open at 1M samples <= 20 ms and open 1M / open 20k <= 2 (O(1));
 read_patient / mlcache >= 50, pickle list / mlcache >= 1, HF datasets / mlcache >= 1
 (each format); (e) the pass over the open pack at most 2x the pass over the list
-already in memory (issue 15); (e') the same with a pass that reads one value of each
-sample (``s["label"]``), which leaves the whole cost of ``ds[i]`` in the numerator:
-building each sample (a private copy of its vitals, the dict) against a list lookup
-(issue 26).
+already in memory (issue 15). For information, no target: the same two passes reading
+one value of each sample (``s["label"]``), which leaves the whole cost of ``ds[i]``
+(building each sample: a private copy of its vitals, the dict) against a list lookup.
 
 Sections 3 and 4 (peak RSS while packing 4x a memory budget; the memory of a
 DataLoader over the pack) are in ``bench_data_memory.py``, which takes its sizes and
@@ -337,7 +336,6 @@ def bench_pass(
             "<=",
             2,
         ),
-        Target("(e') one-value pass, pack open / list in memory", ONE_PACK, ONE_LIST, "<=", 2),
     ]
     if hf is not None:
         contenders += [

@@ -52,7 +52,6 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "(a) read_patient / mlcache",
         "(b) pickle list / mlcache",
         "(e) pass, pack open / list in memory",
-        "(e') one-value pass, pack open / list in memory",
     ),
     "bench_data_memory.py": (
         "packing 4x the budget: peak RSS / budget",
