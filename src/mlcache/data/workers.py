@@ -12,19 +12,29 @@ DataLoader worker, which cannot have children, or items too quick to load).
 
 How a call goes:
 
-1. **Probe.** The first items are loaded here, timed (up to
-   :data:`_PROBE_ITEMS` items or :data:`_PROBE_SECONDS`), and so is the cost of
-   sending their samples back (a pickle round trip). The first item is left
-   out of the per-item cost when there are more: it often pays for imports
-   (pandas on first use) that forked workers inherit.
-2. **Decide.** Workers are used when the rest is predicted to take at most
-   :data:`_WORTH` of its time here. With ``S`` the time the workers take to
-   start (:data:`_START_SECONDS`, or the last start measured in this process
-   when it was quicker: a fork is cheap; a spawned child imports the main
-   module and the dataset's again), during which this process goes on
-   loading, the rest takes ``S + (here - S) / min(workers, CPUs)``, plus
-   sending every sample back. 2,000 tiny JSON items (tens of microseconds each) stay here; 8,000
-   small CSV files parsed by pandas (about a millisecond each) go to workers.
+1. **Probe.** The first items are loaded here for :data:`_PROBE_SECONDS`,
+   timed, with the cost of sending their samples back (a pickle round trip)
+   and what the machine gave this process meanwhile (its CPU time, its wait
+   for a CPU, the CPUs left idle: :class:`~mlcache.data.planning.Machine`).
+   The first item is left out of the per-item cost when there are more: it
+   often pays for imports (pandas on first use) that forked workers inherit.
+2. **Decide** (:func:`~mlcache.data.planning.plan_workers`, a pure function of
+   those figures). Workers are as fast as the CPUs left to them: CPU-bound
+   items on a machine whose other cores are busy load no faster in two
+   processes than in one (measured: slower), while items that wait on files
+   or a network go faster whatever the CPUs do. They are used (as many as the
+   free CPUs round to) when the rest is predicted to take at most
+   :data:`~mlcache.data.planning.WORTH` of its time here. With ``S`` the time
+   the workers take to start (:data:`_START_SECONDS`, or the last start
+   measured in this process when it was quicker: a fork is cheap; a spawned
+   child imports the main module and the dataset's again), during which this
+   process goes on loading, the rest takes ``S + (here - S) / speed-up``, plus
+   sending every sample back. 2,000 tiny JSON items (tens of microseconds
+   each) stay here; 8,000 small CSV files parsed by pandas (about a
+   millisecond each) go to workers when a core is free. When none is, this
+   process goes on loading and looks again after every :data:`_RECHECK_SECONDS`
+   (a build started while another job held the CPUs uses its workers once it
+   ends).
 3. **Load in workers, write here.** The workers are started once, the
    dataset reaching each of them once (inherited under fork, pickled once
    under spawn). This process goes on loading, in order, until one is ready;
@@ -52,6 +62,7 @@ waiting for the chunks still queued.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import pickle
@@ -64,6 +75,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import warn_at_user
+from .planning import Machine, Snapshot, machine_since, plan_workers
+
+#: (a child of mlcache's logger: its decisions can be followed alone)
+logger = logging.getLogger("mlcache.workers")
 
 __all__ = [
     "Counted",
@@ -74,11 +89,12 @@ __all__ = [
     "start_method",
 ]
 
-#: the probe loads up to this many items here, or items for this many seconds
-_PROBE_ITEMS = 32
+#: the probe loads items here for this many seconds (at 10 ms a tick of
+#: /proc/stat's idle time, a tenth of a core is what it can tell apart on 2 CPUs)
 _PROBE_SECONDS = 0.1
-#: workers are used when the rest would take at most this share of its time here
-_WORTH = 0.75
+#: while the CPUs are taken, the loading here is looked at again after this many
+#: seconds (a build that started on a busy machine uses workers once a core is free)
+_RECHECK_SECONDS = 0.5
 #: the seconds from starting the workers to the first one ready, by start
 #: method, at most (on a 2-core VM: 15-50 ms to fork two; 0.5-2 s to spawn two,
 #: each a new interpreter importing numpy, mlcache, the main module and the
@@ -138,30 +154,45 @@ def load_many(
         for i, item in enumerate(items):
             yield i, dataset.load_item(item)
         return
-    times: list[float] = []
-    transfer = 0.0  # seconds to pickle and unpickle the probe's samples
-    started = time.perf_counter()
-    for i, item in enumerate(items[:_PROBE_ITEMS]):
-        t0 = time.perf_counter()
-        sample = dataset.load_item(item)
-        t1 = time.perf_counter()
-        times.append(t1 - t0)
-        transfer += _round_trip(sample)
-        yield i, sample
-        if t1 - started > _PROBE_SECONDS:  # slow items: no need to time more of them
+    done = 0  # items yielded so far
+    per_transfer: float | None = None  # pickle + unpickle of a sample, by the first window
+    method = ""  # the start method, chosen when workers first pay
+    window = _PROBE_SECONDS
+    while True:
+        # a window of loading here, timed; then the decision, with what it measured
+        times: list[float] = []
+        transfer = 0.0
+        before = Snapshot.now()
+        while done < n:
+            t0 = time.perf_counter()
+            sample = dataset.load_item(items[done])
+            t1 = time.perf_counter()
+            times.append(t1 - t0)
+            if per_transfer is None:
+                transfer += _round_trip(sample)
+            yield done, sample
+            done += 1
+            if t1 - before.wall > window:
+                break
+        if done == n:
+            return
+        machine = machine_since(before)
+        if per_transfer is None:
+            per_transfer = transfer / len(times)
+            # the first item often pays for imports the others (and forked workers) do not
+            if len(times) > 2:
+                del times[0]
+        per_item = sum(times) / len(times)
+        plan = _plan_if_worth(dataset, n - done, per_item, per_transfer, workers, machine, method)
+        if isinstance(plan, tuple):
+            yield from _in_pool(dataset, items, done, plan[1], plan[0], per_item)
+            return
+        if plan is None:  # workers cannot be started: every item here
             break
-    done = len(times)
-    if done == n:
-        return
-    # the first item often pays for imports the others (and forked workers) do not
-    per_item = sum(times[1:]) / (done - 1) if done > 2 else sum(times) / done
-    rest = n - done
-    method = _method_if_worth(dataset, rest, per_item, transfer / done, workers)
-    if method is None:
-        for i in range(done, n):
-            yield i, dataset.load_item(items[i])
-        return
-    yield from _in_pool(dataset, items, done, workers, method, per_item)
+        # not now (the CPUs are taken): look again after the next window
+        method, window = plan, _RECHECK_SECONDS
+    for i in range(done, n):
+        yield i, dataset.load_item(items[i])
 
 
 def _round_trip(sample: Any) -> float:
@@ -176,34 +207,42 @@ def _round_trip(sample: Any) -> float:
     return time.perf_counter() - t0
 
 
-def _method_if_worth(
-    dataset: Any, rest: int, per_item: float, per_transfer: float, workers: int
-) -> str | None:
-    """The start method of the workers when they pay for the ``rest`` items,
-    else None (see the module's docstring)."""
-    here = rest * per_item
-    cores = min(workers, _cpus())
-    if cores < 2:
-        return None
+def _plan_if_worth(
+    dataset: Any,
+    rest: int,
+    per_item: float,
+    per_transfer: float,
+    workers: int,
+    machine: Machine,
+    method: str,
+) -> tuple[str, int] | str | None:
+    """The start method and number of the workers when they pay for the ``rest``
+    items now (see :func:`plan_workers`); else the start method to assume at the
+    next look (``""``: not chosen yet), or None when workers cannot be started
+    (:func:`start_method` said why, once).
 
-    def worth(method: str) -> bool:
-        start = min(_started.get(method, _START_SECONDS[method]), _START_SECONDS[method], here)
-        there = start + (here - start) / cores + rest * per_transfer
-        return there <= _WORTH * here
+    The start method is chosen only when workers would pay with the cheapest
+    start (fork, on Linux): no warning about a spawn that would not pay."""
 
-    # first with the cheapest start here (no warning about a spawn that would not pay)
-    if not worth("fork" if sys.platform.startswith("linux") else "spawn"):
-        return None
-    method = start_method(type(dataset).__qualname__)
-    return method if method is None or worth(method) else None
+    def plan(method: str) -> int:
+        start = min(_started.get(method, _START_SECONDS[method]), _START_SECONDS[method])
+        return plan_workers(rest, per_item, per_transfer, workers, machine, start)
 
-
-def _cpus() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
+    n = plan(method or ("fork" if sys.platform.startswith("linux") else "spawn"))
+    if n and not method:
+        chosen = start_method(type(dataset).__qualname__)
+        if chosen is None:
+            return None
+        method = chosen
+        n = plan(method)
+    logger.debug(
+        "mlcache: %d items of %.3g ms each: %s (%s)",
+        rest,
+        per_item * 1e3,
+        f"{n} {method} workers" if n else "loaded here for now",
+        machine,
+    )
+    return (method, n) if n else method
 
 
 def _in_pool(
