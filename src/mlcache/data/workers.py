@@ -92,6 +92,9 @@ __all__ = [
 #: the probe loads items here for this many seconds (at 10 ms a tick of
 #: /proc/stat's idle time, a tenth of a core is what it can tell apart on 2 CPUs)
 _PROBE_SECONDS = 0.1
+#: the samples whose round trip (pickle + unpickle) the probe times: a few
+#: tell its cost (timing each of 2,000 tiny JSON items made their loading 2x slower)
+_TRANSFER_ITEMS = 32
 #: while the CPUs are taken, the loading here is looked at again after this many
 #: seconds (a build that started on a busy machine uses workers once a core is free)
 _RECHECK_SECONDS = 0.5
@@ -168,7 +171,7 @@ def load_many(
             sample = dataset.load_item(items[done])
             t1 = time.perf_counter()
             times.append(t1 - t0)
-            if per_transfer is None:
+            if per_transfer is None and len(times) <= _TRANSFER_ITEMS:
                 transfer += _round_trip(sample)
             yield done, sample
             done += 1
@@ -178,7 +181,7 @@ def load_many(
             return
         machine = machine_since(before)
         if per_transfer is None:
-            per_transfer = transfer / len(times)
+            per_transfer = transfer / min(len(times), _TRANSFER_ITEMS)
             # the first item often pays for imports the others (and forked workers) do not
             if len(times) > 2:
                 del times[0]
