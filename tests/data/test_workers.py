@@ -141,6 +141,37 @@ def test_a_build_uses_its_workers_once_a_core_is_free(monkeypatch: pytest.Monkey
     assert len({s["pid"] for _, s in got} - {os.getpid()}) == 2
 
 
+class FirstImports(Slow):
+    """The first load pays for an import (a clock read stands for it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_done: list[float] = []
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        sample = super().load_item(i)
+        if i == 0:
+            self.first_done.append(time.process_time())
+        return sample
+
+
+def test_the_first_item_is_not_in_the_probes_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its imports (pandas: CPU-bound, a third of a second) would make items that
+    wait look CPU-bound to the rule; forked workers inherit them anyway."""
+    from mlcache.data import workers
+
+    ds, windows = FirstImports(), []
+
+    def measured(before: Any) -> Any:
+        windows.append(before)
+        return _machine(1.0)
+
+    monkeypatch.setattr(workers, "machine_since", measured)
+    got = list(load_many(ds, range(100), 2))
+    assert [s["i"] for _, s in got] == list(range(100))
+    assert windows[0].cpu >= ds.first_done[0]  # the probe's clocks start after it
+
+
 def test_load_in_workers_yields_the_samples_alone() -> None:
     samples = list(load_in_workers(Slow(), range(100), 2))
     assert [s["i"] for s in samples] == list(range(100))

@@ -16,8 +16,8 @@ How a call goes:
    timed, with the cost of sending their samples back (a pickle round trip)
    and what the machine gave this process meanwhile (its CPU time, its wait
    for a CPU, the CPUs left idle: :class:`~mlcache.data.planning.Machine`).
-   The first item is left out of the per-item cost when there are more: it
-   often pays for imports (pandas on first use) that forked workers inherit.
+   The first item is loaded before the probe: it often pays for imports
+   (pandas on first use) that forked workers inherit.
 2. **Decide** (:func:`~mlcache.data.planning.plan_workers`, a pure function of
    those figures). Workers are as fast as the CPUs left to them: CPU-bound
    items on a machine whose other cores are busy load no faster in two
@@ -157,7 +157,10 @@ def load_many(
         for i, item in enumerate(items):
             yield i, dataset.load_item(item)
         return
-    done = 0  # items yielded so far
+    # the first item often pays for imports the others (and forked workers) do
+    # not: it is loaded before the probe, which times the items after it
+    yield 0, dataset.load_item(items[0])
+    done = 1  # items yielded so far
     per_transfer: float | None = None  # pickle + unpickle of a sample, by the first window
     method = ""  # the start method, chosen when workers first pay
     window = _PROBE_SECONDS
@@ -182,9 +185,6 @@ def load_many(
         machine = machine_since(before)
         if per_transfer is None:
             per_transfer = transfer / min(len(times), _TRANSFER_ITEMS)
-            # the first item often pays for imports the others (and forked workers) do not
-            if len(times) > 2:
-                del times[0]
         per_item = sum(times) / len(times)
         plan = _plan_if_worth(dataset, n - done, per_item, per_transfer, workers, machine, method)
         if isinstance(plan, tuple):
