@@ -12,6 +12,12 @@ fingerprinting the items, loading them, writing and opening the pack):
   ``json.load``: tens of microseconds each, where workers cost more than they
   save.
 
+``csv: num_workers=2, machine not measured`` (information) is the same build
+under the rule before issue 26: the workers started whenever the items are slow
+enough, whatever the CPUs left to them (the probe's figures replaced by a quiet
+machine's). The load average is printed before and after, and what the
+2-worker builds decided (workers, or loaded here, with the figures measured).
+
 ``loads only`` rows (information) are the CSV loads without a pack: in this
 process; by ``load_many`` (the workers' function) in 2 workers; and in two
 plain forked processes, half each, nothing sent back: what the machine gives
@@ -26,13 +32,15 @@ get four times the trials). Trials are interleaved, each preceded by an untimed
 warm-up of the same contender; min and median are reported (see
 ``_bench.py``). ::
 
-    python benchmarks/bench_build.py [--quick] [--dir PARENT] [--json OUT]
+    python benchmarks/bench_build.py [--quick] [--files N] [--trials T] [--dir PARENT] [--json OUT]
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -43,6 +51,8 @@ import numpy as np
 
 from _bench import Contender, Target, finish, machine_note, measure, parse_args, report, scratch_dir
 from mlcache.data import CachedDataset
+from mlcache.data import workers as _workers
+from mlcache.data.planning import Machine, cpus
 from mlcache.data.workers import load_many
 
 COLUMNS = ("hr", "sbp", "dbp", "spo2", "temp", "rr")
@@ -119,6 +129,41 @@ def build(name: str, cls: type, folder: Path, cache: str, workers: int, trials: 
     )
 
 
+@contextlib.contextmanager
+def _machine_not_measured() -> Any:
+    """The rule before issue 26: every probe sees a quiet machine (the CPU-bound
+    loads had a core, and every other CPU was idle)."""
+    saved = _workers.machine_since
+    quiet = Machine(cpus=cpus(), cpu_share=1.0, run_share=1.0, idle_cores=cpus() - 1.0)
+    _workers.machine_since = lambda before: quiet  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _workers.machine_since = saved
+
+
+def _unmeasured(make: Callable[[], Any]) -> Callable[[], Any]:
+    def call() -> Any:
+        with _machine_not_measured():
+            return make()
+
+    return call
+
+
+class _Decisions(logging.Handler):
+    """What the builds decided (the probe's debug line), counted."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "items of" in text and "ms each" in text:
+            what = text.split(": ", 2)[2].split(" (")[0]
+            self.seen[what] = self.seen.get(what, 0) + 1
+
+
 def _in_two_forks(ds: Any, files: list[str]) -> None:
     """The loads in two plain forked processes, half each, nothing sent back: the
     parallelism the machine gives now (other work on it takes its share)."""
@@ -138,6 +183,11 @@ def _in_two_forks(ds: Any, files: list[str]) -> None:
         os.waitpid(pid, 0)
 
 
+def _as_before(c: Contender) -> Contender:
+    c.call, c.info = _unmeasured(c.call), True
+    return c
+
+
 def contenders(
     csv: Path, js: Path, cache: str, trials: int
 ) -> tuple[list[Contender], list[Target]]:
@@ -148,12 +198,16 @@ def contenders(
     names = {
         "csv0": "csv: serial (num_workers=0)",
         "csv2": "csv: num_workers=2",
+        "csv2?": "csv: num_workers=2, machine not measured",
         "json0": "json: serial (num_workers=0)",
         "json2": "json: num_workers=2",
     }
     cs = [
         build(names["csv0"], CsvFiles, csv, cache, 0, trials),
         build(names["csv2"], CsvFiles, csv, cache, 2, trials),
+        _as_before(
+            build("csv: num_workers=2, machine not measured", CsvFiles, csv, cache, 2, trials)
+        ),
         Contender(
             "csv: loads only, serial",
             lambda: [probe.load_item(f) for f in files],
@@ -183,10 +237,23 @@ def contenders(
     return cs, targets
 
 
+def _options(p: Any) -> None:
+    p.add_argument("--files", type=int, default=None, help="CSV files (JSON: a quarter)")
+    p.add_argument("--trials", type=int, default=None, help="trials of each contender")
+
+
 def main(extra: Callable[..., list[Contender]] | None = None) -> int:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.splitlines()[0], _options)
     n_csv, n_json, trials = (400, 200, 2) if args.quick else (8_000, 2_000, 5)
+    if args.files is not None:  # a mid-sized run on a shared machine
+        n_csv, n_json = args.files, max(200, args.files // 4)
+    trials = args.trials or trials
     print(machine_note())
+    print(f"load average at the start: {os.getloadavg()}")
+    decisions = _Decisions()
+    log = logging.getLogger("mlcache.workers")  # its decisions only
+    log.addHandler(decisions)
+    log.setLevel(logging.DEBUG)
     with scratch_dir(args.dir, "build") as scratch:
         root = Path(scratch)
         csv, js, cache = root / "csv", root / "json", str(root / "cache")
@@ -196,6 +263,8 @@ def main(extra: Callable[..., list[Contender]] | None = None) -> int:
         if extra is not None:
             cs += extra(csv, js, cache, trials)
         res = measure(cs)
+        print(f"load average at the end: {os.getloadavg()}")
+        print(f"decisions of the builds with workers: {decisions.seen}")
         outcomes = report(
             f"Building a CachedDataset: {n_csv:,} CSV files (pandas), {n_json:,} JSON files",
             res,
