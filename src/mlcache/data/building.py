@@ -1,7 +1,17 @@
 """How a :class:`~mlcache.data.CachedDataset` finds its pack or builds it: the
 pack's name (code, attributes, source, state), one builder at a time (an
-``flock`` here, a lease for a remote folder), what a build learns (module-level
-values it changes are state), and the housekeeping after it.
+``flock`` here, a lease for a remote folder), what a build learns, and the
+housekeeping after it.
+
+What a build changes of the module-level values its code reads is judged by the
+function cache's rules (:mod:`mlcache.keys.learned`): only an int it raises
+(``STATS["loaded"] += 1``) or a container it only grows (a memo it fills, a
+vocabulary it appends to) is bookkeeping, and counts in the pack's name by its
+baseline, what it held before builds changed it; anything else it changes (a
+value it sets, ``CFG["scale"] = fitted``; an object it changes inside,
+``ctx.model.eval()``) stays in the name by value. What is learned belongs to the
+dataset class and its code shape (recorded in ``.learned-<shape>`` beside its
+packs), never to another class or version.
 
 :class:`PackBuilder` is a base of ``CachedDataset``: these are its methods,
 kept apart from what a user subclasses and from the reading path.
@@ -26,7 +36,7 @@ from .._util import progress as _progress
 from ..errors import PackCorrupted, warn
 from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
-from ..keys.state import learnable, watched_digests
+from ..keys.learned import Watch, keyed_digest, merge
 from ..store.local import mark_cache_folder
 from .audit import LoadTimer, read_load_seconds, write_load_seconds
 from .fetch import publish, remote_lease
@@ -52,6 +62,9 @@ from .writer import write_pack
 __all__ = ["PackBuilder"]
 
 logger = logging.getLogger("mlcache")
+#: (class folder, code shape) -> what builds were learned to change and then seen
+#: changing otherwise, in this process: never learned again
+_REVOKED: dict[tuple[str, str], set[str]] = {}
 
 
 class PackBuilder:
@@ -69,7 +82,7 @@ class PackBuilder:
     _args_id_full: str
     _code_id: str
     _source: Any
-    _state: frozenset[str]
+    _state: dict[str, str]  # what builds were learned to change: name -> kind
     _shape: str
     _watched: tuple[tuple[str, Any], ...]
     _allow_pickle: bool
@@ -197,15 +210,16 @@ class PackBuilder:
         ``<folder of the class>/<attributes>-<version>.pack``."""
         cls = type(self)
         code = code_version(cls, state=self._state)
-        #: mutable module-level values the code reads: by their content now (the
-        #: walk is cached per process; a notebook may have changed one since)
+        #: mutable module-level values the code reads
         self._watched: tuple[tuple[str, Any], ...] = code.watched
         made_by = (
             f"{cls.__module__}.{cls.__qualname__}",
             code.digest,
             self._args_id_full,
         )
-        watched = {k: v for k, v in watched_digests(code.watched).items() if k not in self._state}
+        # by their content now (a learned part by its baseline): the walk is cached
+        # per process, and a notebook may have changed one since
+        watched = keyed_digest(code.watched, self._state)
         version = hash_value((*made_by, self._source, watched))
         #: everything of the name but the source: packs of one code replace each
         #: other as the source changes; packs of other code are kept side by side
@@ -219,26 +233,30 @@ class PackBuilder:
         progress: bool,
         samples: Iterable[Mapping[str, Any]] | None = None,
         items: bytes | None = None,
-        before: dict[str, Any] | None = None,
+        watch: Watch | None = None,
     ) -> PackedDataset:
         """Build the pack (of ``load_source()``, or of ``samples`` with their item
-        table ``items``); a module-level value the build changed since ``before``
-        (its digests when the loading began; default: now), such as a memo the
-        loading code fills, is state from now on, and the pack is named for it."""
+        table ``items``); what the build did to module-level values since
+        ``watch`` was made (when the loading began; default: now) is judged, and
+        the pack is named for what that teaches (see the module docstring)."""
         logger.info("mlcache: building %s", self.pack_path)
-        if before is None:
-            before = watched_digests(self._watched)
+        if watch is None:
+            watch = Watch(self._watched)
         started = time.perf_counter()
-        built = write_pack(
-            self.load_source() if samples is None else samples,
-            self.pack_path,
-            progress=progress,
-            allow_pickle=self._allow_pickle,
-            desc=type(self).__qualname__,  # not the pack's hash name
-            items=items,
-        )
+        try:
+            built = write_pack(
+                self.load_source() if samples is None else samples,
+                self.pack_path,
+                progress=progress,
+                allow_pickle=self._allow_pickle,
+                desc=type(self).__qualname__,  # not the pack's hash name
+                items=items,
+            )
+        except BaseException:
+            watch.abandon()
+            raise
         elapsed = time.perf_counter() - started
-        named = self._learned(before)
+        named = self._learned(watch)
         if samples is None:  # a filled pack's cost was its loading, spread over its reads
             record_build_time(named or self.pack_path, elapsed, self._root)
         if named is None:
@@ -253,39 +271,48 @@ class PackBuilder:
         self.pack_path = named
         return PackedDataset(named, allow_pickle=self._allow_pickle)
 
-    def _learned(self, before: dict[str, Any]) -> str | None:
-        """The pack's name once the module-level values changed since ``before``
-        count as state (``self._state`` then holds them; the caller records it), or
-        None when none changed."""
-        after = watched_digests(self._watched)
-        # as for functions: a dict's key or an object's attribute the build writes,
-        # or an accumulator, is state; the keys it only reads stay input, and an
-        # object that changes whole (a generator) keeps counting
-        changed = {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
-        changed &= learnable(self._watched, expanded=False)
-        if not changed - self._state:
+    def _learned(self, watch: Watch) -> str | None:
+        """The pack's name once what the build changed since ``watch`` was made is
+        learned (``self._state`` then holds it; the caller records it), or None
+        when that teaches nothing new. A build that also changed something that
+        stays input keeps the name it was asked under: what remains is not what
+        the build started from."""
+        kept, changed = watch.verdict()
+        revoked = _REVOKED.setdefault((self._folder, self._shape), set())
+        learned = merge({**self._read_learned(), **self._state}, kept, changed, revoked)
+        if learned == self._state:
             return None
-        logger.info(
-            "mlcache: building %s changes %s: state, not input; left out of its key from now on",
-            type(self).__qualname__,
-            ", ".join(sorted(changed)),
-        )
-        self._state = read_state(self._folder, self._shape) | self._state | changed
-        return self._name_pack()
+        if learned.items() - self._state.items():
+            logger.info(
+                "mlcache: building %s changes %s: treated as state (bookkeeping, not "
+                "input); they count as they were before builds changed them",
+                type(self).__qualname__,
+                ", ".join(f"{n} ({k})" for n, k in sorted(learned.items() - self._state.items())),
+            )
+        self._state = learned
+        return self.pack_path if changed else self._name_pack()
+
+    def _read_learned(self) -> dict[str, str]:
+        """What builds of this class and code shape were learned to change (by
+        earlier processes too), less what this process saw changed otherwise."""
+        revoked = _REVOKED.get((self._folder, self._shape), set())
+        return {n: k for n, k in read_state(self._folder, self._shape).items() if n not in revoked}
 
     def _learn_while_filling(self) -> str | None:
-        """After a first sample is loaded: module-level values it changed are
-        state, and the pack being filled is renamed for it (its records too); the
-        new name, or None."""
-        named = self._learned(self._watched_before)
+        """After a first sample is loaded: what it changed is learned (see
+        :meth:`_learned`), and the pack being filled is renamed for it (its
+        records too); the new name, or None."""
+        watch = getattr(self, "_watched_before", None)  # (not sent to a worker)
+        named = None if watch is None else self._learned(watch)
         if named is None:
             return None
-        if named != self.pack_path:  # first: a process told the state finds the records
+        moved = named != self.pack_path
+        if moved:  # first: a process told the state finds the records
             with contextlib.suppress(OSError):
                 os.rename(self.pack_path + ".fill", named + ".fill")
         write_state(self._root, self._folder, self._shape, self._state)
         self.pack_path = named
-        return named
+        return named if moved else None
 
     def _after_build(self) -> None:
         """Housekeeping after a local build (never fails it): record the digests
@@ -353,7 +380,7 @@ class PackBuilder:
         the build lock: first learn what another process's build learned changes
         (its state), which renames the pack."""
         if again:
-            learned = read_state(self._folder, self._shape)
+            learned = self._read_learned()
             if learned != self._state:
                 self._state = learned
                 self.pack_path = self._name_pack()
@@ -402,8 +429,9 @@ class PackBuilder:
         except OSError as exc:  # a read-only place: the samples are loaded, unstored
             logger.debug("mlcache: cannot make the folder of %s: %s", self.pack_path, exc)
         self._filler: Filler | None = None
-        #: module-level values before any load: what filling changes is state
-        self._watched_before = watched_digests(self._watched)
+        #: module-level values before any load, to judge what filling changes (not
+        #: counted as a computation in flight: the user may never read it through)
+        self._watched_before = Watch(self._watched, counted=False)
         if self._remote is not None:
             return self._fill_remote(force, progress)
         if damaged is not None:
@@ -577,7 +605,7 @@ class PackBuilder:
         """Write the sealed pack (published, for a remote folder); what filling
         changed of module-level values since the open is state; what a load took
         (as this process timed it) is recorded beside it, for the audit."""
-        built = self._build(False, samples, items, self._watched_before)
+        built = self._build(False, samples, items, getattr(self, "_watched_before", None))
         mean = self._timed_load().mean
         if mean is not None:
             loads = os.path.join(self._folder, f".{self._args_id}.loads")

@@ -98,7 +98,6 @@ from .sources import (
     SourceRecord,
     attributes_first,
     check_mode,
-    read_state,
     remove_pack,
     source_fingerprint,
 )
@@ -260,7 +259,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         # what builds change is recorded by the code's shape (its version with
         # mutable values by type): editing the code learns anew
         self._shape = code_version(cls).shape[:16]
-        self._state = read_state(self._folder, self._shape)
+        self._state = self._read_learned()
         trusted = check_source != "open" and not force_recache and self._remote is None
         recorded = self._record.read() if trusted and not self._fill else None
         with attributes_first(self):  # the user's methods run from here on
@@ -591,6 +590,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         # (see PackedDataset.__reduce__), even if the pack was rebuilt since
         state["_pack"] = self._pack if spawning_worker() else None
         state["_watched"] = ()  # module-level values, met through the class's code
+        state.pop("_watched_before", None)  # a snapshot of them
         state.pop("_record", None)  # a file and a thread of this process
         return state
 

@@ -28,6 +28,7 @@ import xxhash
 from .._atomic import write_bytes_atomic
 from ..errors import warn
 from ..keys.hashing import hash_value
+from ..keys.learned import checked_kinds
 from .replaced import forget_records, same_code
 
 __all__ = [
@@ -56,9 +57,9 @@ __all__ = [
 
 logger = logging.getLogger("mlcache")
 
-#: the file, in a class's folder of packs, naming the module-level values its builds
-#: change (state: counted by type, not content)
-STATE_FILE = ".state"
+#: what builds learned, per code shape (``.learned-<shape>``): not the ``.state-``
+#: records of mlcache 0.4, whose builds learned by other rules (never read again)
+STATE_FILE = ".learned"
 #: builds of one class by this many runs, within this many seconds, each with a new
 #: value of the same attribute, make a warning naming it (see cache_ignore)
 _EVERY_RUN_BUILDS = 3
@@ -446,24 +447,25 @@ def attribute_files(values: Iterable[Any], root: str, local: bool = True) -> str
 
 
 # -- state: module-level values a build changes ------------------------------------
-def read_state(folder: str, shape: str) -> frozenset[str]:
-    """The names of the module-level values (or their parts: see
-    :func:`mlcache.keys.code_version.state_parts`) that builds of this class, with code of this
-    shape, change."""
+def read_state(folder: str, shape: str) -> dict[str, str]:
+    """What builds of this class, with code of this shape, were learned to change
+    as bookkeeping (name -> kind: see :mod:`mlcache.keys.learned`); empty when
+    nothing is recorded or the record cannot be read (learned again)."""
     try:
         with open(os.path.join(folder, f"{STATE_FILE}-{shape}"), "rb") as f:
-            names = json.loads(f.read()).get("globals", [])
+            return checked_kinds(json.loads(f.read()).get("kinds"))
     except FileNotFoundError:
-        return frozenset()
+        return {}
     except (OSError, ValueError, AttributeError) as exc:  # unreadable: learned again
         logger.debug("mlcache: could not read %s: %s", STATE_FILE, exc)
-        return frozenset()
-    return frozenset(n for n in names if isinstance(n, str))
+        return {}
 
 
-def write_state(root: str, folder: str, shape: str, names: frozenset[str]) -> None:
+def write_state(root: str, folder: str, shape: str, kinds: Mapping[str, str]) -> None:
+    """Record what builds of this class and code shape were learned to change as
+    bookkeeping (see :func:`read_state`)."""
     try:
-        data = json.dumps({"globals": sorted(names)}).encode()
+        data = json.dumps({"kinds": dict(sorted(kinds.items()))}).encode()
         path = os.path.join(folder, f"{STATE_FILE}-{shape}")
         write_bytes_atomic(path, data, durable=False, root=root)
     except OSError as exc:  # learned again by the next build

@@ -5,8 +5,8 @@ Inside the package, imports point down::
 
     call, code_version            the key of a call; code versions (which register
       |                           the hashing of functions and classes)
-    dependencies                  the walk behind a code version
-      |
+    dependencies, learned         the walk behind a code version; what a cached
+      |                           call or a dataset's build is learned to change
     identity, state, _handlers    which function; what calls change; the hashing
       |                           handlers of value types (numpy, pandas, torch...)
     hashing                       the canonical stream and its dispatch table

@@ -37,9 +37,11 @@ library.
 mutable (a dict, a list, an object) counts by value, because the code reads it;
 the values the walk met are returned in :attr:`CodeVersion.watched`, and
 :class:`~mlcache.memo.func.MemorizedFunc` compares them before and after each
-computed call (:mod:`mlcache.keys.state`). One that a call changed (a memo such
-as ``_VOCAB_CACHE = {}``, a counter) is state: its name is remembered with the
-function's cache and, passed back here in ``state``, it counts by type only.
+computed call, and a dataset's builds (:mod:`mlcache.keys.learned`). A part
+that calls (builds) only raised or grew (a counter, a memo such as
+``_VOCAB_CACHE = {}`` that they fill) is bookkeeping: its name is remembered
+with the function's cache (the dataset's packs) and, passed back here in
+``state``, it counts by its baseline, what it held before they changed it.
 
 *Normalised code* is the bytecode without line numbers, docstrings and
 comments (:func:`mlcache.keys.bytecode.code_digest`): formatting never changes
@@ -79,7 +81,7 @@ from .bytecode import PY, code_digest
 from .dependencies import CodeWalkError, DependencyWalk, call_target, is_code, library_part
 from .hashing import Hasher, code_walk, handle_exact, handle_family, in_code_walk, typename
 from .origin import is_user_code, library_version
-from .state import BY_TYPE, FunctionShell, epoch
+from .state import FunctionShell, epoch
 
 __all__ = ["CODE_MODES", "CodeVersion", "CodeWalkError", "code_version"]
 
@@ -109,7 +111,7 @@ def code_version(
     func: Callable[..., Any],
     mode: str = "transitive",
     pin: str | None = None,
-    state: Mapping[str, str] | frozenset[str] = frozenset(),
+    state: Mapping[str, str] = types.MappingProxyType({}),
 ) -> CodeVersion:
     """The version of the code behind ``func`` (see the module docstring).
 
@@ -119,8 +121,7 @@ def code_version(
     cleared, whatever the code does). ``pin`` (``cache(version="2")``) is a
     version set by hand: the code is not looked at. ``state`` names the parts of
     module-level values that calls change as bookkeeping (name -> kind, see
-    :mod:`mlcache.keys.state`): they count by their baseline; a set of names
-    counts them by type only.
+    :mod:`mlcache.keys.state`): they count by their baseline.
 
     Raises :class:`CodeWalkError` when reading something the code refers to
     raises (a global whose attribute access fails).
@@ -133,7 +134,6 @@ def code_version(
         return _source_version(func)
     if mode != "transitive":
         raise ValueError(f"code must be one of {CODE_MODES}, got {mode!r}")
-    state = _kinds(state)
     target = call_target(func)
     if getattr(func, "__wrapped__", None) is not None:
         return _walk_version(func, state)  # a decorator chain: not worth caching
@@ -173,15 +173,10 @@ def _forget(key: tuple[Any, ...], _gone: Any) -> None:
     _VERSIONS.pop(key, None)
 
 
-def _kinds(state: Mapping[str, str] | frozenset[str]) -> Mapping[str, str]:
-    """``state`` as name -> kind (a set of names: by type only)."""
-    return state if isinstance(state, Mapping) else dict.fromkeys(state, BY_TYPE)
-
-
 def _walk_version(
-    func: Callable[..., Any], state: Mapping[str, str] | frozenset[str] = frozenset()
+    func: Callable[..., Any], state: Mapping[str, str] = types.MappingProxyType({})
 ) -> CodeVersion:
-    walk = DependencyWalk(_kinds(state))
+    walk = DependencyWalk(state)
     f: Any = func
     seen: set[int] = set()
     while f is not None and id(f) not in seen:  # a decorator's wrapper and what it wraps

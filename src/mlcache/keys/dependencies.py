@@ -29,7 +29,7 @@ import numpy as np
 from .bytecode import code_digest, references
 from .identity import module_name, target_function
 from .origin import NOT_USER, is_user_file, is_user_module, library_version
-from .state import BY_TYPE, MAX_ITEMS, ancestors, keyed_parts, state_parts, value_digest, watchable
+from .state import MAX_ITEMS, ancestors, keyed_parts, state_parts, value_digest, watchable
 
 __all__ = [
     "CodeWalkError",
@@ -157,10 +157,6 @@ class DependencyWalk:
         calls are known to change as bookkeeping (``state``: the value itself, or
         some of its parts) counts by its baseline (:func:`keyed_parts`)."""
         kind = f"<{type(obj).__qualname__}>"
-        if self._state.get(name) == BY_TYPE:  # what a data build changes: by type only
-            self.state_used.add(name)
-            self._record(name, f"<state {type(obj).__qualname__}>", kind)
-            return
         if name in self._state or name in self._split_at:
             if watchable(obj):
                 self.watched.append((name, obj))

@@ -48,7 +48,6 @@ from .hashing import code_walk, hash_value
 from .origin import is_user_code
 
 __all__ = [
-    "BY_TYPE",
     "COUNTER",
     "DEPTH",
     "EPOCH",
@@ -63,7 +62,6 @@ __all__ = [
     "epoch",
     "judge",
     "keyed_parts",
-    "learnable",
     "note_after",
     "note_before",
     "observe",
@@ -74,7 +72,6 @@ __all__ = [
     "touched_since",
     "value_digest",
     "watchable",
-    "watched_digests",
 ]
 
 #: a container with more items than this is not watched for changes (comparing
@@ -92,8 +89,6 @@ DEPTH = 4
 _SPLIT_DICT_MAX = 64
 #: the kinds of bookkeeping: an int calls raise, a container calls grow
 COUNTER, GROWN = "counter", "grown"
-#: what data builds learn (:mod:`mlcache.data.building`): counted by type only
-BY_TYPE = "type"
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, np.generic, type)
 #: a module-level array larger than this (bytes) is not watched for in-place
 #: changes: hashing it before and after every computed call would cost more than
@@ -495,8 +490,6 @@ def keyed_parts(
     :func:`ancestors`), a part learned as bookkeeping by its baseline, as long as
     it still has that shape (else by value)."""
     kind = learned.get(name)
-    if kind == BY_TYPE:  # a part a data build changes: left out (its parent counts it)
-        return []
     t = type(obj)
     if (kind == COUNTER and t is int) or (kind == GROWN and issubclass(t, _GROWABLE)):
         return [(name, (f"<{kind}>", baseline(obj, holder, rel or name)))]
@@ -508,40 +501,6 @@ def keyed_parts(
                 found.extend(keyed_parts(sub, value, learned, split_at, obj, sub[len(name) :]))
             return found
     return [(name, obj)]
-
-
-# -- data builds: what they change counts by type (mlcache.data.building) ----------------------
-#: mutable values that a call can only add to or take from: an accumulator
-_ACCUMULATORS = (list, set, bytearray, collections.deque)
-
-
-def learnable(entries: Iterable[tuple[str, Any]], *, expanded: bool) -> set[str]:
-    """The names among ``entries`` (name, value) that a data build may learn as
-    state: the parts of dicts and plain objects, and accumulators. ``expanded``:
-    the entries are already split into parts, so a part is any entry named
-    below another (``conf[<key>]``)."""
-    names = set()
-    for name, value in entries:
-        if issubclass(type(value), _ACCUMULATORS):  # by type: a proxy may raise
-            names.add(name)
-        elif expanded:
-            if "." in name or "[" in name:
-                names.add(name)
-        else:
-            parts = state_parts(name, value)
-            names.update(sub for sub, _ in parts or ())
-    return names
-
-
-def watched_digests(watched: Iterable[tuple[str, Any]]) -> dict[str, str]:
-    """Digests of mutable values met by the walk (:attr:`CodeVersion.watched`), part
-    by part (:func:`state_parts`): compared before and after a data build."""
-    digests: dict[str, str] = {}
-    for name, value in watched:
-        parts = state_parts(name, value)
-        for sub, v in [(name, value)] if parts is None else parts:
-            digests[sub] = value_digest(v)
-    return digests
 
 
 def _first(pair: tuple[str, Any]) -> str:

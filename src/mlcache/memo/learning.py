@@ -30,9 +30,8 @@ from ..keys.call import CallKeyer
 from ..keys.code_version import code_version
 from ..keys.hashing import Hasher
 from ..keys.identity import call_state
+from ..keys.learned import checked_kinds, merge, roots_of
 from ..keys.state import (
-    COUNTER,
-    GROWN,
     Node,
     ancestors,
     calls_in_flight,
@@ -196,11 +195,7 @@ class StateLearning:
 
     def _roots_of(self, names: set[str]) -> list[Any]:
         """The module-level values the parts ``names`` belong to."""
-        return [
-            value
-            for root, value in self._watched
-            if any(n == root or n.startswith((f"{root}.", f"{root}[")) for n in names)
-        ]
+        return roots_of(self._watched, names)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Snapshot | None]:
@@ -317,16 +312,9 @@ class StateLearning:
         self, learned: dict[str, str], kept: dict[str, str], changed: set[str]
     ) -> dict[str, str]:
         """``learned`` with what a call was now seen changing as bookkeeping
-        (``kept``) added and what it changed otherwise (``changed``) taken out."""
-        merged = {n: k for n, k in learned.items() if n not in changed}
-        self._revoked |= learned.keys() & changed
-        for name, kind in kept.items():
-            if name in self._revoked or merged.get(name) == kind:
-                continue
-            if any(name.startswith((f"{n}.", f"{n}[")) for n, k in merged.items() if k == GROWN):
-                continue  # inside a container that counts by its baseline as a whole
-            merged[name] = kind
-        return merged
+        (``kept``) added and what it changed otherwise (``changed``) taken out
+        (:func:`~mlcache.keys.learned.merge`)."""
+        return merge(learned, kept, changed, self._revoked)
 
     def _say_learned(self, said: list[tuple[str, str]]) -> None:
         if self._verbose:
@@ -349,8 +337,8 @@ class StateLearning:
         try:
             reader = open_entry(self._store, self._state_base, signer=self._ctx.signer)
             data = decode(reader, allow_pickle=False)
-            captured = {**_kinds(data["captured"]), **captured}
-            globals_ = {**_kinds(data["globals"]), **globals_}
+            captured = {**checked_kinds(data["captured"]), **captured}
+            globals_ = {**checked_kinds(data["globals"]), **globals_}
         except EntryNotFound:
             pass
         except Exception as exc:  # unreadable, unsigned, another key: learned again
@@ -381,12 +369,3 @@ class StateLearning:
                 plan.write(f)
         except Exception as exc:  # learned again by the next process
             logger.debug("could not record what %s changes: %s", self.func_id, exc)
-
-
-def _kinds(found: Any) -> dict[str, str]:
-    """A record's ``{name: kind}`` of bookkeeping, checked."""
-    if not isinstance(found, dict) or not all(
-        isinstance(n, str) and k in (COUNTER, GROWN) for n, k in found.items()
-    ):
-        raise ValueError("not a record of bookkeeping (written by another mlcache?)")
-    return found
