@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from ._util import progress as _progress
 from .data.cached import remove_pack
+from .data.format import is_newer_pack
 from .data.holdings import build_time, dataset_class, pack_paths, pack_usage
 from .data.reader import PackedDataset
 from .data.replaced import in_use, replaced_by
@@ -191,6 +192,8 @@ def _describe(path: str, location: str, detail: bool) -> PackInfo | None:
             ]
         except PackCorrupted as exc:
             info.error = plain_reason(str(exc))
+        except NewerFormat:
+            info.error = "written by a newer mlcache (a newer pack format): upgrade to read it"
         except OSError as exc:
             info.error = f"cannot be read ({exc.strerror or exc})"
     return info
@@ -251,6 +254,9 @@ def clear(
     ``dry_run``, only say what would go."""
     if name is None:
         funcs, found = functions(mem), packs(location, detail=False)
+        # a newer mlcache's pack is not this one's to remove (a cache shared
+        # mid-upgrade): it stays, and is not said to go
+        found = [p for p in found if not is_newer_pack(p.path)]
         if not dry_run:
             mem.clear(warn=False)
             for p in found:
@@ -261,7 +267,7 @@ def clear(
         if not dry_run:
             mem.remove_function(st.folder)
         return Cleared([st], [])
-    chosen = find_packs(location, name)
+    chosen = [p for p in find_packs(location, name) if not is_newer_pack(p.path)]
     if not chosen:
         return None
     if not dry_run:
@@ -364,11 +370,11 @@ def _check_entries(
 def _check_pack(p: PackInfo, fix: bool, all_packs: bool) -> Damage | None:
     try:
         PackedDataset(p.path).verify()
+    except NewerFormat as exc:  # not damage: never removed
+        why = "written by a newer mlcache (a newer pack format): upgrade to read it"
+        return Damage(p.name, "pack", why, str(exc), rebuildable=p.rebuildable, unreadable=True)
     except PackCorrupted as exc:
         message = str(exc)
-        if "unsupported pack format version" in message:  # newer, not damaged
-            why = "written by a newer mlcache (a newer pack format): upgrade to read it"
-            return Damage(p.name, "pack", why, message, rebuildable=p.rebuildable, unreadable=True)
         bad = Damage(p.name, "pack", plain_reason(message), message, rebuildable=p.rebuildable)
         if fix and (p.rebuildable or all_packs):
             remove_pack(p.path)
@@ -494,7 +500,8 @@ def remove(mem: Memory, items: list[_Item], *, progress: bool = False) -> list[_
     for e in _steps(items, "prune", progress):
         try:
             if e.name.endswith(".pack"):
-                remove_pack(os.path.join(location, e.name))
+                if not remove_pack(os.path.join(location, e.name)):
+                    continue  # a newer mlcache's: kept
             else:
                 mem.store.delete(e.name)
         except (OSError, ValueError):

@@ -3,15 +3,12 @@ pack's name (code, attributes, source, state), one builder at a time (an
 ``flock`` here, a lease for a remote folder), what a build learns, and the
 housekeeping after it.
 
-What a build changes of the module-level values its code reads is judged by the
-function cache's rules (:mod:`mlcache.keys.learned`): only an int it raises
-(``STATS["loaded"] += 1``) or a container it only grows (a memo it fills, a
-vocabulary it appends to) is bookkeeping, and counts in the pack's name by its
-baseline, what it held before builds changed it; anything else it changes (a
-value it sets, ``CFG["scale"] = fitted``; an object it changes inside,
-``ctx.model.eval()``) stays in the name by value. What is learned belongs to the
-dataset class and its code shape (recorded in ``.learned-<shape>`` beside its
-packs), never to another class or version.
+What a build changes of module-level values is judged by the function cache's
+rules (:mod:`mlcache.keys.learned`): only an int it raises or a container it only
+grows is bookkeeping, counted in the pack's name by its baseline; anything else
+it changes (``CFG["scale"] = fitted``, ``ctx.model.eval()``) stays in the name by
+value. What is learned belongs to the dataset class and its code shape
+(``.learned-<shape>`` beside its packs).
 
 :class:`PackBuilder` is a base of ``CachedDataset``: these are its methods,
 kept apart from what a user subclasses and from the reading path.
@@ -33,7 +30,7 @@ import numpy as np
 
 from .._atomic import open_folder, open_regular, write_bytes_atomic
 from .._util import progress as _progress
-from ..errors import PackCorrupted, warn
+from ..errors import NewerFormat, PackCorrupted, warn
 from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
 from ..keys.learned import Watch, keyed_digest, merge
@@ -42,11 +39,12 @@ from .audit import LoadTimer, read_load_seconds, write_load_seconds
 from .fetch import publish, remote_lease
 from .filling import Filler
 from .folders import folder_runs
+from .format import is_newer_pack
 from .holdings import note_open, record_build_time
 from .items import same_items, table_digest
 from .reader import PackedDataset
 from .records import remove_redundant_records
-from .replaced import write_code_tag
+from .replaced import own_beside, write_code_tag
 from .sources import (
     GRACE_SECONDS,
     DeclaredSource,
@@ -226,7 +224,8 @@ class PackBuilder:
         self._code_id = hash_value((*made_by, watched))
         # a rebuild removes the older versions of the same attributes (after a
         # while), and packs of other attributes once unused for long
-        return os.path.join(self._folder, f"{self._args_id}-{version[:16]}.pack")
+        path = os.path.join(self._folder, f"{self._args_id}-{version[:16]}.pack")
+        return own_beside(path) if is_newer_pack(path) else path
 
     def _build(
         self,
@@ -357,6 +356,9 @@ class PackBuilder:
             )
         except FileNotFoundError:
             return None
+        except NewerFormat:  # a newer mlcache's: this version's own pack is beside it
+            path, self.pack_path = self.pack_path, own_beside(self.pack_path)
+            return None if self.pack_path == path else self._fetch_remote(again)
         except PackCorrupted as exc:
             warn(f"mlcache: {exc}; rebuilding it", stacklevel=5)
             return None
@@ -395,6 +397,9 @@ class PackBuilder:
             return opened
         except FileNotFoundError:
             return None
+        except NewerFormat:  # written since the name was chosen: named beside it
+            path, self.pack_path = self.pack_path, own_beside(self.pack_path)
+            return None if self.pack_path == path else self._try_open(again)
         except PackCorrupted as exc:
             warn(f"mlcache: {exc}; rebuilding it", stacklevel=5)
             return None

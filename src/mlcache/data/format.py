@@ -61,6 +61,10 @@ and every pack without them reads as before.
 A field that is ``None`` in some samples only adds a region ``valid`` (uint8
 ``[N]``, 1 where the sample has a value); those samples hold a placeholder.
 
+A pack whose format version is higher than this reader's was written by a
+newer mlcache (:class:`~mlcache.errors.NewerFormat`, not damage): it is never
+removed nor replaced by this one, which builds its own beside it.
+
 The header is written last: a file whose build was interrupted has no valid
 header and cannot be opened, and a build writes to a temporary name anyway.
 Regions are checked block by block (``B`` bytes, a power of two, default
@@ -77,9 +81,18 @@ from typing import Any
 
 import xxhash
 
-from ..errors import PackCorrupted
+from ..errors import NewerFormat, PackCorrupted
 
-__all__ = ["ALIGN", "BLOCK", "FORMAT_VERSION", "HEADER", "MAGIC", "pack_header"]
+__all__ = [
+    "ALIGN",
+    "BLOCK",
+    "FORMAT_VERSION",
+    "HEADER",
+    "MAGIC",
+    "is_newer_pack",
+    "newer_version",
+    "pack_header",
+]
 
 MAGIC = b"\x93MLCPACK"
 FORMAT_VERSION = 1
@@ -123,6 +136,13 @@ def read_header(head: bytes, size: int, where: str) -> tuple[int, int, int, int]
     magic, version, _flags, r1, n, i_off, i_len, i_sum, h_sum, r2 = HEADER.unpack_from(head)
     if magic != MAGIC:
         raise PackCorrupted(f"{where}: not an mlcache pack (bad magic)")
+    if newer_version(head):
+        # a newer mlcache's pack (a cache shared mid-upgrade): not damage, and
+        # nothing after the version may mean here what it means there
+        raise NewerFormat(
+            f"{where}: written by a newer mlcache (pack format version {version}; this one "
+            f"reads version {FORMAT_VERSION}): upgrade mlcache to read it"
+        )
     if version != FORMAT_VERSION:
         raise PackCorrupted(f"{where}: unsupported pack format version {version}")
     if xxhash.xxh3_64_intdigest(head[:48]) != h_sum or r1 or r2:
@@ -132,6 +152,32 @@ def read_header(head: bytes, size: int, where: str) -> tuple[int, int, int, int]
     if n >= MAX_COUNT:
         raise PackCorrupted(f"{where}: impossible sample count {n}")
     return n, i_off, i_len, i_sum
+
+
+def newer_version(head: bytes) -> int:
+    """The format version of the pack header ``head`` when a newer mlcache wrote
+    it (higher than :data:`FORMAT_VERSION`), else 0. A header of this format
+    whose version field alone was damaged (its checksum holds with this
+    version: a newer writer's passes it with 2**-64 odds) is not newer: damage."""
+    if len(head) < HEADER.size or head[:8] != MAGIC:
+        return 0
+    (version,) = struct.unpack_from("<H", head, 8)
+    if version <= FORMAT_VERSION:
+        return 0
+    ours = head[:8] + struct.pack("<H", FORMAT_VERSION) + head[10:48]
+    if xxhash.xxh3_64_intdigest(ours) == struct.unpack_from("<Q", head, 48)[0]:
+        return 0
+    return int(version)
+
+
+def is_newer_pack(path: str) -> bool:
+    """Whether the file at ``path`` is a pack a newer mlcache wrote: never removed
+    nor replaced by this one (False when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return newer_version(f.read(HEADER.size)) > 0
+    except OSError:
+        return False
 
 
 def parse_index(data: bytes, expected_sum: int, n: int, size: int, where: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 from .._atomic import write_bytes_atomic
 from ..store.holdings import Held
+from .format import is_newer_pack
 from .replaced import in_use
 from .sources import remove_pack
 
@@ -165,6 +166,8 @@ def held(location: str) -> list[Held]:
         try:
             st = os.stat(path, follow_symlinks=False)
         except OSError:
+            continue
+        if is_newer_pack(path):  # a newer mlcache's: not this one's to evict
             continue
         found.append(
             Held(

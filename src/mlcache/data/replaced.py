@@ -23,6 +23,10 @@ would open it by name again: it builds it again (a miss, never a wrong sample).
 :func:`replaced_by` tells which pack is current, for ``mlcache ls``: the latest
 built or opened of its attributes (the one with the newest modification time;
 an open marks its use, see :meth:`CachedDataset._try_open`).
+
+A pack that a newer mlcache wrote (a higher format version: a cache shared
+mid-upgrade) is never removed nor replaced here: the dataset uses its own pack
+beside it (:func:`own_beside`), and :func:`remove_replaced` leaves it.
 """
 
 from __future__ import annotations
@@ -33,11 +37,16 @@ import logging
 import os
 import re
 
+import xxhash
+
 from .._atomic import write_bytes_atomic
+from ..errors import warn_at_user
+from .format import FORMAT_VERSION, is_newer_pack
 
 __all__ = [
     "code_tag_path",
     "in_use",
+    "own_beside",
     "remove_replaced",
     "replaced_by",
     "same_code",
@@ -164,6 +173,8 @@ def remove_replaced(pack_path: str) -> list[str]:
         for t, path in versions:
             if not mine or t >= mine[0] or not same_code(pack_path, path) or in_use(path):
                 continue
+            if is_newer_pack(path):  # a newer mlcache's: not this one's to remove
+                continue
             os.unlink(path)  # a reader that opens it meanwhile keeps its file
             forget_records(path)
             removed.append(path)
@@ -171,3 +182,25 @@ def remove_replaced(pack_path: str) -> list[str]:
     except OSError as exc:
         logger.debug("mlcache: could not remove the packs %s replaces: %s", pack_path, exc)
     return removed
+
+
+#: the packs of a newer mlcache this process said it keeps (once each)
+_NEWER_SAID: set[str] = set()
+
+
+def own_beside(path: str) -> str:
+    """The pack this version uses when a newer mlcache's pack is at ``path``: a
+    name of the same attributes, its version made of ``path``'s and this
+    version's pack format (said once per path, with one warning)."""
+    folder, name = os.path.split(path)
+    found = _NAME.fullmatch(name)
+    mine = xxhash.xxh3_64_hexdigest(f"{name}\0pack format {FORMAT_VERSION}".encode())
+    beside = os.path.join(folder, f"{found.group(1) if found else name}-{mine}.pack")
+    if path not in _NEWER_SAID:
+        _NEWER_SAID.add(path)
+        warn_at_user(
+            f"mlcache: {path} was written by a newer mlcache (a newer pack format): it is "
+            f"kept as it is, and this version uses its own pack beside it "
+            f"({os.path.basename(beside)}); upgrade mlcache to share one"
+        )
+    return beside

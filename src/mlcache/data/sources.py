@@ -29,6 +29,7 @@ from .._atomic import write_bytes_atomic
 from ..errors import warn
 from ..keys.hashing import hash_value
 from ..keys.learned import checked_kinds
+from .format import is_newer_pack
 from .replaced import forget_records, same_code
 
 __all__ = [
@@ -517,16 +518,21 @@ def warn_if_new_every_run(cls: type, folder: str, args_id: str, mine: dict[str, 
 
 
 # -- which packs are kept ------------------------------------------------------------
-def remove_pack(path: str) -> None:
+def remove_pack(path: str) -> bool:
     """Delete a pack (a reader that has it mapped keeps its map), and the records
-    of its filling (``<pack>.fill/``). Its lock file stays: a builder may hold
-    it, and a new lock file would let a second build in."""
+    of its filling (``<pack>.fill/``); False, and nothing removed, for a pack a
+    newer mlcache wrote (never this one's to remove: a cache shared
+    mid-upgrade). Its lock file stays: a builder may hold it, and a new lock
+    file would let a second build in."""
+    if is_newer_pack(path):
+        return False
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
     shutil.rmtree(path + ".fill", ignore_errors=True)
     forget_records(path)
+    return True
 
 
 def remove_older_versions(pack_path: str, args_id: str) -> None:

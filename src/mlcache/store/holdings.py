@@ -33,7 +33,7 @@ class Held:
     #: a process has it open now: it is counted, never removed
     in_use: bool
     #: removes it (an ``OSError`` when it cannot be)
-    remove: Callable[[], None] = dataclasses.field(compare=False, repr=False)
+    remove: Callable[[], object] = dataclasses.field(compare=False, repr=False)
 
 
 def _check_holder(obj: object) -> None:

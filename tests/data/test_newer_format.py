@@ -1,0 +1,106 @@
+"""A pack written by a newer mlcache (a higher format version in its header: a
+cache shared mid-upgrade) is never removed nor replaced by this one (issue 23).
+
+The dataset keeps it byte for byte and builds its own beside it, with one
+warning naming the cause; ``verify --fix``, ``prune`` and ``clear`` leave it.
+As the function cache keeps a newer entry (``NewerFormat``, see
+``tests/entry/test_reader.py``).
+"""
+
+from __future__ import annotations
+
+import gc
+import struct
+import warnings
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import xxhash
+
+from mlcache import Memory, NewerFormat
+from mlcache.admin import clear, prune, verify
+from mlcache.data import CachedDataset, PackedDataset
+from mlcache.data.format import FORMAT_VERSION
+from mlcache.errors import CacheWarning
+
+
+class Squares(CachedDataset):
+    loaded: ClassVar[list[int]] = []
+
+    def source_items(self) -> list[int]:
+        return [1, 2, 3]
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        Squares.loaded.append(i)
+        return {"sq": i * i}
+
+
+def _as_if_newer(path: str) -> bytes:
+    """Rewrite the header of the pack at ``path`` as a newer mlcache would write
+    it (the format version one higher, the header checksum made over it); its
+    bytes now."""
+    data = bytearray(Path(path).read_bytes())
+    struct.pack_into("<H", data, 8, FORMAT_VERSION + 1)
+    struct.pack_into("<Q", data, 48, xxhash.xxh3_64_intdigest(bytes(data[:48])))
+    Path(path).write_bytes(data)
+    return bytes(data)
+
+
+def _open(cache: Path) -> tuple[Squares, list[warnings.WarningMessage]]:
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ds = Squares(cache_dir=str(cache), fill="up-front", progress=False)
+        samples = [int(ds[i]["sq"]) for i in range(len(ds))]
+    assert samples == [1, 4, 9]
+    return ds, [w for w in said if issubclass(w.category, CacheWarning)]
+
+
+def test_a_newer_packs_bytes_are_kept_and_the_dataset_works_beside_it(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first, said = _open(cache)
+    assert said == []
+    newer_path = first.pack_path
+    del first
+    newer = _as_if_newer(newer_path)
+    with pytest.raises(NewerFormat, match="newer mlcache"):  # not PackCorrupted: not damage
+        PackedDataset(newer_path)
+
+    Squares.loaded.clear()
+    ds, said = _open(cache)
+    assert Squares.loaded == [1, 2, 3]  # built its own: nothing of the newer one is read
+    assert ds.pack_path != newer_path
+    assert [str(w.message) for w in said] == [
+        f"mlcache: {newer_path} was written by a newer mlcache (a newer pack format): it is "
+        f"kept as it is, and this version uses its own pack beside it "
+        f"({Path(ds.pack_path).name}); upgrade mlcache to share one"
+    ]
+    assert Path(newer_path).read_bytes() == newer
+
+    Squares.loaded.clear()
+    again, said = _open(cache)  # its own pack, opened; said once per process
+    assert (Squares.loaded, said, again.pack_path) == ([], [], ds.pack_path)
+    assert Path(newer_path).read_bytes() == newer
+
+
+def test_verify_fix_prune_and_clear_leave_a_newer_pack(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first, _ = _open(cache)
+    newer_path = first.pack_path
+    del first
+    newer = _as_if_newer(newer_path)
+    ds, _ = _open(cache)
+    mine = ds.pack_path
+    del ds
+    gc.collect()  # its reader's lock released: prune may remove this version's own pack
+    mem = Memory(str(cache), verbose=0)
+
+    found = verify(mem, str(cache), fix=True)
+    assert [(d.kind, d.unreadable, d.removed) for d in found] == [("pack", True, False)]
+    assert "newer mlcache" in found[0].reason
+    pruned = prune(mem, older_than=0.0, all_packs=True)
+    assert [Path(e.name).name for e in pruned.removed] == [Path(mine).name]
+    assert not Path(mine).exists()
+    cleared = clear(mem, str(cache))
+    assert cleared is not None and cleared.packs == []
+    assert Path(newer_path).read_bytes() == newer
