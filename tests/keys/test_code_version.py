@@ -263,19 +263,23 @@ def test_more_ways_of_reaching_code():
         assert "depsmore.fa" in parts  # through the dispatch table
         assert parts["depsmore.<lambda>"].count("+") == 1  # both lambdas, order-free
         # a module-level dict counts by content and is watched for changes calls
-        # make; once known as state (a memo), by type only
+        # make; once learned as bookkeeping (a memo calls grow), by its baseline
         version = code_version(f)
-        assert parts["depsmore.memo"] != "<state dict>"
         assert ("depsmore.memo", ns["memo"]) in version.watched
-        state = frozenset({"depsmore.memo"})
-        memo_free = code_version(f, state=state)
-        assert memo_free.parts["depsmore.memo"] == "<state dict>"
-        assert not any(name == "depsmore.memo" for name, _ in memo_free.watched)
         from mlcache.keys.code_version import _walk_version
+        from mlcache.keys.learned import Watch
+        from mlcache.keys.state import GROWN
 
-        ns["memo"][1] = 2  # the memo fills up: the same version (walked again)
-        assert _walk_version(f, state).digest == memo_free.digest
+        state = {"depsmore.memo": GROWN}
+        learned = code_version(f, state=state)
+        assert ("depsmore.memo", ns["memo"]) in learned.watched
+        watch = Watch((("depsmore.memo", ns["memo"]),))  # a cached call fills the memo
+        ns["memo"][1] = 2
+        assert watch.verdict() == ({"depsmore.memo": GROWN}, set())
+        assert _walk_version(f, state).digest == learned.digest  # (walked again)
         assert _walk_version(f).digest != version.digest
+        ns["memo"][3] = 4  # other code fills it: what it added counts
+        assert _walk_version(f, state).digest != learned.digest
         assert "depsmore.Model.helper" in code_version(ns["Model"].predict).parts
         one, two = ns["make"](ns["fa"]), ns["make"](ns["inner"])
         assert code_version(one).digest != code_version(two).digest
