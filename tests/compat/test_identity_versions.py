@@ -208,6 +208,116 @@ print(double(5), triple(5))
     assert runner.run("deco.py") == ([], "10 15")
 
 
+def test_plain_decorators_that_count_calls_in_a_list_hit_at_the_next_run(runner):
+    """Issue 23, case 10, the forms that failed: a plain decorator whose wrapper
+    counts calls in a list, in its closure (``calls[0] += 1``) or at module level
+    (``TOTAL[0] += 1``, shared by every function it decorates), on two functions,
+    on a method of two objects and applied in a loop in another module under
+    ``@retry(2)``. A hit does not raise the counters, so the second run met them
+    lower than the first run had, and recomputed the functions called after a
+    hit (before: the second ``double`` and ``triple``, ``g_triple``, ``predict``
+    of the second object, both ``scale``). A short list whose ints calls only raise is now
+    bookkeeping, counted by its baseline, as an int in a dict is. The other forms
+    tried (``nonlocal n``, a counter object as the decorator, ``@retry(3)``
+    appending to its closure, a dict in the closure, ``mem.cache(deco(f))`` and
+    ``@mem.cache @deco``) hit before and still do."""
+    runner.write(
+        "decos.py",
+        """
+TOTAL = [0]  # calls of every function totalled() decorates
+
+def counted(func):
+    calls = [0]  # this function's calls
+    def wrapper(*args, **kwargs):
+        calls[0] += 1
+        return func(*args, **kwargs)
+    return wrapper
+
+def totalled(func):
+    def wrapper(*args, **kwargs):
+        TOTAL[0] += 1
+        return func(*args, **kwargs)
+    return wrapper
+
+def retry(times):
+    def deco(func):
+        tries = []
+        def wrapper(*args, **kwargs):
+            for i in range(times):
+                tries.append(i)
+                try:
+                    return func(*args, **kwargs)
+                except ValueError:
+                    pass
+            raise RuntimeError(func)
+        return wrapper
+    return deco
+""",
+    )
+    runner.write(
+        "other.py",
+        HEADER
+        + """
+from decos import counted, retry
+
+def make(k):  # one decorator applied in a loop, in another module
+    def scale(x):
+        _log(f"scale{k}")
+        return k * x
+    return mem.cache(retry(2)(counted(scale)))
+
+SCALES = [make(k) for k in (4, 5)]
+""",
+    )
+    runner.write(
+        "deco.py",
+        HEADER
+        + """
+from decos import counted, totalled
+from other import SCALES
+
+@mem.cache
+@counted
+def double(x):
+    _log("double")
+    return 2 * x
+
+@mem.cache
+@counted
+def triple(x):
+    _log("triple")
+    return 3 * x
+
+@mem.cache
+@totalled
+def g_double(x):
+    _log("g_double")
+    return 2 * x
+
+g_triple = mem.cache(totalled(lambda x: _log("g_triple") or 3 * x))
+
+class Model:
+    def __init__(self, k):
+        self.k = k
+
+    @counted
+    def predict(self, x):
+        _log(f"predict{self.k}")
+        return self.k * x
+
+out = [double(5), triple(5), double(6), triple(6), g_double(5), g_triple(5)]
+out += [mem.cache(Model(2).predict)(5), mem.cache(Model(3).predict)(5)]
+out += [SCALES[0](1), SCALES[1](1), SCALES[0](2)]
+print(*out)
+""",
+    )
+    printed = "10 15 12 18 10 15 10 15 4 5 8"
+    computed = ["double", "triple", "double", "triple", "g_double", "g_triple"]
+    computed += ["predict2", "predict3", "scale4", "scale5", "scale4"]
+    assert runner.run("deco.py") == (computed, printed)
+    assert runner.run("deco.py") == ([], printed)
+
+
 def test_a_new_code_version_keeps_the_old_versions_results(runner):
     runner.write(
         "v.py",

@@ -14,7 +14,9 @@ bookkeeping:
   ``STATS["calls"] += 1``, ``stats.n += 1``);
 - :data:`GROWN`: a list, deque, bytearray, set or dict the call only grew (items
   appended, new keys) while what it held stays as it was (``seen.append(x)``, a
-  memo dict the call fills).
+  memo dict the call fills); and a short list of ints (at most
+  :data:`INT_LIST_MAX`) whose ints the call only raised: the counter of a
+  decorator's closure or a module, ``calls[0] += 1``.
 
 Anything else that changed stays input, whatever it is: an object that changed
 inside (``self.model`` after ``model.eval()``), a value set or replaced
@@ -52,6 +54,7 @@ __all__ = [
     "DEPTH",
     "EPOCH",
     "GROWN",
+    "INT_LIST_MAX",
     "MAX_ITEMS",
     "STATE_PARTS_MAX",
     "FunctionShell",
@@ -95,6 +98,9 @@ _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, np.gener
 #: the rare accumulator array is worth
 _WATCH_ARRAY_MAX = 1 << 20
 _SEQUENCES = (list, collections.deque, bytearray)
+#: a list of at most this many ints is probed by its values: a call that raises
+#: one (``calls[0] += 1``) is told from one that sets it (see :func:`_sequence_kind`)
+INT_LIST_MAX = 16
 _GROWABLE = (*_SEQUENCES, set, dict)
 
 
@@ -268,6 +274,8 @@ def _probe(obj: Any) -> Any:
     t = type(obj)
     if t is int:
         return obj
+    if t is list and len(obj) <= INT_LIST_MAX and all(type(v) is int for v in obj):
+        return tuple(obj)  # its counters: raising one keeps its length
     if issubclass(t, _GROWABLE):
         try:
             return len(obj)
@@ -339,15 +347,12 @@ def _bookkeeping(b: Node, a: Node) -> str | None:
     t = type(a.obj)
     if t is int and type(b.obj) is int:
         return COUNTER if a.obj > b.obj else None
-    if a.obj is not b.obj or b.probe is None or a.probe is None or a.probe <= b.probe:
-        return None  # replaced, shrunk, or not a container
+    if a.obj is not b.obj or b.probe is None or a.probe is None:
+        return None  # replaced, or not a container
     if issubclass(t, _SEQUENCES):
-        head: Any = (
-            collections.deque(itertools.islice(a.obj, b.probe), a.obj.maxlen)
-            if isinstance(a.obj, collections.deque)
-            else a.obj[: b.probe]
-        )
-        return GROWN if _node_digest(head) == b.digest else None
+        return _sequence_kind(b, a)
+    if a.probe <= b.probe:
+        return None  # shrunk, or changed in place
     if t is set and b.items is not None:
         return GROWN if b.items <= a.obj else None
     if issubclass(t, dict) and b.items is not None and b.items <= a.obj.keys():
@@ -355,6 +360,30 @@ def _bookkeeping(b: Node, a: Node) -> str | None:
         held = {k: dict.__getitem__(a.obj, k) for k in b.items}
         return GROWN if _node_digest(held) == b.digest else None
     return None
+
+
+def _sequence_kind(b: Node, a: Node) -> str | None:
+    """:data:`GROWN` for a sequence a call only grew, keeping what it held, or
+    whose ints it only raised (a short list of counters); else None."""
+    before, now = _length(b.probe), _length(a.probe)
+    if now < before:
+        return None
+    head: Any = (
+        collections.deque(itertools.islice(a.obj, before), a.obj.maxlen)
+        if isinstance(a.obj, collections.deque)
+        else a.obj[:before]
+    )
+    if _node_digest(head) == b.digest:
+        return GROWN if now > before else None
+    raised = type(b.probe) is tuple and all(
+        type(n) is int and n >= o for n, o in zip(head, b.probe, strict=True)
+    )
+    return GROWN if raised else None
+
+
+def _length(probe: Any) -> int:
+    """A sequence's length, from its probe (its ints, for a short list of them)."""
+    return len(probe) if type(probe) is tuple else int(probe)
 
 
 # -- baselines: what cached calls did not add --------------------------------------------------
