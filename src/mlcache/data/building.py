@@ -60,8 +60,7 @@ from .writer import write_pack
 __all__ = ["PackBuilder"]
 
 logger = logging.getLogger("mlcache")
-#: (class folder, code shape) -> what builds were learned to change and then seen
-#: changing otherwise, in this process: never learned again
+#: (class folder, code shape) -> what was learned, then seen changed otherwise: never again
 _REVOKED: dict[tuple[str, str], set[str]] = {}
 
 
@@ -208,8 +207,7 @@ class PackBuilder:
         ``<folder of the class>/<attributes>-<version>.pack``."""
         cls = type(self)
         code = code_version(cls, state=self._state)
-        #: mutable module-level values the code reads
-        self._watched: tuple[tuple[str, Any], ...] = code.watched
+        self._watched: tuple[tuple[str, Any], ...] = code.watched  # mutable, module-level
         made_by = (
             f"{cls.__module__}.{cls.__qualname__}",
             code.digest,
@@ -272,22 +270,22 @@ class PackBuilder:
 
     def _learned(self, watch: Watch) -> str | None:
         """The pack's name once what the build changed since ``watch`` was made is
-        learned (``self._state`` then holds it; the caller records it), or None
-        when that teaches nothing new. A build that also changed something that
-        stays input keeps the name it was asked under: what remains is not what
-        the build started from."""
-        kept, changed = watch.verdict()
+        learned (into ``self._state``; the caller records it), or None when that
+        teaches nothing new. A build that also changed an input keeps the name it
+        was asked under: what remains is not what the build started from."""
+        try:
+            kept, changed = watch.verdict()
+        except Exception as exc:  # learning is an optimisation: never fail the build
+            logger.debug("mlcache: cannot judge what building %s changed: %s", self.pack_path, exc)
+            return None
         revoked = _REVOKED.setdefault((self._folder, self._shape), set())
         learned = merge({**self._read_learned(), **self._state}, kept, changed, revoked)
         if learned == self._state:
             return None
-        if learned.items() - self._state.items():
-            logger.info(
-                "mlcache: building %s changes %s: treated as state (bookkeeping, not "
-                "input); they count as they were before builds changed them",
-                type(self).__qualname__,
-                ", ".join(f"{n} ({k})" for n, k in sorted(learned.items() - self._state.items())),
-            )
+        said = ", ".join(f"{n} ({k})" for n, k in sorted(learned.items() - self._state.items()))
+        if said:
+            what = "treated as state (bookkeeping, not input), counted as before builds changed it"
+            logger.info("mlcache: building %s changes %s: %s", type(self).__qualname__, said, what)
         self._state = learned
         return self.pack_path if changed else self._name_pack()
 
@@ -298,9 +296,8 @@ class PackBuilder:
         return {n: k for n, k in read_state(self._folder, self._shape).items() if n not in revoked}
 
     def _learn_while_filling(self) -> str | None:
-        """After a first sample is loaded: what it changed is learned (see
-        :meth:`_learned`), and the pack being filled is renamed for it (its
-        records too); the new name, or None."""
+        """After a first sample is loaded: what it changed is learned, and the pack
+        being filled renamed for it (its records too); the new name, or None."""
         watch = getattr(self, "_watched_before", None)  # (not sent to a worker)
         named = None if watch is None else self._learned(watch)
         if named is None:
