@@ -33,7 +33,7 @@ from .._util import progress as _progress
 from ..errors import NewerFormat, PackCorrupted, warn
 from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
-from ..keys.learned import Watch, keyed_digest, merge
+from ..keys.learned import Watch, keyed_digest
 from ..store.local import mark_cache_folder
 from .audit import LoadTimer, read_load_seconds, write_load_seconds
 from .fetch import publish, remote_lease
@@ -42,6 +42,7 @@ from .folders import folder_runs
 from .format import is_newer_pack
 from .holdings import note_open, record_build_time
 from .items import same_items, table_digest
+from .learning import BuildLearning
 from .reader import PackedDataset
 from .records import remove_redundant_records
 from .replaced import own_beside, write_code_tag
@@ -49,7 +50,6 @@ from .sources import (
     GRACE_SECONDS,
     DeclaredSource,
     SourceRecord,
-    read_state,
     remove_older_versions,
     warn_if_new_every_run,
     write_state,
@@ -60,11 +60,9 @@ from .writer import write_pack
 __all__ = ["PackBuilder"]
 
 logger = logging.getLogger("mlcache")
-#: (class folder, code shape) -> what was learned, then seen changed otherwise: never again
-_REVOKED: dict[tuple[str, str], set[str]] = {}
 
 
-class PackBuilder:
+class PackBuilder(BuildLearning):
     """The building half of :class:`~mlcache.data.CachedDataset` (see the module
     docstring); ``CachedDataset.__init__`` sets the attributes below."""
 
@@ -267,48 +265,6 @@ class PackBuilder:
             return built
         self.pack_path = named
         return PackedDataset(named, allow_pickle=self._allow_pickle)
-
-    def _learned(self, watch: Watch) -> str | None:
-        """The pack's name once what the build changed since ``watch`` was made is
-        learned (into ``self._state``; the caller records it), or None when that
-        teaches nothing new. A build that also changed an input keeps the name it
-        was asked under: what remains is not what the build started from."""
-        try:
-            kept, changed = watch.verdict()
-        except Exception as exc:  # learning is an optimisation: never fail the build
-            logger.debug("mlcache: cannot judge what building %s changed: %s", self.pack_path, exc)
-            return None
-        revoked = _REVOKED.setdefault((self._folder, self._shape), set())
-        learned = merge({**self._read_learned(), **self._state}, kept, changed, revoked)
-        if learned == self._state:
-            return None
-        said = ", ".join(f"{n} ({k})" for n, k in sorted(learned.items() - self._state.items()))
-        if said:
-            what = "treated as state (bookkeeping, not input), counted as before builds changed it"
-            logger.info("mlcache: building %s changes %s: %s", type(self).__qualname__, said, what)
-        self._state = learned
-        return self.pack_path if changed else self._name_pack()
-
-    def _read_learned(self) -> dict[str, str]:
-        """What builds of this class and code shape were learned to change (by
-        earlier processes too), less what this process saw changed otherwise."""
-        revoked = _REVOKED.get((self._folder, self._shape), set())
-        return {n: k for n, k in read_state(self._folder, self._shape).items() if n not in revoked}
-
-    def _learn_while_filling(self) -> str | None:
-        """After a first sample is loaded: what it changed is learned, and the pack
-        being filled renamed for it (its records too); the new name, or None."""
-        watch = getattr(self, "_watched_before", None)  # (not sent to a worker)
-        named = None if watch is None else self._learned(watch)
-        if named is None:
-            return None
-        moved = named != self.pack_path
-        if moved:  # first: a process told the state finds the records
-            with contextlib.suppress(OSError):
-                os.rename(self.pack_path + ".fill", named + ".fill")
-        write_state(self._root, self._folder, self._shape, self._state)
-        self.pack_path = named
-        return named if moved else None
 
     def _after_build(self) -> None:
         """Housekeeping after a local build (never fails it): record the digests
