@@ -337,7 +337,11 @@ class Files(CachedDataset):
 
     def load_item(self, path):
         built(str(os.getpid()))
-        time.sleep(0.01)  # slow enough that workers pay (a faster build stays serial)
+        # slow enough that workers pay (a faster build stays serial); slower in the
+        # script's own process if it asks (SLOW_PARENT: its pid), so that spawned
+        # workers, slow to start on a busy machine, still find items left to load
+        slow_here = os.environ.get("SLOW_PARENT") == str(os.getpid())
+        time.sleep(0.05 if slow_here else 0.01)
         return {"name": path.name, "n": int(path.read_text())}
 """
 
@@ -402,6 +406,7 @@ def test_num_workers_at_import_of_the_datasets_module(runner: Runner) -> None:
 
 WITH_A_THREAD = """
 import os, sys, threading
+os.environ["SLOW_PARENT"] = str(os.getpid())  # spawned workers get items on a busy machine
 stop = threading.Event()
 threading.Thread(target=stop.wait, daemon=True).start()  # a user's background thread
 from filesds import Files
