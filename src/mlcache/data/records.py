@@ -85,68 +85,113 @@ def _plain(sample: Mapping[str, Any]) -> bytes | None:
     return b"".join(parts) if _put_fields(parts, sample, 0) else None
 
 
+#: what a field's name is framed as (its length and UTF-8 bytes), by name: the
+#: names of a dataset's samples repeat, so each is encoded once a process
+_NAMES: dict[str, bytes] = {}
+#: an array's framing before its shape (kind, dtype code, ndim), by dtype and ndim;
+#: a scalar's (kind, dtype code) by dtype (ndim -1); None for a dtype not plain
+_ARRAY_HEADS: dict[tuple[np.dtype, int], bytes | None] = {}
+_SHAPES: dict[int, struct.Struct] = {}
+_INT_HEAD, _FLOAT_HEAD = struct.Struct("<Bq"), struct.Struct("<Bd")
+_STR_HEAD = struct.Struct("<BQ")
+_CACHED = 1024  # names and array forms remembered (a bound, never reached in practice)
+
+
+def _name(name: Any) -> bytes | None:
+    """``name``'s framing (length and bytes), or None when it is not a str of UTF-8."""
+    framed = _NAMES.get(name) if type(name) is str else None
+    if framed is not None:
+        return framed
+    if type(name) is not str:
+        return None
+    try:
+        raw = name.encode()
+    except UnicodeEncodeError:
+        return None
+    framed = _NAME.pack(len(raw)) + raw
+    if len(_NAMES) < _CACHED:
+        _NAMES[name] = framed
+    return framed
+
+
+def _array_head(dtype: np.dtype, ndim: int) -> bytes | None:
+    """The framing of an array (``ndim`` >= 0) or a scalar (-1) of ``dtype``."""
+    key = (dtype, ndim)
+    try:
+        return _ARRAY_HEADS[key]
+    except KeyError:
+        pass
+    head = None
+    if dtype.kind in _PLAIN_KINDS and dtype.fields is None:
+        code = dtype.str.encode()
+        kind = b"\x07" if ndim < 0 else b"\x06"
+        head = kind + _KIND.pack(len(code)) + code + (_KIND.pack(ndim) if ndim >= 0 else b"")
+    if len(_ARRAY_HEADS) < _CACHED:
+        _ARRAY_HEADS[key] = head
+    return head
+
+
 def _put_fields(parts: list[Any], fields: Mapping[str, Any], depth: int) -> bool:
     """Append ``fields`` (their count, then name, kind and value each) to ``parts``;
-    False when one is not plain."""
+    False when one is not plain. The framing of names and dtypes repeats from
+    sample to sample and is made once (:data:`_NAMES`, :data:`_ARRAY_HEADS`): the
+    encoding is a few us of a first epoch's every sample."""
     add = parts.append
     add(_COUNT.pack(len(fields)))
     for name, v in fields.items():
-        if type(name) is not str:
+        framed = _name(name)
+        if framed is None:
             return False
-        try:
-            raw = name.encode()
-        except UnicodeEncodeError:
-            return False
-        add(_NAME.pack(len(raw)))
-        add(raw)
-        if not _put(parts, v, depth):
+        add(framed)
+        t = type(v)
+        if t is np.ndarray:  # the common field first: no chain of type tests
+            head = _array_head(v.dtype, v.ndim)
+            if head is None:
+                return False
+            add(head)
+            shape = _SHAPES.get(v.ndim)
+            if shape is None:
+                shape = _SHAPES[v.ndim] = struct.Struct(f"<{v.ndim}Q")
+            add(shape.pack(*v.shape))
+            add(_LEN.pack(v.nbytes))
+            # the array's own buffer, joined once (a copy only when not contiguous)
+            add(v if v.flags.c_contiguous else np.ascontiguousarray(v))
+        elif t is int:
+            if not -(1 << 63) <= v < (1 << 63):
+                return False
+            add(_INT_HEAD.pack(2, v))
+        elif t is str:
+            try:
+                data = v.encode()
+            except UnicodeEncodeError:
+                return False
+            add(_STR_HEAD.pack(4, len(data)))
+            add(data)
+        elif not _put(parts, v, depth):
             return False
     return True
 
 
 def _put(parts: list[Any], v: Any, depth: int) -> bool:
-    """Append one value's kind byte and bytes to ``parts``; False when not plain."""
+    """Append one value's kind byte and bytes to ``parts``; False when not plain
+    (arrays, ints and strs are framed by :func:`_put_fields` itself)."""
     add = parts.append
     t = type(v)
     if v is None:
         add(b"\x00")
     elif t is bool:
         add(b"\x01\x01" if v else b"\x01\x00")
-    elif t is int:
-        if not -(1 << 63) <= v < (1 << 63):
-            return False
-        add(b"\x02")
-        add(_I64.pack(v))
     elif t is float:
-        add(b"\x03")
-        add(_F64.pack(v))
-    elif t is str or t is bytes:
-        try:
-            data = v.encode() if t is str else v
-        except UnicodeEncodeError:
+        add(_FLOAT_HEAD.pack(3, v))
+    elif t is bytes:
+        add(_STR_HEAD.pack(5, len(v)))
+        add(v)
+    elif isinstance(v, np.generic):
+        head = _array_head(v.dtype, -1)
+        if head is None:
             return False
-        add(b"\x04" if t is str else b"\x05")
-        add(_LEN.pack(len(data)))
-        add(data)
-    elif t is np.ndarray or isinstance(v, np.generic):
-        dtype = v.dtype
-        if dtype.kind not in _PLAIN_KINDS or dtype.fields is not None:
-            return False
-        code = dtype.str.encode()
-        if t is np.ndarray:
-            add(b"\x06")
-            add(_KIND.pack(len(code)))
-            add(code)
-            add(_KIND.pack(v.ndim))
-            add(struct.pack(f"<{v.ndim}Q", *v.shape))
-            data = np.ascontiguousarray(v).reshape(-1).view(np.uint8)  # joined: one copy
-            add(_LEN.pack(data.nbytes))
-            add(data)
-        else:
-            add(b"\x07")
-            add(_KIND.pack(len(code)))
-            add(code)
-            add(v.tobytes())
+        add(head)
+        add(v.tobytes())
     elif t is list and all(type(x) is str for x in v):  # what a pack's strs field gives
         add(b"\x08")
         add(_COUNT.pack(len(v)))
