@@ -14,12 +14,13 @@ the pack is read as any other (an O(1) open). Otherwise a :class:`Filler` serves
 
 Records go to append-only *segment* files in ``<pack>.fill/``, one per process
 (DataLoader workers, forked or spawned, each write their own: no lock is taken to
-record). A record is one ``writev``: a 64-byte header (magic, length, the item's
-key and fingerprint, the checksums of the payload and of the header: see
-:mod:`mlcache.data.records`, which owns the bytes), then the sample: in a compact
-form for plain values (numbers, text, bytes, numeric arrays, lists of str, dicts),
-else as an entry of the function cache's format (:mod:`mlcache.entry`: the npy
-codec, or pickle when the dataset allows it). The kernel keeps what a process
+record). A record is one ``writev`` (an up-front fill, which serves nothing
+before its seal, writes :data:`_FILL_BATCH` records a call): a 64-byte header
+(magic, length, the item's key and fingerprint, the checksums of the payload and
+of the header: see :mod:`mlcache.data.records`, which owns the bytes), then the
+sample: in a compact form for plain values (numbers, text, bytes, numeric arrays,
+lists of str, dicts), else as an entry of the function cache's format
+(:mod:`mlcache.entry`: the npy codec, or pickle when the dataset allows it). The kernel keeps what a process
 wrote when it is killed; a record torn by a kill (or a crash of the machine)
 fails its length or its checksums and is ignored: the next run loads that item
 again, and nothing else.
@@ -29,9 +30,10 @@ When every item is present the pack is *sealed*: written anew in item order
 records' bytes copied when they allow it: :mod:`mlcache.data.sealing`), with its
 item table, under the pack's build lock; then the segments are removed. A
 process that meets a missing item looks again first (for the sealed pack, and
-for other processes' records: a ``stat`` of the pack and of the folder, listed
-again only when its mtime moved, and an ``fstat`` per segment, ~10-20 us against
-the milliseconds of a load), so that no item another
+for other processes' records: a ``stat`` of the folder, listed again - and the
+pack looked for - only when its mtime moved, which a seal's removal of the
+segments does; an ``fstat`` per other process's segment: a few us against the
+milliseconds of a load), so that no item another
 process recorded is loaded twice (a DataLoader's persistent workers in their
 second epoch), and seals the pack when that look finds every item in (so the
 second epoch of a DataLoader whose workers each missed the other's last records
@@ -87,9 +89,17 @@ _SCAN_CHUNK = 1 << 20
 #: after a record could not be written (a full disk), the next try waits this long
 #: (seconds): the samples are served meanwhile, unrecorded
 _RETRY_AFTER = 1.0
+#: an up-front fill writes its records this many at a time (one ``writev``, within
+#: the usual limit of 1,024 buffers of one call)
+_FILL_BATCH = 64
 #: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
 #: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
 FILLS = ("auto", "as-read", "up-front")
+
+#: this process's id, kept up to date in a forked child: ``os.getpid()`` is a
+#: system call (~1 us in a VM), and a miss asked it three times
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 # -- the filler --------------------------------------------------------------------------
@@ -223,9 +233,15 @@ class Filler:
     def look_again(self) -> bool:
         """Look for the sealed pack, and for the records of other processes; True
         when the pack is sealed (then :attr:`sealed` reads it)."""
-        if self.sealed is not None or self._find_sealed():
+        if self.sealed is not None:
             return True
-        for name in self._new_names():
+        names = self._new_names()
+        # the pack is replaced only by a seal, which removes the segments (the
+        # folder changes, or goes), or by a process that removed the folder first
+        # (force_recache, a stale pack): an unchanged folder spares the pack's stat
+        if names is not None and self._find_sealed():
+            return True
+        for name in names or ():
             if name.endswith(".seg") and name not in self._named:
                 self._named[name] = len(self.segments)
                 self.segments.append(Segment(os.path.join(self.folder, name)))
@@ -234,18 +250,20 @@ class Filler:
                 self._scan(number, segment)
         return False
 
-    def _new_names(self) -> list[str]:
+    def _new_names(self) -> list[str] | None:
         """The folder's names, listed only when it changed since the last listing
-        (a new segment changes its mtime; appends do not): a ``stat`` a miss
-        instead of a listing. A listing made within 50 ms of the folder's
+        (a new segment, a removed one change its mtime; appends do not): a
+        ``stat`` a miss instead of a listing. None when it did not change; ``[]``
+        when there is no folder. A listing made within 50 ms of the folder's
         mtime is not trusted to have seen everything of that clock tick."""
         try:
             mtime = os.stat(self.folder).st_mtime_ns
         except FileNotFoundError:
+            self._listed = None
             return []
         listed = self._listed
         if listed is not None and listed[0] == mtime and listed[1] - mtime > 50_000_000:
-            return []
+            return None
         now = time.time_ns()
         try:
             names = os.listdir(self.folder)
@@ -281,7 +299,7 @@ class Filler:
         """The records appended to ``segment`` since it was last scanned (a record
         still being written is left for the next look; a torn one ends the file)."""
         mine = self._mine
-        if mine is not None and mine[2] == number and mine[0] == os.getpid():
+        if mine is not None and mine[2] == number and mine[0] == _PID[0]:
             return  # this process's own: known as written
         try:
             fd = segment.open()
@@ -408,19 +426,31 @@ class Filler:
         """Append item ``i``'s sample to this process's segment. A sample that cannot
         be recorded (a full disk, a folder removed meanwhile) is loaded again by a
         later read: one warning, and the read goes on."""
+        encoded = self._encoded(i, sample)
+        if encoded is not None:
+            self._write([encoded])
+
+    def _encoded(self, i: int, sample: Mapping[str, Any]) -> tuple[int, bytes, bytes] | None:
+        """Item ``i``'s record (its index, header and payload); None while records
+        are not tried (a write failed just now: the sample is served, unrecorded)."""
         self._same_fields(i, sample)
         payload = encode_sample(sample, self.allow_pickle, i)
         if self._retry_at and time.monotonic() < self._retry_at:
-            return  # a write failed just now (a full disk): served, not recorded
-        head = record_head(self._ks[i], self._fps[i], payload)
-        size = len(head) + len(payload)
+            return None  # a write failed just now (a full disk): served, not recorded
+        return i, record_head(self._ks[i], self._fps[i], payload), payload
+
+    def _write(self, records: list[tuple[int, bytes, bytes]]) -> None:
+        """Append ``records`` to this process's segment in one ``writev`` (the
+        payloads are not copied); on a failure none of them is kept (one warning)."""
+        parts = [part for _i, head, payload in records for part in (head, payload)]
+        size = sum(map(len, parts))
         try:
             with self._write_lock:
                 fd, number, off = self._writer()
                 try:
-                    written = os.writev(fd, (head, payload))  # one write, no payload copy
+                    written = os.writev(fd, parts)
                     if written < size:  # a short write (a signal, a full disk): the rest
-                        rest = memoryview(head + payload)[written:]
+                        rest = memoryview(b"".join(parts))[written:]
                         while rest:
                             rest = rest[os.write(fd, rest) :]
                 except OSError:  # a full disk: no torn record, no empty file, no fd left
@@ -428,8 +458,10 @@ class Filler:
                     if self.segments[number].abandon(fd, off):
                         self._named.pop(os.path.basename(self.segments[number].path), None)
                     raise
-                self._mine = (os.getpid(), fd, number, off + size)
-                self._found(self._ks[i], self._fps[i], number, off)
+                self._mine = (_PID[0], fd, number, off + size)
+                for i, head, payload in records:
+                    self._found(self._ks[i], self._fps[i], number, off)
+                    off += len(head) + len(payload)
         except OSError as exc:
             self._retry_at = time.monotonic() + _RETRY_AFTER
             self._cannot_write(exc, "record samples of")
@@ -461,10 +493,10 @@ class Filler:
     def _writer(self) -> tuple[int, int, int]:
         """This process's segment (made on its first record): descriptor, number, size."""
         mine = self._mine
-        if mine is not None and mine[0] == os.getpid():
+        if mine is not None and mine[0] == _PID[0]:
             return mine[1], mine[2], mine[3]
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
-        name = f"{os.getpid()}-{secrets.token_hex(4)}.seg"
+        name = f"{_PID[0]}-{secrets.token_hex(4)}.seg"
         path = os.path.join(self.folder, name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
         fd = os.open(path, flags, 0o600)
@@ -477,12 +509,24 @@ class Filler:
         """Record ``(index, sample)`` pairs loaded elsewhere (an up-front build), in
         the form a read records them (:func:`~mlcache.data.values.read_back`): the
         seal mixes both, and a 0-d array beside a numpy scalar is two kinds."""
-        for i, sample in samples:
-            if self.src[i] == _MISSING:
-                if not isinstance(sample, Mapping):
-                    raise not_fields(i, sample)
-                self.record(i, read_back(sample, self.allow_pickle, i))
-                self.loaded += 1
+        # written _FILL_BATCH records at a time, one writev each: nothing is served
+        # before the seal, so a kill loses at most these (loaded again by the next run)
+        batch: list[tuple[int, bytes, bytes]] = []
+        try:
+            for i, sample in samples:
+                if self.src[i] == _MISSING:
+                    if not isinstance(sample, Mapping):
+                        raise not_fields(i, sample)
+                    encoded = self._encoded(i, read_back(sample, self.allow_pickle, i))
+                    self.loaded += 1
+                    if encoded is not None:
+                        batch.append(encoded)
+                        if len(batch) == _FILL_BATCH:
+                            self._write(batch)
+                            batch = []
+        finally:  # what was loaded before an error of load_item is kept
+            if batch:
+                self._write(batch)
 
     def seal(self) -> PackedDataset:
         """Write the sealed pack (or adopt the one another process sealed)."""
@@ -542,7 +586,7 @@ class Filler:
         """Close this process's segment (a later record starts another) and the
         others' (a later read opens them again)."""
         mine = self._mine
-        if mine is not None and mine[0] == os.getpid():
+        if mine is not None and mine[0] == _PID[0]:
             with contextlib.suppress(OSError):
                 os.close(mine[1])
         self._mine = None
