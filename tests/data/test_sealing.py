@@ -153,19 +153,26 @@ def _copied_read_back(i: int) -> dict[str, Any]:
     return read_back(_copied(i), False, i)
 
 
-def test_records_of_other_processes_are_copied_too(tmp_path):
-    """A segment per process: the seal copies from each (a DataLoader's workers)."""
+def test_records_of_other_processes_are_copied_too(tmp_path, monkeypatch):
+    """A segment per process: the seal copies from each (a DataLoader's workers),
+    the items of the two segments interleaved, none decoded."""
     ds = Samples("copied", cache_dir=tmp_path)
     pid = os.fork()
-    if pid == 0:  # a worker: records the first half, in its own segment
+    if pid == 0:  # a worker: records every other item, in its own segment
         try:
-            for i in range(N // 2):
+            for i in range(0, N, 2):
                 ds[i]
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
-    served = [ds[i] for i in range(N)]  # the other half, then the seal
-    assert len(list(tmp_path.rglob("*.pack"))) == 1
+    decoded = []
+    real = filling_module.decode_sample
+    monkeypatch.setattr(filling_module, "decode_sample", lambda *a: decoded.append(1) or real(*a))
+    served = [ds[i] for i in range(1, N, 2)]  # the other half, then the seal
+    assert len(list(tmp_path.rglob("*.pack"))) == 1 and len(list(tmp_path.rglob("*.seg"))) == 0
+    assert not decoded, "every record copied, none decoded"
+    monkeypatch.undo()
+    served = [ds[i] for i in range(N)]
     again = Samples("copied", cache_dir=tmp_path)
     for i in range(N):
         assert _same(served[i], again[i])

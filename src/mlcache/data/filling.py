@@ -20,10 +20,10 @@ before its seal, writes :data:`_FILL_BATCH` records a call): a 64-byte header
 of the header: see :mod:`mlcache.data.records`, which owns the bytes), then the
 sample: in a compact form for plain values (numbers, text, bytes, numeric arrays,
 lists of str, dicts), else as an entry of the function cache's format
-(:mod:`mlcache.entry`: the npy codec, or pickle when the dataset allows it). The kernel keeps what a process
-wrote when it is killed; a record torn by a kill (or a crash of the machine)
-fails its length or its checksums and is ignored: the next run loads that item
-again, and nothing else.
+(:mod:`mlcache.entry`: the npy codec, or pickle when the dataset allows it).
+The kernel keeps what a process wrote when it is killed; a record torn by a kill
+(or a crash of the machine) fails its length or its checksums and is ignored: the
+next run loads that item again, and nothing else.
 
 When every item is present the pack is *sealed*: written anew in item order
 (from the base, the records, and new loads of records found damaged; the

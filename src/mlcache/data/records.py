@@ -311,10 +311,12 @@ class PlainLayout:
 
     ``fields`` holds each field's name, kind (``"int"``, ``"float"``, ``"bool"``,
     ``"str"``, ``"bytes"``, ``"scalar"``: a numpy scalar, or ``"array"``), dtype
-    code and ndim. :meth:`spans` gives each value's bytes in a record (start, stop,
-    shape): the bytes a pack's field holds for it (little-endian int64 / float64 /
-    bool for Python numbers). A payload that is not plain, holds a kind that is not
-    copied (None, a list of str, a dict) or has another layout raises
+    code and ndim; ``steps`` each field's framing, its length, and its value's size
+    (-1: a length precedes the value; -2: a shape and a length), from which a seal
+    finds each value's bytes in every record of the layout
+    (:mod:`mlcache.data.sealing`): the bytes a pack's field holds for it
+    (little-endian int64 / float64 / bool for Python numbers). A payload that is not
+    plain or holds a kind that is not copied (None, a list of str, a dict) raises
     ``ValueError``: its seal decodes it instead.
     """
 
@@ -373,32 +375,6 @@ class PlainLayout:
             raise ValueError("an array's size does not match its shape")
         pos += form.size
         return (pos, pos + size, dims), pos + size
-
-    def spans(self, buf: Any, pos: int, end: int) -> list[tuple[int, int, tuple[int, ...]]]:
-        """Where each field's value of the record ``buf[pos:end]`` lies (start, stop,
-        shape); ``ValueError`` when the record has another layout."""
-        if buf[pos : pos + 8] != self.head:
-            raise ValueError("another layout")
-        pos += 8
-        out: list[tuple[int, int, tuple[int, ...]]] = []
-        add = out.append
-        for framing, n, size, shape in self.steps:  # _value, inlined: ~1 us a sample
-            if buf[pos : pos + n] != framing:
-                raise ValueError("another layout")
-            pos += n
-            if size >= 0:
-                add((pos, pos + size, ()))
-                pos += size
-            elif size == -1:
-                (size,) = _LEN.unpack_from(buf, pos)
-                add((pos + 8, pos + 8 + size, ()))
-                pos += 8 + size
-            else:
-                span, pos = self._value(buf, pos, size, shape)
-                add(span)
-        if pos != end:
-            raise ValueError("the fields do not end where the payload does")
-        return out
 
 
 def encode_sample(sample: Mapping[str, Any], allow_pickle: bool, index: int = -1) -> bytes:

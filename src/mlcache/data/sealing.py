@@ -31,7 +31,7 @@ import xxhash
 
 from ..errors import PackCorrupted
 from .frozen import probe, probe_picks
-from .records import PLAIN, RECORD, PlainLayout, decode_sample
+from .records import RECORD, PlainLayout, decode_sample
 from .values import read_back
 from .writer import CopiedField
 
@@ -45,8 +45,82 @@ _PIECE = 1 << 20
 #: where a filler's item is (``Filler.src``): not recorded, or in the old pack (a
 #: number from 0 is a segment's)
 MISSING, BASE = -2, -1
-#: the kinds of :func:`~mlcache.data.records.plain_spans` read back as scalars
+#: the kinds of :class:`~mlcache.data.records.PlainLayout` read back as scalars
 _SCALARS = frozenset(("int", "float", "bool", "scalar"))
+#: where a field's values lie in the records: starts, stops (n each) and, for an
+#: array field, the shapes (n x ndim)
+_Spans = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+#: no length read from a record is trusted beyond this (a larger one is damage)
+_MAX_SHAPE = 1 << 62
+
+
+def _gather(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """The ``width`` bytes at each of the offsets ``at`` (m x width, a copy)."""
+    return buf[at[:, None] + np.arange(width)]
+
+
+def _segment_spans(
+    mapped: mmap.mmap, offsets: np.ndarray, layout: PlainLayout
+) -> tuple[np.ndarray, list[_Spans]] | None:
+    """The payload lengths of the records at ``offsets`` of one segment and where
+    their fields' values lie, as :meth:`SealSource._spans` says; None when one is
+    damaged or has another layout. Each read stays within its record (checked
+    before it is made)."""
+    buf = np.frombuffer(mapped, np.uint8)
+    try:
+        size = len(buf)
+        if (offsets < 0).any() or (offsets + RECORD.size > size).any():
+            return None
+        heads = _gather(buf, offsets, RECORD.size)
+        lengths = heads[:, 8:16].copy().view("<u8")[:, 0]
+        sums = heads[:, 48:56].copy().view("<u8")[:, 0]
+        if (lengths > size).any():
+            return None
+        start = offsets + RECORD.size
+        end = start + lengths.astype(np.int64)
+        if (end > size).any() or (lengths < len(layout.head)).any():
+            return None
+        digest, view = xxhash.xxh3_64_intdigest, memoryview(mapped)
+        try:  # the one step per record: each payload is checked as the decoding seal does
+            for a, z, checksum in zip(start.tolist(), end.tolist(), sums.tolist()):
+                if digest(view[a:z]) != checksum:
+                    return None  # damaged: loaded again by the decoding seal
+        finally:
+            view.release()
+        if not (_gather(buf, start, 8) == np.frombuffer(layout.head, np.uint8)).all():
+            return None
+        at, spans = start + 8, []
+        for framing, n, fixed, shape in layout.steps:
+            if (at + n > end).any():
+                return None
+            if not (_gather(buf, at, n) == np.frombuffer(framing, np.uint8)).all():
+                return None  # another layout: the decoding seal
+            at = at + n
+            dims: np.ndarray | None = None
+            value: Any  # the values' size: one for all, or each record's
+            if fixed >= 0:  # a number: its bytes
+                first, value = at, fixed
+            else:  # a length (-1), or a shape and a length (-2), then the bytes
+                width = 8 if fixed == -1 else shape[0].size
+                if (at + width > end).any():
+                    return None
+                found = _gather(buf, at, width).view("<u8")
+                value_size = found[:, -1]
+                if (value_size > size).any() or (found > _MAX_SHAPE).any():
+                    return None
+                if fixed == -2:
+                    dims = found[:, :-1].astype(np.int64)
+                    product = np.prod(dims.astype(np.float64), axis=1) * shape[1]
+                    if (product != value_size.astype(np.float64)).any():
+                        return None  # an array's size does not match its shape
+                first, value = at + width, value_size.astype(np.int64)
+            at = first + value
+            spans.append((first, at, dims))
+        if (at != end).any():
+            return None
+        return lengths.astype(np.int64), spans
+    finally:
+        del buf  # no view of the map is left: it is closed after the seal
 
 
 class SealSource:
@@ -84,89 +158,86 @@ class SealSource:
         if not n or (f.src < 0).any():
             return None
         try:
-            found = self._spans(f.src.tolist(), f.pos.tolist())
+            found = self._spans(f.src, f.pos)
         except (OSError, ValueError, IndexError, struct.error):
             return None  # damaged, not plain, or not copied: decoded (the module docstring)
         if found is None:
             return None
-        layout, where, spans = found
+        layout, lengths, spans = found
         for i in probe_picks(f.loaded_here):  # random augmentation in load_item?
-            number, off, length = where[i]
-            payload = self.maps[number][off + RECORD.size : off + RECORD.size + length]
+            number, off = int(f.src[i]), int(f.pos[i])
+            payload = self.maps[number][off + RECORD.size : off + RECORD.size + lengths[i]]
             recorded = decode_sample(payload, f.allow_pickle)
             probe(f.load_item, f.items[i], recorded, f.allow_pickle, i)
-        fields = [self._field(k, field, where, spans) for k, field in enumerate(layout.fields)]
+        fields = [self._field(field, f.src, spans[k]) for k, field in enumerate(layout.fields)]
         return n, fields
 
     def _spans(
-        self, src: list[int], pos: list[int]
-    ) -> tuple[PlainLayout, list[tuple[int, int, int]], list[list[Any]]] | None:
-        """Every record's segment, offset and payload length, in item order, and the
-        spans of its fields' values (checked: the payload's checksum, its layout the
-        first record's); None when one differs."""
-        maps: dict[int, mmap.mmap] = self.maps
-        layout: PlainLayout | None = None
-        where: list[tuple[int, int, int]] = []
-        spans: list[list[Any]] = []
-        seen: dict[tuple[int, int], int] = {}  # an item listed twice: one record
-        head = RECORD.unpack_from
-        digest = xxhash.xxh3_64_intdigest
-        for number, off in zip(src, pos):
-            twin = seen.get((number, off))
-            if twin is not None:
-                where.append(where[twin])
-                spans.append(spans[twin])
-                continue
-            seen[(number, off)] = len(where)
-            mapped = maps.get(number)
+        self, src: np.ndarray, pos: np.ndarray
+    ) -> tuple[PlainLayout, np.ndarray, list[_Spans]] | None:
+        """Every record's payload length, in item order, and where each field's
+        value lies in it (checked: the payload's checksum, its layout the first
+        record's); None when one differs. The records of one segment are read
+        together, a field at a time (numpy gathers, no Python step per record but
+        the checksum's), so that the seal costs little beside the epoch."""
+        maps: dict[int, mmap.mmap] = {}
+        for number in np.unique(src).tolist():
+            mapped = self._map(number)
             if mapped is None:
-                mapped = self._map(number)
-                if mapped is None:
-                    return None
-            _m, _f, length, _k, _fp, psum, _h = head(mapped, off)
-            start = off + RECORD.size
-            if start + length > len(mapped) or mapped[start : start + 4] != PLAIN:
                 return None
-            if digest(memoryview(mapped)[start : start + length]) != psum:
-                return None  # damaged: loaded again by the decoding seal
-            if layout is None:
-                layout = PlainLayout(mapped, start, start + length)
-            where.append((number, off, length))
-            spans.append(layout.spans(mapped, start, start + length))
-        assert layout is not None
-        return layout, where, spans
+            maps[number] = mapped
+        first, off = int(src[0]), int(pos[0])
+        length = RECORD.unpack_from(maps[first], off)[2]
+        start = off + RECORD.size
+        layout = PlainLayout(maps[first], start, start + length)
+        n = len(src)
+        lengths = np.empty(n, np.int64)
+        spans = [
+            (
+                np.empty(n, np.int64),
+                np.empty(n, np.int64),
+                None if size != -2 else np.empty((n, shape[0].size // 8 - 1), np.int64),
+            )
+            for _framing, _n, size, shape in layout.steps
+        ]
+        for number, mapped in maps.items():
+            rows = np.flatnonzero(src == number)
+            found = _segment_spans(mapped, pos[rows], layout)
+            if found is None:
+                return None
+            lengths[rows] = found[0]
+            for (starts, stops, dims), (a, z, d) in zip(spans, found[1]):
+                starts[rows], stops[rows] = a, z
+                if dims is not None:
+                    dims[rows] = d
+        return layout, lengths, spans
 
     def _field(
-        self,
-        k: int,
-        layout: tuple[bytes, str, bytes, int],
-        where: list[tuple[int, int, int]],
-        spans: list[list[Any]],
+        self, layout: tuple[bytes, str, bytes, int], src: np.ndarray, spans: _Spans
     ) -> CopiedField:
-        """Field ``k`` of the samples as a :class:`CopiedField` of their bytes."""
-        name, kind, code, ndim = layout
-        mine = [s[k] for s in spans]
-        numbers = [w[0] for w in where]
-        data = self._pieces(numbers, mine)
+        """A field of the samples as a :class:`CopiedField` of their bytes."""
+        name, kind, code, _ndim = layout
+        starts, stops, dims = spans
+        data = self._pieces(src, starts, stops)
         label = name.decode()
         if kind in _SCALARS:
             return CopiedField(label, "column", code.decode(), data, py=kind)
-        sizes = np.fromiter((z - a for a, z, _ in mine), np.int64, len(mine))
+        sizes = stops - starts
         if kind in ("str", "bytes"):
             return CopiedField(label, kind, "|u1", data, sizes=sizes)
-        shape = mine[0][2]
-        if all(s[2] == shape for s in mine):
-            return CopiedField(label, "column", code.decode(), data, shape=tuple(shape))
-        shapes = np.array([s[2] for s in mine], np.int64).reshape(len(mine), ndim)
-        return CopiedField(label, "ragged", code.decode(), data, shapes=shapes, sizes=sizes)
+        assert dims is not None  # an array's
+        if (dims == dims[0]).all():
+            shape = tuple(dims[0].tolist())
+            return CopiedField(label, "column", code.decode(), data, shape=shape)
+        return CopiedField(label, "ragged", code.decode(), data, shapes=dims, sizes=sizes)
 
-    def _pieces(self, numbers: list[int], spans: list[Any]) -> Iterator[bytes]:
-        """The bytes of ``spans`` (in segments ``numbers``), joined in pieces of
-        about :data:`_PIECE` bytes."""
+    def _pieces(self, src: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> Iterator[bytes]:
+        """The bytes of the values at ``starts``-``stops`` (of the segments ``src``),
+        joined in pieces of about :data:`_PIECE` bytes."""
         maps = self.maps
         parts: list[bytes] = []
         size = 0
-        for number, (a, z, _shape) in zip(numbers, spans):
+        for number, a, z in zip(src.tolist(), starts.tolist(), stops.tolist()):
             parts.append(maps[number][a:z])
             size += z - a
             if size >= _PIECE:
