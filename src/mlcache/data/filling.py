@@ -442,8 +442,13 @@ class Filler:
     def _write(self, records: list[tuple[int, bytes, bytes]]) -> None:
         """Append ``records`` to this process's segment in one ``writev`` (the
         payloads are not copied); on a failure none of them is kept (one warning)."""
-        parts = [part for _i, head, payload in records for part in (head, payload)]
-        size = sum(map(len, parts))
+        if len(records) == 1:  # a read's record: no list to build
+            _i, head, payload = records[0]
+            parts: Sequence[bytes] = (head, payload)
+            size = len(head) + len(payload)
+        else:
+            parts = [part for _i, head, payload in records for part in (head, payload)]
+            size = sum(map(len, parts))
         try:
             with self._write_lock:
                 fd, number, off = self._writer()
