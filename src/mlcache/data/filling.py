@@ -157,15 +157,16 @@ class Filler:
         self.sealed: PackedDataset | None = None
         self.loaded = 0  # items this process loaded (tests and benchmarks count them)
         raw = table.tobytes()
-        self._keys: dict[bytes, int] = {}
+        self._ks = [raw[j : j + 16] for j in range(0, 32 * self.n, 32)]
+        self._fps = [raw[j + 16 : j + 32] for j in range(0, 32 * self.n, 32)]
+        # each key's first place (built from the end: the first place is set last)
+        self._keys: dict[bytes, int] = dict(zip(reversed(self._ks), range(self.n - 1, -1, -1)))
         self._twins: dict[int, list[int]] = {}  # an item listed more than once
-        for i in range(self.n):
-            key = raw[32 * i : 32 * i + 16]
-            first = self._keys.setdefault(key, i)
-            if first != i:
-                self._twins.setdefault(first, []).append(i)
-        self._ks = [raw[32 * i : 32 * i + 16] for i in range(self.n)]
-        self._fps = [raw[32 * i + 16 : 32 * i + 32] for i in range(self.n)]
+        if len(self._keys) < self.n:
+            for i, key in enumerate(self._ks):
+                first = self._keys[key]
+                if first != i:
+                    self._twins.setdefault(first, []).append(i)
         self.base = base
         if base is not None:
             self._match_base(base)
