@@ -253,7 +253,7 @@ class Filler:
 
     def _new_names(self) -> list[str] | None:
         """The folder's names, listed only when it changed since the last listing
-        (a new segment, a removed one change its mtime; appends do not): a
+        (a new segment or a removed one changes its mtime; appends do not): a
         ``stat`` a miss instead of a listing. None when it did not change; ``[]``
         when there is no folder. A listing made within 50 ms of the folder's
         mtime is not trusted to have seen everything of that clock tick."""
