@@ -90,8 +90,9 @@ _SCAN_CHUNK = 1 << 20
 #: (seconds): the samples are served meanwhile, unrecorded
 _RETRY_AFTER = 1.0
 #: an up-front fill writes its records this many at a time (one ``writev``, within
-#: the usual limit of 1,024 buffers of one call)
-_FILL_BATCH = 64
+#: the usual limit of 1,024 buffers of one call), or what it has after this many
+#: seconds (samples that come slowly, from workers: a kill loses only the last few)
+_FILL_BATCH, _FILL_WAIT = 64, 0.02
 #: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
 #: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
 FILLS = ("auto", "as-read", "up-front")
@@ -515,9 +516,11 @@ class Filler:
         """Record ``(index, sample)`` pairs loaded elsewhere (an up-front build), in
         the form a read records them (:func:`~mlcache.data.values.read_back`): the
         seal mixes both, and a 0-d array beside a numpy scalar is two kinds."""
-        # written _FILL_BATCH records at a time, one writev each: nothing is served
-        # before the seal, so a kill loses at most these (loaded again by the next run)
+        # written _FILL_BATCH records at a time (or after _FILL_WAIT), one writev each:
+        # nothing is served before the seal, so a kill loses at most these (loaded
+        # again by the next run)
         batch: list[tuple[int, bytes, bytes]] = []
+        since = 0.0
         try:
             for i, sample in samples:
                 if self.src[i] == _MISSING:
@@ -526,8 +529,11 @@ class Filler:
                     encoded = self._encoded(i, read_back(sample, self.allow_pickle, i))
                     self.loaded += 1
                     if encoded is not None:
+                        now = time.monotonic()
+                        if not batch:
+                            since = now
                         batch.append(encoded)
-                        if len(batch) == _FILL_BATCH:
+                        if len(batch) == _FILL_BATCH or now - since > _FILL_WAIT:
                             self._write(batch)
                             batch = []
         finally:  # what was loaded before an error of load_item is kept
