@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mlcache.data import CachedDataset, filling
+from mlcache.data import CachedDataset, recording
 
 N = 40
 
@@ -100,7 +100,7 @@ def test_an_up_front_fill_writes_its_records_a_batch_at_a_time(
 
     monkeypatch.setattr(os, "writev", writev)
     # the batch is also written after _FILL_WAIT s (samples from slow workers): not here
-    monkeypatch.setattr(filling, "_FILL_WAIT", float("inf"), raising=False)
+    monkeypatch.setattr(recording, "_FILL_WAIT", float("inf"))
     ds = Files(src, cache_dir=cache, fill="up-front")
     monkeypatch.undo()
     assert writes == [2 * N]  # a header and a payload a record

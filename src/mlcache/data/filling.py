@@ -15,7 +15,7 @@ the pack is read as any other (an O(1) open). Otherwise a :class:`Filler` serves
 Records go to append-only *segment* files in ``<pack>.fill/``, one per process
 (DataLoader workers, forked or spawned, each write their own: no lock is taken to
 record). A record is one ``writev`` (an up-front fill, which serves nothing
-before its seal, writes :data:`_FILL_BATCH` records a call): a 64-byte header
+before its seal, writes a batch of records a call: :mod:`mlcache.data.recording`): a 64-byte header
 (magic, length, the item's key and fingerprint, the checksums of the payload and
 of the header: see :mod:`mlcache.data.records`, which owns the bytes), then the
 sample: in a compact form for plain values (numbers, text, bytes, numeric arrays,
@@ -48,7 +48,6 @@ import logging
 import mmap
 import os
 import re
-import secrets
 import shutil
 import struct
 import threading
@@ -61,21 +60,19 @@ import xxhash
 
 from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn_at_user
 from .reader import PackedDataset
+from .recording import _PID, RecordWriting
 from .records import (
     MAGIC,
     RECORD,
-    NoRoom,
     Segment,
     decode_sample,
-    encode_sample,
-    record_head,
     room_to_seal,
 )
 from .sealing import BASE as _BASE
 from .sealing import MISSING as _MISSING
 from .sealing import SealSource
 from .sequence import sample_index, sample_indices
-from .values import as_sealed, other_fields, read_back
+from .values import as_sealed, read_back
 from .writer import not_fields
 
 __all__ = ["FILLS", "RECORD", "Filler"]
@@ -86,25 +83,13 @@ logger = logging.getLogger("mlcache")
 #: seals the pack) at most this often
 _SEAL_CHECK_EVERY = 0.25
 _SCAN_CHUNK = 1 << 20
-#: after a record could not be written (a full disk), the next try waits this long
-#: (seconds): the samples are served meanwhile, unrecorded
-_RETRY_AFTER = 1.0
-#: an up-front fill writes its records this many at a time (one ``writev``, within
-#: the usual limit of 1,024 buffers of one call), or what it has after this many
-#: seconds (samples that come slowly, from workers: a kill loses only the last few)
-_FILL_BATCH, _FILL_WAIT = 64, 0.02
 #: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
 #: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
 FILLS = ("auto", "as-read", "up-front")
 
-#: this process's id, kept up to date in a forked child: ``os.getpid()`` is a
-#: system call (~1 us in a VM), and a miss asked it three times
-_PID = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-
 
 # -- the filler --------------------------------------------------------------------------
-class Filler:
+class Filler(RecordWriting):
     """The samples of a pack being filled (see the module docstring).
 
     Parameters
@@ -424,122 +409,7 @@ class Filler:
         self.src[based] = _MISSING
         self.base = None
 
-    def record(self, i: int, sample: Mapping[str, Any]) -> None:
-        """Append item ``i``'s sample to this process's segment. A sample that cannot
-        be recorded (a full disk, a folder removed meanwhile) is loaded again by a
-        later read: one warning, and the read goes on."""
-        encoded = self._encoded(i, sample)
-        if encoded is not None:
-            self._write([encoded])
-
-    def _encoded(self, i: int, sample: Mapping[str, Any]) -> tuple[int, bytes, bytes] | None:
-        """Item ``i``'s record (its index, header and payload); None while records
-        are not tried (a write failed just now: the sample is served, unrecorded)."""
-        self._same_fields(i, sample)
-        payload = encode_sample(sample, self.allow_pickle, i)
-        if self._retry_at and time.monotonic() < self._retry_at:
-            return None  # a write failed just now (a full disk): served, not recorded
-        return i, record_head(self._ks[i], self._fps[i], payload), payload
-
-    def _write(self, records: list[tuple[int, bytes, bytes]]) -> None:
-        """Append ``records`` to this process's segment in one ``writev`` (the
-        payloads are not copied); on a failure none of them is kept (one warning)."""
-        if len(records) == 1:  # a read's record: no list to build
-            _i, head, payload = records[0]
-            parts: Sequence[bytes] = (head, payload)
-            size = len(head) + len(payload)
-        else:
-            parts = [part for _i, head, payload in records for part in (head, payload)]
-            size = sum(map(len, parts))
-        try:
-            with self._write_lock:
-                fd, number, off = self._writer()
-                try:
-                    written = os.writev(fd, parts)
-                    if written < size:  # a short write (a signal, a full disk): the rest
-                        rest = memoryview(b"".join(parts))[written:]
-                        while rest:
-                            rest = rest[os.write(fd, rest) :]
-                except OSError:  # a full disk: no torn record, no empty file, no fd left
-                    self._mine = None
-                    if self.segments[number].abandon(fd, off):
-                        self._named.pop(os.path.basename(self.segments[number].path), None)
-                    raise
-                self._mine = (_PID[0], fd, number, off + size)
-                for i, head, payload in records:
-                    self._found(self._ks[i], self._fps[i], number, off)
-                    off += len(head) + len(payload)
-        except OSError as exc:
-            self._retry_at = time.monotonic() + _RETRY_AFTER
-            self._cannot_write(exc, "record samples of")
-
-    def _same_fields(self, i: int, sample: Mapping[str, Any]) -> None:
-        """Every sample of a pack has the fields of the first: one with others (an
-        optional JSON key) is refused when it is loaded, naming its item, not at
-        the seal an epoch later (as an up-front build refuses it)."""
-        first = self._fields
-        if first is None:
-            self._fields = (i, frozenset(sample))
-            return
-        j, names = first
-        if sample.keys() != names:
-            raise other_fields(i, self.items[i], sample.keys(), j, self.items[j], names)
-
-    def _cannot_write(self, exc: OSError, what: str) -> None:
-        """ONE warning per filler for what it cannot write (a read-only or full disk,
-        a folder removed meanwhile): the samples are still served."""
-        if not self._unwritable:
-            self._unwritable = True
-            warn_at_user(
-                str(exc)
-                if isinstance(exc, NoRoom)
-                else f"mlcache: cannot {what} {self.path} ({exc}); samples not recorded are "
-                "loaded again when read again"
-            )
-
-    def _writer(self) -> tuple[int, int, int]:
-        """This process's segment (made on its first record): descriptor, number, size."""
-        mine = self._mine
-        if mine is not None and mine[0] == _PID[0]:
-            return mine[1], mine[2], mine[3]
-        os.makedirs(self.folder, mode=0o700, exist_ok=True)
-        name = f"{_PID[0]}-{secrets.token_hex(4)}.seg"
-        path = os.path.join(self.folder, name)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
-        fd = os.open(path, flags, 0o600)
-        self._named[name] = number = len(self.segments)
-        self.segments.append(Segment(path))
-        return fd, number, 0
-
     # -- sealing ------------------------------------------------------------------------------
-    def fill(self, samples: Iterable[tuple[int, Mapping[str, Any]]]) -> None:
-        """Record ``(index, sample)`` pairs loaded elsewhere (an up-front build), in
-        the form a read records them (:func:`~mlcache.data.values.read_back`): the
-        seal mixes both, and a 0-d array beside a numpy scalar is two kinds."""
-        # written _FILL_BATCH records at a time (or after _FILL_WAIT), one writev each:
-        # nothing is served before the seal, so a kill loses at most these (loaded
-        # again by the next run)
-        batch: list[tuple[int, bytes, bytes]] = []
-        since = 0.0
-        try:
-            for i, sample in samples:
-                if self.src[i] == _MISSING:
-                    if not isinstance(sample, Mapping):
-                        raise not_fields(i, sample)
-                    encoded = self._encoded(i, read_back(sample, self.allow_pickle, i))
-                    self.loaded += 1
-                    if encoded is not None:
-                        now = time.monotonic()
-                        if not batch:
-                            since = now
-                        batch.append(encoded)
-                        if len(batch) == _FILL_BATCH or now - since > _FILL_WAIT:
-                            self._write(batch)
-                            batch = []
-        finally:  # what was loaded before an error of load_item is kept
-            if batch:
-                self._write(batch)
-
     def seal(self) -> PackedDataset:
         """Write the sealed pack (or adopt the one another process sealed)."""
         with self._lock():
