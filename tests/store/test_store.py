@@ -10,6 +10,7 @@ import io
 import os
 import pickle
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -279,6 +280,23 @@ class TestLocalStore(StoreTests):
             t.join()
         other()
         assert seen == [False, True]
+
+    def test_a_key_lock_is_given_back_though_a_forked_child_outlives_its_holder(self, store):
+        """A computation that forks a child living on (a Pool, DataLoader workers):
+        the child shares the lock's descriptor, and the key is free all the same
+        once its holder is done (a close alone would leave it locked)."""
+        with store.lock("f/v/k", 1.0) as held:
+            assert held
+            child = os.fork()
+            if child == 0:  # pragma: no cover (the child only waits)
+                time.sleep(30)
+                os._exit(0)
+        try:
+            with store.lock("f/v/k", 0) as again:
+                assert again
+        finally:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
 
     @pytest.mark.parametrize("why", ["no record locks", "refused by the file system"])
     def test_without_record_locks_each_key_has_a_file_of_its_own(self, store, monkeypatch, why):

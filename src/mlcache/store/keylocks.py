@@ -52,11 +52,16 @@ def _offset(base: str) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
+def _set_record(fd: int, offset: int, kind: int) -> None:
+    """Set the record lock of byte ``offset`` of ``fd`` to ``kind`` (write, unlock)."""
+    assert _OFD_SETLK is not None
+    fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, offset, 1, 0))
+
+
 def _try_record(fd: int, offset: int) -> bool:
     """Take the write lock of byte ``offset`` of ``fd`` at once, or return False."""
-    assert _OFD_SETLK is not None
     try:
-        fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
+        _set_record(fd, offset, fcntl.F_WRLCK)
     except OSError as exc:
         if exc.errno in _HELD:
             return False
@@ -78,7 +83,11 @@ def hold_key(dir_fd: int, base: str, folder: str, timeout: float) -> Iterator[bo
         yield fd is not None
     finally:
         if fd is not None:
-            os.close(fd)  # releases the record lock
+            # unlocked before the close: a child forked meanwhile (a Pool, DataLoader
+            # workers) shares the descriptor's lock, which a close alone leaves held
+            with contextlib.suppress(OSError):
+                _set_record(fd, _offset(base), fcntl.F_UNLCK)
+            os.close(fd)
 
 
 def _record_lock(dir_fd: int, base: str, folder: str, timeout: float) -> int | None:
