@@ -280,3 +280,25 @@ def test_a_key_hit_once_is_kept_and_read_again_once_changed(f):
     assert f(1, 2)["sum"] == 3
     assert tier._kept[path].ident[3] == st.st_mtime_ns - 10**9  # kept as it is now
     assert CALLS == [1]
+
+
+def test_settled_is_judged_at_the_files_stat_not_after_the_read(f, monkeypatch):
+    """A thread held up between the stat of a fresh entry and the judgement (here:
+    the clock jumps 10 s once the entry's file is opened and identified) must not
+    keep it: a change made meanwhile in the same clock tick would look old, and be
+    served stale."""
+    from mlcache.memo import tier as tier_module
+
+    f(1, 2)  # written just now: not settled
+    real, made = time.time_ns, []
+
+    class HeldUp(tier_module.EntryReader):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)  # its fstat is done
+
+    monkeypatch.setattr(tier_module, "EntryReader", HeldUp)
+    monkeypatch.setattr(time, "time_ns", lambda: real() + (10_000_000_000 if made else 0))
+    assert f(1, 2)["sum"] == 3
+    monkeypatch.undo()
+    assert made and _path(f, 1, 2) not in tier._kept

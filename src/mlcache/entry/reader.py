@@ -91,6 +91,7 @@ __all__ = [
     "open_entry",
     "read_entry_info",
     "read_info",
+    "settled",
     "verify_file",
 ]
 
@@ -266,6 +267,7 @@ class EntryReader:
         mapped reads are checked every time (writes through a shared map need not
         update the mtime at once), and its mark is dropped. Copy-on-write maps
         (``"c"``) never reach the file: they are checked and marked as ``"r"``."""
+        now = time.time_ns()
         st = os.fstat(fd)
         ident = _identity(st)
         inode = ident[:2]
@@ -281,7 +283,7 @@ class EntryReader:
         if live is None and ident in _verified:
             return
         self._check(self._payload)
-        if live is None and _settled(st):
+        if live is None and settled(st, now):
             _remember(ident)
 
     def _check_signable(self, codec: str) -> None:
@@ -430,11 +432,13 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _settled(st: os.stat_result) -> bool:
-    """The file's last change is old enough that a new one would show in its times."""
+def settled(st: os.stat_result, now: int) -> bool:
+    """The file's last change was old enough at ``now`` (ns, a time taken before
+    ``st`` was) that a new one would show in its times: a thread held up between
+    the stat and this judgement must not count a change made meanwhile as old."""
     coarse = not (st.st_mtime_ns % 1_000_000_000 or st.st_ctime_ns % 1_000_000_000)
     margin = COARSE_SETTLED_NS if coarse else SETTLED_NS
-    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= margin
+    return now - max(st.st_mtime_ns, st.st_ctime_ns) >= margin
 
 
 def _remember(ident: tuple[int, int, int, int, int]) -> None:

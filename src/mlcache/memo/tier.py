@@ -56,13 +56,13 @@ from typing import Any
 import numpy as np
 
 from ..codecs import Codec, codecs
-from ..entry.reader import COARSE_SETTLED_NS, SETTLED_NS, EntryReader, decode
+from ..entry.reader import EntryReader, decode, settled
 from ..entry.signing import Signer
 from ..errors import EntryCorrupted, EntryNotFound, UnknownFormat
 
 __all__ = ["BUDGET", "CODECS", "MAX_ENTRY", "HitTier", "tier"]
 
-#: entries whose file is at least this large are read the ordinary way
+#: entries whose file is at least this large are read, never kept
 MAX_ENTRY = 64 * 1024
 #: the bytes of entry files the tier keeps at most (least recently used out)
 BUDGET = 16 * 1024 * 1024
@@ -75,12 +75,6 @@ _Ident = tuple[int, int, int, int, int]
 
 def _identity(st: os.stat_result) -> _Ident:
     return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _settled(st: os.stat_result) -> bool:
-    coarse = not (st.st_mtime_ns % 1_000_000_000 or st.st_ctime_ns % 1_000_000_000)
-    margin = COARSE_SETTLED_NS if coarse else SETTLED_NS
-    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= margin
 
 
 class _Copies:
@@ -204,6 +198,9 @@ class HitTier:
         """Read, verify and decode entry ``name`` as :func:`~mlcache.entry.decode`
         does, and keep it when it can be kept: the file's identity is that of the
         file it read (one ``fstat`` of the open file, before reading it)."""
+        # settled is judged at a time taken before the fstat, not after the read: a
+        # thread held up while reading must not count a change made meanwhile as old
+        now = time.time_ns()
         try:
             reader = EntryReader(path, None, signer, name, identify=True)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -213,7 +210,7 @@ class HitTier:
         if (
             st is None
             or st.st_size >= self.max_entry
-            or not _settled(st)
+            or not settled(st, now)
             or codec is None
             or not (codec.safe or allow_pickle)
         ):
