@@ -28,8 +28,10 @@ __all__ = ["RecordWriting"]
 #: (seconds): the samples are served meanwhile, unrecorded
 _RETRY_AFTER = 1.0
 #: an up-front fill writes its records this many at a time (one ``writev``, within
-#: the usual limit of 1,024 buffers of one call), or what it has after this many
-#: seconds (samples that come slowly, from workers: a kill loses only the last few)
+#: the usual limit of 1,024 buffers of one call), or fewer when the next sample
+#: comes more than this many seconds after the batch's first (samples that come
+#: slowly, from workers); a batch waits for its next sample, so a kill loses what
+#: is in it: samples the next run loads again (nothing is served before the seal)
 _FILL_BATCH, _FILL_WAIT = 64, 0.02
 #: this process's id, kept up to date in a forked child: ``os.getpid()`` is a
 #: system call (~1 us in a VM), and a miss asked it three times
