@@ -357,6 +357,18 @@ class PackBuilder(BuildLearning):
             warn(f"mlcache: {exc}; rebuilding it", stacklevel=5)
             return None
 
+    def _open_again(self) -> PackedDataset:
+        """The pack opened again by its name: built again when it was removed since
+        (clear, prune); beside it when a newer mlcache's pack took the name since
+        (that one kept, said once: :func:`~mlcache.data.replaced.own_beside`)."""
+        try:
+            return PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
+        except FileNotFoundError:
+            pass
+        except NewerFormat:
+            self.pack_path = own_beside(self.pack_path)
+        return self._open_or_build(False, False)
+
     # -- filling: source_items() and load_item() (see mlcache.data.filling) ---------------
     def _items_now(self) -> tuple[list[Any], np.ndarray]:
         raise NotImplementedError  # CachedDataset's
@@ -541,7 +553,13 @@ class PackBuilder(BuildLearning):
             self._allow_pickle,
             self._learn_while_filling,
             ignore=ignore,
+            moved=self._filled_beside,
         )
+
+    def _filled_beside(self, path: str) -> None:
+        """A newer mlcache's pack took the name of the pack being filled: this
+        version's is sealed (and opened again) at ``path``, beside it."""
+        self.pack_path = path
 
     def _timed_load(self) -> LoadTimer:
         """``load_item``, timed (a pack being filled loads through it)."""

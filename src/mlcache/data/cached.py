@@ -464,11 +464,8 @@ class CachedDataset(PackBuilder, Sequence[Any]):
                     "so there is no pack file to hand out; ds[i] still reads every sample"
                 )
             self._pack, self._filler = sealed, None
-        if self._pack is None:
-            try:
-                self._pack = PackedDataset(self.pack_path, allow_pickle=self._allow_pickle)
-            except FileNotFoundError:  # removed since (clear, prune): build it again
-                self._pack = self._open_or_build(False, False)
+        if self._pack is None:  # a copy sent to another process (pickled)
+            self._pack = self._open_again()
         return self._pack
 
     def __len__(self) -> int:

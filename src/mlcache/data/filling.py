@@ -58,7 +58,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import EntryCorrupted, PackCorrupted, UnknownFormat, warn_at_user
+from ..errors import EntryCorrupted, NewerFormat, PackCorrupted, UnknownFormat, warn_at_user
+from .format import is_newer_pack
 from .reader import PackedDataset
 from .recording import _PID, RecordWriting
 from .records import (
@@ -68,6 +69,7 @@ from .records import (
     decode_sample,
     room_to_seal,
 )
+from .replaced import own_beside
 from .sealing import BASE as _BASE
 from .sealing import MISSING as _MISSING
 from .sealing import SealSource
@@ -116,6 +118,10 @@ class Filler(RecordWriting):
     ignore:
         The ``file_id`` of a pack at ``path`` never to adopt as the sealed pack
         (one found damaged, or replaced by ``force_recache``).
+    moved:
+        Called with the pack's new path when a newer mlcache's pack took ``path``
+        (a cache shared mid-upgrade): that pack is kept, this one is sealed beside
+        it (:func:`~mlcache.data.replaced.own_beside`).
     """
 
     def __init__(
@@ -130,9 +136,10 @@ class Filler(RecordWriting):
         allow_pickle: bool,
         first_load: Callable[[], str | None] | None = None,
         ignore: tuple[int, int] | None = None,
+        moved: Callable[[str], None] | None = None,
     ) -> None:
         self.path, self.folder = path, path + ".fill"
-        self._first_load = first_load
+        self._first_load, self._on_move = first_load, moved
         self.items, self.table, self.n = list(items), table, len(items)
         self.load_item, self._lock, self._seal, self.allow_pickle = load, lock, seal, allow_pickle
         #: where each item's sample is: _MISSING, _BASE (pos: its index in the base)
@@ -273,6 +280,9 @@ class Filler(RecordWriting):
             table = pack.item_table()
         except (FileNotFoundError, PackCorrupted):
             return False
+        except NewerFormat:  # a newer mlcache sealed this name: kept, never replaced
+            self._beside_newer()
+            return self._find_sealed()  # another process of this version's, beside it?
         if (
             table is None
             or table.shape != self.table.shape
@@ -413,6 +423,8 @@ class Filler(RecordWriting):
     def seal(self) -> PackedDataset:
         """Write the sealed pack (or adopt the one another process sealed)."""
         with self._lock():
+            if self.sealed is None and is_newer_pack(self.path):
+                self._beside_newer()  # (when its file is ignored: force_recache)
             if self.sealed is None and not self._find_sealed():
                 self.look_again()
                 kept = [s.path for s in self.segments]  # on the disk until it is written
@@ -457,6 +469,18 @@ class Filler(RecordWriting):
         for segment in self.segments:
             if segment.path.startswith(old + os.sep):
                 segment.path = self.folder + segment.path[len(old) :]
+
+    def _beside_newer(self) -> None:
+        """A newer mlcache's pack is at :attr:`path`: this version's pack and its
+        records go beside it (one warning names the cause), as a new open names it."""
+        beside = own_beside(self.path)
+        try:
+            os.rename(self.folder, beside + ".fill")
+        except OSError:  # moved there by another process, or removed by the newer seal:
+            self.close()  # this process's next record starts a segment there
+        self._moved(beside)
+        if self._on_move is not None:
+            self._on_move(beside)
 
     def _adopt(self, pack: PackedDataset) -> None:
         """Read ``pack`` from now on; the segments go."""
