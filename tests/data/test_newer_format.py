@@ -187,3 +187,25 @@ def test_a_pack_replaced_by_a_newer_ones_before_a_copy_opens_it_is_kept(tmp_path
     assert copy.pack_path == own_beside(path)
     assert [int(s["cube"]) for s in PackedDataset(copy.pack_path)] == RIGHT
     assert len(_said(said)) == 1 and "written by a newer mlcache" in _said(said)[0]
+
+
+def test_a_forced_fill_never_seals_over_a_newer_pack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # force_recache named the pack before a newer mlcache published its own under
+    # that name: the forced fill ignores that file (it is not adopted), and its
+    # seal still never replaces it
+    cache = tmp_path / "cache"
+    path = Cubes(cache_dir=str(cache), fill="up-front", progress=False, audit=False).pack_path
+    newer = _newer_at(path, 6)
+    monkeypatch.setattr("mlcache.data.building.is_newer_pack", lambda p: False)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ds = Cubes(
+            cache_dir=str(cache), fill="up-front", progress=False, audit=False, force_recache=True
+        )
+        samples = [int(ds[i]["cube"]) for i in range(6)]
+    assert samples == RIGHT
+    assert Path(path).read_bytes() == newer
+    assert ds.pack_path == own_beside(path)
+    assert len(_said(said)) == 1 and "written by a newer mlcache" in _said(said)[0]
