@@ -11,10 +11,13 @@ Each run is a fresh interpreter (what a user runs), over ``dsmod.py``; its
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from mlcache.data import CachedDataset
 from scripts import ScriptFolder
 
 DSMOD = """
@@ -215,9 +218,6 @@ def test_a_home_folder_attribute_is_not_walked_and_said_once(tmp_path):
 def test_a_folder_attribute_inside_the_declared_folder_counts(tmp_path):
     """The declaration names the *.txt files of images/; a folder attribute below it
     (images/meta/, read by every load) is no part of the declaration: it counts."""
-    import os
-
-    from mlcache.data import CachedDataset
 
     class Captioned(CachedDataset):
         source_glob = "*.txt"
@@ -244,3 +244,43 @@ def test_a_folder_attribute_inside_the_declared_folder_counts(tmp_path):
     ds = Captioned(tmp_path / "data")
     assert [ds[i]["caption"] for i in range(len(ds))] == ["new"] * 3  # before: "old"
     assert [ds[i]["text"] for i in range(len(ds))] == [f"image {i}" for i in range(3)]
+
+
+class Paired(CachedDataset):
+    """Items are names found in both ``images/`` and ``masks/`` (folder attributes);
+    ``names`` (a file outside them) lists the items."""
+
+    def __init__(self, root: Path, cache: Path, **kw: Any) -> None:
+        self.images, self.masks = str(root / "images"), str(root / "masks")
+        self.names = str(root / "names.txt")
+        super().__init__(cache_dir=cache, progress=False, **kw)
+
+    def source_items(self) -> list[str]:
+        with open(self.names) as f:
+            return f.read().split()
+
+    def load_item(self, name: str) -> dict[str, Any]:
+        with open(os.path.join(self.images, name)) as f, open(os.path.join(self.masks, name)) as g:
+            return {"image": f.read(), "mask": g.read()}
+
+
+def _paired(tmp_path: Path, names: str) -> Path:
+    root = tmp_path / "data"
+    for part in ("images", "masks"):
+        (root / part).mkdir(parents=True)
+        for i in range(3):
+            (root / part / f"p{i}.txt").write_text(f"{part} {i}")
+    (root / "names.txt").write_text(names)
+    return root
+
+
+def test_a_file_an_item_may_name_but_its_check_does_not_stat_counts_in_its_folder(tmp_path):
+    """``p1.txt`` is checked as ``images/p1.txt`` (the first base holding it); the
+    ``masks/p1.txt`` beside it is no item's file: it counts in ``masks``."""
+    root = _paired(tmp_path, "p0.txt p1.txt p2.txt")
+    ds = Paired(root, tmp_path / "cache")
+    assert [ds[i]["mask"] for i in range(3)] == [f"masks {i}" for i in range(3)]
+    (root / "masks" / "p1.txt").write_text("masks 1, edited")
+    ds = Paired(root, tmp_path / "cache")
+    assert ds[1]["mask"] == "masks 1, edited"  # before: "masks 1", for good
+    assert ds[1]["image"] == "images 1"

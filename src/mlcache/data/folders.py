@@ -57,7 +57,7 @@ from .._util import slug
 from ..errors import warn
 from ..keys.hashing import hash_value
 from .checking import KEEPS_TIMES, fs_type, trusted_after
-from .sources import attribute_files, path_parts, stat_fields
+from .sources import attribute_files, existing_path, path_parts, stat_fields
 
 __all__ = [
     "FOLDER_SUFFIX",
@@ -80,23 +80,19 @@ _WARNED_HUGE: set[tuple[str, str]] = set()
 
 
 def named_paths(items: Iterable[Any], bases: Sequence[str]) -> set[str]:
-    """The absolute paths the items may name (an item that is a path, or any part
-    of it, relative to the working folder or to one of ``bases``): no ``stat``,
-    so a name that exists nowhere costs nothing either."""
+    """The absolute paths the items name: for each part of an item
+    (:func:`~mlcache.data.sources.path_parts`), the one path its fingerprint
+    stats (:func:`~mlcache.data.sources.existing_path`: the first existing of the
+    name and the name under each of ``bases``). A file that a name could mean but
+    that the item check does not stat (``masks/0001.png`` beside the
+    ``images/0001.png`` it finds first) is no item's: it counts in its folder."""
     named: set[str] = set()
-    add, join, absolute = named.add, os.path.join, os.path.abspath
+    add = named.add
     for item in items:
         for part in path_parts(item):
-            try:
-                name = os.fsdecode(os.fspath(part))
-            except (TypeError, ValueError):
-                continue
-            if not name or "\0" in name:
-                continue
-            add(absolute(name))
-            if not os.path.isabs(name):
-                for base in bases:
-                    add(absolute(join(base, name)))
+            path = existing_path(part, bases)
+            if path is not None:
+                add(path)
     return named
 
 
