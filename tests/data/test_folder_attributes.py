@@ -284,3 +284,35 @@ def test_a_file_an_item_may_name_but_its_check_does_not_stat_counts_in_its_folde
     ds = Paired(root, tmp_path / "cache")
     assert ds[1]["mask"] == "masks 1, edited"  # before: "masks 1", for good
     assert ds[1]["image"] == "images 1"
+
+
+class Linked(CachedDataset):
+    """Rows of shards in ``root``, each sample with the label in ``root/meta/``: a
+    symbolic link to a folder elsewhere."""
+
+    def __init__(self, root: Path, cache: Path, **kw: Any) -> None:
+        self.root = str(root)
+        super().__init__(cache_dir=cache, progress=False, **kw)
+
+    def source_items(self) -> range:
+        return range(3)
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        with open(os.path.join(self.root, "meta", "label.txt")) as f:
+            return {"i": i, "label": f.read()}
+
+
+def test_a_linked_folder_in_a_folder_attribute_is_walked_once(tmp_path):
+    root, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / "shard.npy").write_bytes(b"rows")
+    (elsewhere / "label.txt").write_text("old")
+    (root / "meta").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "back").symlink_to(root, target_is_directory=True)  # a loop
+    ds = Linked(root, tmp_path / "cache")
+    assert [ds[i]["label"] for i in range(3)] == ["old"] * 3
+    (elsewhere / "label.txt").write_text("newer")
+    ds = Linked(root, tmp_path / "cache")
+    assert [ds[i]["label"] for i in range(3)] == ["newer"] * 3  # before: "old", for good
+    assert [ds[i]["i"] for i in range(3)] == [0, 1, 2]

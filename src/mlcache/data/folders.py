@@ -27,7 +27,8 @@ What is never walked, or walked in part:
 - the declared source folder (``source_dir``) held as an attribute: counted by its
   declaration (a folder holding it is walked, its declared files named by the items);
 - hidden folders (``.git``, ``.ipynb_checkpoints``) and ``__pycache__``: tools
-  write there at every run; symbolic links to folders are not followed;
+  write there at every run; a symbolic link to a folder is walked (once: a
+  link back to a folder walked already is not walked again);
 - a huge folder (``/``, the home folder or one holding it, or more than
   :data:`MAX_ENTRIES` entries): counted by its path only, with one warning naming
   the attribute and how to declare what ``load_item`` reads.
@@ -150,7 +151,8 @@ def folder_digests(
     the items name, asked only when a folder is walked; ``trusted``
     (``check_source="never"``): the digest last recorded, without a ``stat``."""
     found: dict[str, str] = {}
-    skip = [os.path.join(os.path.abspath(p), "") for p in never]
+    # a link's target is compared by its real path: the cache's, too
+    skip = [os.path.join(f(p), "") for p in never for f in (os.path.abspath, os.path.realpath)]
     known: set[str] | None = None
     for name, value in attributes.items():
         if not isinstance(value, (str, os.PathLike)):
@@ -173,8 +175,9 @@ def folder_digests(
             digest = last["digest"]
         else:
             recorded = _recorded(last) if last is not None else None
-            walk = recorded is None
-            if recorded is None:
+            digest = None if recorded is None else _digest(folder, recorded, local)
+            walk = digest is None  # not recorded, or an entry became a folder since
+            if walk:
                 if known is None:
                     known = named()
                 walked = _walk(folder, skip, known)
@@ -182,8 +185,15 @@ def folder_digests(
                     found[name] = _said_huge(owner, name, folder)
                     continue
                 recorded, dirs, began = walked
-                last = {"folder": folder, "began": began, "dirs": dirs, "extras": recorded}
-            digest = _digest(folder, recorded, local)
+                last = {
+                    "folder": folder,
+                    "began": began,
+                    "dirs": dirs,
+                    "extras": recorded,
+                }
+                digest = _digest(folder, recorded, local)
+                if digest is None:  # a file became a folder during the walk: a miss
+                    digest, path = f"changing:{began}", None
             if path is not None and last is not None and (walk or last.get("digest") != digest):
                 _record(path, root, {**last, "digest": digest})
         if digest:
@@ -226,11 +236,15 @@ def _walk(
     dirs: list[list[int | str]] = []
     stack, seen = [""], 0
     base = os.path.join(folder, "")
+    walked: set[tuple[int, int]] = set()  # a link back to a folder walked: no loop
     while stack:
         rel = stack.pop()
         path = base + rel if rel else folder
         try:
             st = os.stat(path)
+            if (st.st_dev, st.st_ino) in walked:
+                continue  # its files are counted where it was walked first
+            walked.add((st.st_dev, st.st_ino))
             entries = list(os.scandir(path))
         except OSError:  # gone, or unreadable: its absence counts
             continue
@@ -242,11 +256,14 @@ def _walk(
         for entry in entries:
             inner = rel + entry.name if not rel else f"{rel}/{entry.name}"
             try:
-                is_dir = entry.is_dir(follow_symlinks=False)
+                # a link to a folder is walked: its files are as much the source as
+                # any (recorded as a file, its digest would be a constant)
+                is_dir = entry.is_dir()
+                link = is_dir and entry.is_symlink()
             except OSError:
                 continue
             if is_dir:
-                full = os.path.join(entry.path, "")
+                full = os.path.join(os.path.realpath(entry.path) if link else entry.path, "")
                 if not (entry.name.startswith(".") or entry.name in _SKIPPED) and not any(
                     full.startswith(s) for s in skip
                 ):
@@ -264,8 +281,10 @@ def _parents(path: str, top: str) -> Iterable[str]:
         yield path
 
 
-def _digest(folder: str, extras: Sequence[str], local: bool) -> str:
-    """Paths and :func:`stat_fields` of ``extras`` (``""`` when there are none)."""
+def _digest(folder: str, extras: Sequence[str], local: bool) -> str | None:
+    """Paths and :func:`stat_fields` of ``extras`` (``""`` when there are none);
+    None when one is a folder now (a link retargeted, a file replaced): its
+    files count only by a new walk, never by a constant."""
     if not extras:
         return ""
     base, stats = os.path.join(folder, ""), array("q")
@@ -275,6 +294,8 @@ def _digest(folder: str, extras: Sequence[str], local: bool) -> str:
         except OSError:  # removed meanwhile: its absence counts
             stats.extend((-1, -1, -1, -1))
             continue
+        if S_ISDIR(st.st_mode):
+            return None
         stats.extend(stat_fields(st, local) if S_ISREG(st.st_mode) else (-2, 0, 0, 0))
     digest = xxhash.xxh3_128(folder.encode("utf-8", "surrogateescape"))
     digest.update("\0".join(extras).encode("utf-8", "surrogateescape"))
