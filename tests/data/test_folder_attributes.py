@@ -12,12 +12,14 @@ Each run is a fresh interpreter (what a user runs), over ``dsmod.py``; its
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mlcache.data import CachedDataset
+from mlcache.data.checking import trusted_after
 from scripts import ScriptFolder
 
 DSMOD = """
@@ -284,6 +286,32 @@ def test_a_file_an_item_may_name_but_its_check_does_not_stat_counts_in_its_folde
     ds = Paired(root, tmp_path / "cache")
     assert ds[1]["mask"] == "masks 1, edited"  # before: "masks 1", for good
     assert ds[1]["image"] == "images 1"
+
+
+class AlsoReads(Paired):
+    """Reads ``images/p2.txt`` with every item, whether an item names it or not."""
+
+    def load_item(self, name: str) -> dict[str, Any]:
+        with open(os.path.join(self.images, "p2.txt")) as f:
+            return {**super().load_item(name), "extra": f.read()}
+
+
+def test_a_file_no_longer_named_by_an_item_counts_in_its_folder_again(tmp_path):
+    """The walk of ``images/`` left out ``p2.txt`` (an item named it); the items
+    change (a file outside the folder lists them), the folder does not: the
+    recorded walk no longer holds, ``p2.txt`` counts in the folder again."""
+    root = _paired(tmp_path, "p0.txt p1.txt p2.txt")
+    images = root / "images"
+    # the recorded walk is trusted only once well after the folder's last change
+    time.sleep(trusted_after(os.stat(images).st_ctime_ns) / 1e9 + 0.05)
+    ds = AlsoReads(root, tmp_path / "cache")
+    assert [ds[i]["image"] for i in range(3)] == [f"images {i}" for i in range(3)]
+    (root / "names.txt").write_text("p0.txt p1.txt")
+    ds = AlsoReads(root, tmp_path / "cache")
+    assert [ds[i]["extra"] for i in range(2)] == ["images 2"] * 2
+    (images / "p2.txt").write_text("images 2, edited")  # the folder itself is unchanged
+    ds = AlsoReads(root, tmp_path / "cache")
+    assert [ds[i]["extra"] for i in range(2)] == ["images 2, edited"] * 2  # before: stale
 
 
 class Linked(CachedDataset):

@@ -11,14 +11,17 @@ local cache inode and change time). A regenerated shard is a new pack.
 
 What an open costs. A folder's listing is recorded beside the packs
 (``.<attributes>-<name>.folder``: the stat of every folder walked, when the walk
-began, and the files no item names). At the next open, one ``stat`` of each
-folder against the record says whether the listing still holds (adding,
-removing or renaming an entry moves its folder's modification and change
-times), on the file systems that move them (:data:`~mlcache.data.checking.KEEPS_TIMES`)
-and once the walk began well after their last change
-(:func:`~mlcache.data.checking.trusted_after`), as for a declared folder
-(:mod:`mlcache.data.checking`); then only the files no item names are stat'ed
-(none, for a folder of the items). Otherwise the folder is walked again.
+began, the files no item names, and a digest of the paths in it that the items
+named). At the next open, one ``stat`` of each folder against the record says
+whether the listing still holds (adding, removing or renaming an entry moves its
+folder's modification and change times), on the file systems that move them
+(:data:`~mlcache.data.checking.KEEPS_TIMES`) and once the walk began well after
+their last change (:func:`~mlcache.data.checking.trusted_after`), as for a
+declared folder (:mod:`mlcache.data.checking`); and, when the walk left files
+out because items named them, whether the items still name exactly those (the
+path each item's check stats: :func:`named_paths`, one ``stat`` a name; a file
+no longer named must count here again). Then only the files no item names are
+stat'ed (none, for a folder of the items). Otherwise the folder is walked again.
 
 What is never walked, or walked in part:
 
@@ -78,6 +81,8 @@ MAX_ENTRIES = 200_000
 #: folders no walk enters: tools write there at every run
 _SKIPPED = ("__pycache__",)
 _WARNED_HUGE: set[tuple[str, str]] = set()
+#: a walk that left no file out as named: any later names only count files twice
+_NONE_NAMED = "none"
 
 
 def named_paths(items: Iterable[Any], bases: Sequence[str]) -> set[str]:
@@ -175,6 +180,12 @@ def folder_digests(
             digest = last["digest"]
         else:
             recorded = _recorded(last) if last is not None else None
+            if recorded is not None and last is not None and last.get("named") != _NONE_NAMED:
+                # files left out as named: only while the items name them still
+                if known is None:
+                    known = named()
+                if last.get("named") != _named_digest(folder, known):
+                    recorded = None
             digest = None if recorded is None else _digest(folder, recorded, local)
             walk = digest is None  # not recorded, or an entry became a folder since
             if walk:
@@ -190,6 +201,7 @@ def folder_digests(
                     "began": began,
                     "dirs": dirs,
                     "extras": recorded,
+                    "named": _named_digest(folder, known),
                 }
                 digest = _digest(folder, recorded, local)
                 if digest is None:  # a file became a folder during the walk: a miss
@@ -199,6 +211,16 @@ def folder_digests(
         if digest:
             found[name] = digest
     return found
+
+
+def _named_digest(folder: str, named: set[str]) -> str:
+    """The paths under ``folder`` (or it) that the items name, in a few bytes: a
+    recorded walk left them out, so it holds only while they are the same."""
+    inside = os.path.join(folder, "")
+    held = sorted(p for p in named if p == folder or p.startswith(inside))
+    if not held:
+        return _NONE_NAMED
+    return xxhash.xxh3_128_hexdigest("\0".join(held).encode("utf-8", "surrogateescape"))
 
 
 def _huge(folder: str) -> bool:
