@@ -344,3 +344,27 @@ def test_a_linked_folder_in_a_folder_attribute_is_walked_once(tmp_path):
     ds = Linked(root, tmp_path / "cache")
     assert [ds[i]["label"] for i in range(3)] == ["newer"] * 3  # before: "old", for good
     assert [ds[i]["i"] for i in range(3)] == [0, 1, 2]
+
+
+class MasksOnly(Paired):
+    """Reads ``masks/<name>`` only; ``images/`` is searched first for the name."""
+
+    def load_item(self, name: str) -> dict[str, Any]:
+        with open(os.path.join(self.masks, name)) as f:
+            return {"mask": f.read()}
+
+
+def test_a_named_file_that_an_earlier_folder_now_shadows_counts_in_its_folder(tmp_path):
+    """``p2.txt`` is checked as ``masks/p2.txt`` (``images/`` has none), so the walk
+    of ``masks/`` left it out; a ``images/p2.txt`` appears, and the item's check
+    stats that one from now on: ``masks/p2.txt`` counts in its folder again."""
+    root = _paired(tmp_path, "p0.txt p1.txt p2.txt")
+    (root / "images" / "p2.txt").unlink()
+    time.sleep(trusted_after(os.stat(root / "images").st_ctime_ns) / 1e9 + 0.05)
+    ds = MasksOnly(root, tmp_path / "cache")
+    assert [ds[i]["mask"] for i in range(3)] == [f"masks {i}" for i in range(3)]
+    (root / "images" / "p2.txt").write_text("a decoy")  # masks/ itself is unchanged
+    assert MasksOnly(root, tmp_path / "cache")[2]["mask"] == "masks 2"
+    (root / "masks" / "p2.txt").write_text("masks 2, edited")
+    ds = MasksOnly(root, tmp_path / "cache")
+    assert ds[2]["mask"] == "masks 2, edited"  # before: "masks 2", for good

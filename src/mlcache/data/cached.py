@@ -87,7 +87,7 @@ from .building import PackBuilder
 from .checking import LISTING_SUFFIX, ItemChanged, ItemCheck, folder_table, listed_folder
 from .fetch import is_url
 from .filling import FILLS, Filler
-from .folders import attribute_source, named_paths
+from .folders import Named, attribute_source, named_paths
 from .items import default_fingerprint, item_table, say_unfingerprinted
 from .reader import PackedDataset, spawning_worker
 from .replaced import remove_replaced
@@ -387,7 +387,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         )
         return found
 
-    def _named_paths(self) -> set[str]:
+    def _named_paths(self) -> Named:
         """The paths the items name (asked when a folder attribute is walked)."""
         named = named_paths(self.source_files() or (), ())  # the declared ones too
         if type(self).source_items is not CachedDataset.source_items:

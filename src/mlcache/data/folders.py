@@ -18,9 +18,10 @@ folder's modification and change times), on the file systems that move them
 (:data:`~mlcache.data.checking.KEEPS_TIMES`) and once the walk began well after
 their last change (:func:`~mlcache.data.checking.trusted_after`), as for a
 declared folder (:mod:`mlcache.data.checking`); and, when the walk left files
-out because items named them, whether the items still name exactly those (the
-path each item's check stats: :func:`named_paths`, one ``stat`` a name; a file
-no longer named must count here again). Then only the files no item names are
+out because items named them (the path each item's check stats: :class:`Named`),
+whether the items still give the same names there and the folders of their
+candidate paths are as they were (one ``stat`` each, none a name): a file no
+longer named must count here again. Then only the files no item names are
 stat'ed (none, for a folder of the items). Otherwise the folder is walked again.
 
 What is never walked, or walked in part:
@@ -61,11 +62,12 @@ from .._util import slug
 from ..errors import warn
 from ..keys.hashing import hash_value
 from .checking import KEEPS_TIMES, fs_type, trusted_after
-from .sources import attribute_files, existing_path, path_parts, stat_fields
+from .sources import attribute_files, candidates, path_parts, stat_fields
 
 __all__ = [
     "FOLDER_SUFFIX",
     "MAX_ENTRIES",
+    "Named",
     "attribute_source",
     "folder_digests",
     "folder_runs",
@@ -85,21 +87,44 @@ _WARNED_HUGE: set[tuple[str, str]] = set()
 _NONE_NAMED = "none"
 
 
-def named_paths(items: Iterable[Any], bases: Sequence[str]) -> set[str]:
-    """The absolute paths the items name: for each part of an item
-    (:func:`~mlcache.data.sources.path_parts`), the one path its fingerprint
-    stats (:func:`~mlcache.data.sources.existing_path`: the first existing of the
-    name and the name under each of ``bases``). A file that a name could mean but
-    that the item check does not stat (``masks/0001.png`` beside the
-    ``images/0001.png`` it finds first) is no item's: it counts in its folder."""
-    named: set[str] = set()
-    add = named.add
+class Named:
+    """The names the items give (each part's :func:`~mlcache.data.sources.candidates`,
+    absolute, no ``stat``) and, asked for, the paths they name: for each part the
+    one path its check stats (:func:`~mlcache.data.sources.existing_path`, the
+    first candidate that exists). A file that a name could mean but that the
+    item check does not stat (``masks/0001.png`` beside the ``images/0001.png``
+    it finds first) is no item's: it counts in its folder."""
+
+    def __init__(self, chains: list[tuple[str, ...]]) -> None:
+        self.chains = chains
+        self._paths: set[str] | None = None
+
+    def __or__(self, other: Named) -> Named:
+        return Named(self.chains + other.chains)
+
+    @property
+    def paths(self) -> set[str]:
+        """The path each part names (one ``stat`` a candidate tried)."""
+        if self._paths is None:
+            found, exists = set(), os.path.exists
+            for chain in self.chains:
+                path = next((c for c in chain if exists(c)), None)
+                if path is not None:
+                    found.add(path)
+            self._paths = found
+        return self._paths
+
+
+def named_paths(items: Iterable[Any], bases: Sequence[str]) -> Named:
+    """The names the items give, relative to the working folder or to one of
+    ``bases`` (see :class:`Named`)."""
+    chains = []
     for item in items:
         for part in path_parts(item):
-            path = existing_path(part, bases)
-            if path is not None:
-                add(path)
-    return named
+            found = candidates(part, bases)
+            if found:
+                chains.append(tuple(map(os.path.abspath, found)))
+    return Named(chains)
 
 
 def attribute_source(
@@ -107,7 +132,7 @@ def attribute_source(
     owner: type,
     places: tuple[str, str, str | None],
     record: str | None,
-    named: Callable[[], set[str]],
+    named: Callable[[], Named],
     local: bool = True,
     trusted: bool = False,
 ) -> tuple[str, dict[str, str]]:
@@ -143,7 +168,7 @@ def folder_digests(
     record: str | None,
     root: str,
     never: Sequence[str],
-    named: Callable[[], set[str]],
+    named: Callable[[], Named],
     local: bool = True,
     trusted: bool = False,
 ) -> dict[str, str]:
@@ -158,7 +183,7 @@ def folder_digests(
     found: dict[str, str] = {}
     # a link's target is compared by its real path: the cache's, too
     skip = [os.path.join(f(p), "") for p in never for f in (os.path.abspath, os.path.realpath)]
-    known: set[str] | None = None
+    known: Named | None = None
     for name, value in attributes.items():
         if not isinstance(value, (str, os.PathLike)):
             continue
@@ -184,14 +209,14 @@ def folder_digests(
                 # files left out as named: only while the items name them still
                 if known is None:
                     known = named()
-                if last.get("named") != _named_digest(folder, known):
+                if not _same_names(last, _named_chains(folder, known)):
                     recorded = None
             digest = None if recorded is None else _digest(folder, recorded, local)
             walk = digest is None  # not recorded, or an entry became a folder since
             if walk:
                 if known is None:
                     known = named()
-                walked = _walk(folder, skip, known)
+                walked = _walk(folder, skip, known.paths)
                 if walked is None:
                     found[name] = _said_huge(owner, name, folder)
                     continue
@@ -201,7 +226,7 @@ def folder_digests(
                     "began": began,
                     "dirs": dirs,
                     "extras": recorded,
-                    "named": _named_digest(folder, known),
+                    **_names_record(folder, known),
                 }
                 digest = _digest(folder, recorded, local)
                 if digest is None:  # a file became a folder during the walk: a miss
@@ -213,14 +238,72 @@ def folder_digests(
     return found
 
 
-def _named_digest(folder: str, named: set[str]) -> str:
-    """The paths under ``folder`` (or it) that the items name, in a few bytes: a
-    recorded walk left them out, so it holds only while they are the same."""
+def _named_chains(folder: str, named: Named) -> list[tuple[str, ...]]:
+    """The names that may name a path under ``folder`` (or it): each part's
+    candidates up to its last one there, sorted."""
     inside = os.path.join(folder, "")
-    held = sorted(p for p in named if p == folder or p.startswith(inside))
-    if not held:
+    found = set()
+    for chain in named.chains:
+        last = -1
+        for i, c in enumerate(chain):
+            if c == folder or c.startswith(inside):
+                last = i
+        if last >= 0:
+            found.add(chain[: last + 1])
+    return sorted(found)
+
+
+def _watched(chains: list[tuple[str, ...]]) -> list[list[int | str]]:
+    """The folders of those candidates (each stat'ed: -1 when missing): a file
+    appearing or going there can change which candidate an item's check stats."""
+    folders = sorted({os.path.dirname(c) for chain in chains for c in chain})
+    watched: list[list[int | str]] = []
+    for path in folders:
+        try:
+            st = os.stat(path)
+            watched.append([path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
+        except OSError:
+            watched.append([path, -1, -1, -1, -1])
+    return watched
+
+
+def _chains_digest(chains: list[tuple[str, ...]]) -> str:
+    if not chains:
         return _NONE_NAMED
-    return xxhash.xxh3_128_hexdigest("\0".join(held).encode("utf-8", "surrogateescape"))
+    text = "\n".join("\0".join(chain) for chain in chains)
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+
+
+def _names_record(folder: str, named: Named) -> dict[str, Any]:
+    """What a walk records of the names the items gave in ``folder``: their
+    digest, and the folders whose changes could make them name other paths
+    (none when no item named a path there: later names only count files twice)."""
+    chains = _named_chains(folder, named)
+    return {"named": _chains_digest(chains), "watch": _watched(chains) if chains else []}
+
+
+def _same_names(found: dict[str, Any], chains: list[tuple[str, ...]]) -> bool:
+    """Whether the items give the names of the recorded walk and the folders of
+    their candidates are as they were (see :func:`_recorded`'s rules), so that
+    each still names the path it named (no ``stat`` of the named files)."""
+    if found.get("named") != _chains_digest(chains):
+        return False
+    try:
+        began = int(found["began"])
+        for path, dev, ino, mtime, ctime in found["watch"]:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                if dev != -1:
+                    return False
+                continue
+            if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (dev, ino, mtime, ctime):
+                return False
+            if began - ctime <= trusted_after(ctime) or fs_type(dev) not in KEEPS_TIMES:
+                return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 def _huge(folder: str) -> bool:

@@ -42,6 +42,7 @@ __all__ = [
     "add_stats",
     "attribute_files",
     "attributes_first",
+    "candidates",
     "check_mode",
     "existing_path",
     "files_digest",
@@ -384,19 +385,30 @@ def items_digest(items: Iterable[Any], bases: Sequence[str] = (), local: bool = 
 
 
 def existing_path(part: Any, bases: Sequence[str]) -> str | None:
-    """``part`` as the absolute path of an existing file or folder, or None."""
-    if not isinstance(part, (str, os.PathLike)):
-        return None
+    """``part`` as the absolute path of an existing file or folder, or None: the
+    first of its :func:`candidates` that exists."""
     try:
-        name = os.fsdecode(os.fspath(part))
-        if not name or "\0" in name:
-            return None
-        for candidate in (name, *(os.path.join(b, name) for b in bases)):
+        for candidate in candidates(part, bases):
             if os.path.exists(candidate):
                 return os.path.abspath(candidate)
     except (OSError, ValueError, TypeError):
         return None
     return None
+
+
+def candidates(part: Any, bases: Sequence[str]) -> tuple[str, ...]:
+    """The paths ``part`` may name, in the order :func:`existing_path` tries
+    them (the name, then the name under each of ``bases``); none for a part that
+    is no name. No ``stat``."""
+    if not isinstance(part, (str, os.PathLike)):
+        return ()
+    try:
+        name = os.fsdecode(os.fspath(part))
+    except (ValueError, TypeError):
+        return ()
+    if not name or "\0" in name:
+        return ()
+    return (name, *(os.path.join(b, name) for b in bases))
 
 
 def add_stats(path: str, paths: list[str], stats: array, local: bool = True) -> None:
