@@ -62,7 +62,15 @@ from .._util import slug
 from ..errors import warn
 from ..keys.hashing import hash_value
 from .checking import KEEPS_TIMES, fs_type, trusted_after
-from .sources import attribute_files, candidates, path_parts, stat_fields
+from .sources import (
+    EVERY_RUN_BUILDS,
+    EVERY_RUN_WINDOW,
+    attribute_files,
+    candidates,
+    new_every_run,
+    path_parts,
+    stat_fields,
+)
 
 __all__ = [
     "FOLDER_SUFFIX",
@@ -460,20 +468,18 @@ def _recorded(found: dict[str, Any]) -> list[str] | None:
 
 
 # -- an output folder: new files at every run ------------------------------------------
-#: builds by this many runs within this many seconds, each with other files in the same
-#: folder attribute, make one warning naming it (as sources.warn_if_new_every_run)
-_EVERY_RUN_BUILDS = 3
-_EVERY_RUN_WINDOW = 3600.0
 _WARNED_EVERY_RUN: set[tuple[type, str]] = set()
 
 
 def folder_runs(args_path: str, digests: Mapping[str, str], owner: type) -> list[Any]:
     """The folder digests of the last builds of these attributes (read from the
     attributes' record ``args_path``), this build's appended: to record there.
-    When each of the last :data:`_EVERY_RUN_BUILDS` builds, by as many runs within
-    the hour, found other files in the same folder attribute, one warning names
-    it: an output folder that training writes into makes a new pack at every run
-    (a miss, never a stale sample), and belongs in ``cache_ignore``."""
+    When each of the last :data:`~mlcache.data.sources.EVERY_RUN_BUILDS` builds,
+    by as many runs within the hour, found other files in the same folder
+    attribute (:func:`~mlcache.data.sources.new_every_run`, as for an attribute
+    new at every run), one warning names it: an output folder that training
+    writes into makes a new pack at every run (a miss, never a stale sample),
+    and belongs in ``cache_ignore``."""
     now, pid = time.time(), os.getpid()
     try:
         with open(args_path, "rb") as f:
@@ -481,24 +487,25 @@ def folder_runs(args_path: str, digests: Mapping[str, str], owner: type) -> list
         runs = [
             r
             for r in before
-            if now - float(r["t"]) < _EVERY_RUN_WINDOW and isinstance(r["d"], dict)
+            if now - float(r["t"]) < EVERY_RUN_WINDOW
+            and isinstance(r["d"], dict)
+            and isinstance(r["pid"], int)
         ]
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
         runs = []
-    runs = [*runs[-(_EVERY_RUN_BUILDS - 1) :], {"t": now, "pid": pid, "d": dict(digests)}]
-    if len(runs) == _EVERY_RUN_BUILDS and len({r["pid"] for r in runs}) == len(runs):
-        for name in digests:
-            seen = [r["d"].get(name) for r in runs]
-            if len(set(seen)) < len(seen) or (owner, name) in _WARNED_EVERY_RUN:
-                continue
-            _WARNED_EVERY_RUN.add((owner, name))
-            warn(
-                f"mlcache: {owner.__qualname__}: the folder attribute {name!r} held other "
-                f"files at each of the last {len(runs)} runs, so "
-                "each built a new pack (a miss, never a stale sample); if it is not where "
-                "the samples come from (an output folder that training writes into), leave "
-                f"it out of the key: cache_ignore = ({name!r},); or define "
-                "source_fingerprint()",
-                stacklevel=8,
-            )
+    runs = [*runs[-(EVERY_RUN_BUILDS - 1) :], {"t": now, "pid": pid, "d": dict(digests)}]
+    new = new_every_run([(float(r["t"]), r["pid"], r["d"]) for r in runs], now)
+    for name in sorted(new & set(digests)):
+        if (owner, name) in _WARNED_EVERY_RUN:
+            continue
+        _WARNED_EVERY_RUN.add((owner, name))
+        warn(
+            f"mlcache: {owner.__qualname__}: the folder attribute {name!r} held other "
+            f"files at each of the last {EVERY_RUN_BUILDS} runs, so "
+            "each built a new pack (a miss, never a stale sample); if it is not where "
+            "the samples come from (an output folder that training writes into), leave "
+            f"it out of the key: cache_ignore = ({name!r},); or define "
+            "source_fingerprint()",
+            stacklevel=8,
+        )
     return runs

@@ -34,6 +34,8 @@ from .replaced import forget_records, same_code
 
 __all__ = [
     "CHECKS",
+    "EVERY_RUN_BUILDS",
+    "EVERY_RUN_WINDOW",
     "GRACE_SECONDS",
     "STATE_FILE",
     "UNUSED_PACKS_KEPT_FOR",
@@ -47,6 +49,7 @@ __all__ = [
     "existing_path",
     "files_digest",
     "items_digest",
+    "new_every_run",
     "path_parts",
     "read_state",
     "remove_older_versions",
@@ -63,9 +66,10 @@ logger = logging.getLogger("mlcache")
 #: records of mlcache 0.4, whose builds learned by other rules (never read again)
 STATE_FILE = ".learned"
 #: builds of one class by this many runs, within this many seconds, each with a new
-#: value of the same attribute, make a warning naming it (see cache_ignore)
-_EVERY_RUN_BUILDS = 3
-_EVERY_RUN_WINDOW = 3600.0
+#: value of the same attribute (or other files in a folder attribute), make a
+#: warning naming it (see cache_ignore)
+EVERY_RUN_BUILDS = 3
+EVERY_RUN_WINDOW = 3600.0
 _WARNED_EVERY_RUN: set[tuple[type, frozenset[str]]] = set()
 #: an older version of a pack is removed once it has not been rebuilt for this long
 GRACE_SECONDS = 600.0
@@ -486,6 +490,19 @@ def write_state(root: str, folder: str, shape: str, kinds: Mapping[str, str]) ->
 
 
 # -- attributes: one that is new at every run --------------------------------------
+def new_every_run(runs: Sequence[tuple[float, Any, Mapping[str, Any]]], now: float) -> set[str]:
+    """The names whose digest was new at each of the last :data:`EVERY_RUN_BUILDS`
+    of ``runs`` (when, which process, a digest by name; sorted by time, this
+    run's last), when those were made by as many processes within
+    :data:`EVERY_RUN_WINDOW` of ``now``; empty otherwise. A name missing from a
+    run counts as one more value."""
+    recent = [r for r in runs if now - r[0] < EVERY_RUN_WINDOW][-EVERY_RUN_BUILDS:]
+    if len(recent) < EVERY_RUN_BUILDS or len({r[1] for r in recent}) < len(recent):
+        return set()
+    names = {n for _, _, d in recent for n in d}
+    return {n for n in names if len({d.get(n) for _, _, d in recent}) == len(recent)}
+
+
 def warn_if_new_every_run(cls: type, folder: str, args_id: str, mine: dict[str, str]) -> None:
     """One warning when the last builds of ``cls``, by other processes in the last
     hour, each had a new value of the same attributes and the same value of every
@@ -501,28 +518,26 @@ def warn_if_new_every_run(cls: type, folder: str, args_id: str, mine: dict[str, 
         path = os.path.join(folder, name)
         with contextlib.suppress(OSError, ValueError):
             when = os.stat(path, follow_symlinks=False).st_mtime
-            if now - when < _EVERY_RUN_WINDOW:
+            if now - when < EVERY_RUN_WINDOW:
                 with open(path, "rb") as f:
                     data = json.loads(f.read())
-                if data.get("pid") != os.getpid() and isinstance(data.get("attrs"), dict):
-                    others.append((when, data["attrs"]))
-    if len(others) < _EVERY_RUN_BUILDS - 1:
-        return
-    last = [a for _, a in sorted(others, key=lambda o: o[0])[-(_EVERY_RUN_BUILDS - 1) :]]
-    differ = {n for n in mine if any(a.get(n) != mine[n] for a in last)}
-    runs = [mine, *last]
+                pid, attrs = data.get("pid"), data.get("attrs")
+                if isinstance(pid, int) and pid != os.getpid() and isinstance(attrs, dict):
+                    others.append((when, data["pid"], data["attrs"]))
+    runs = sorted([*others, (now, os.getpid(), mine)], key=lambda r: r[0])
+    differ = new_every_run(runs, now)
+    last = [a for _, _, a in runs[-EVERY_RUN_BUILDS:]]
     if not differ or any(set(a) != set(mine) for a in last):
         return
     same = all(a[n] == mine[n] for a in last for n in mine if n not in differ)
-    new_each_time = all(len({r[n] for r in runs}) == len(runs) for n in differ)
     key = (cls, frozenset(differ))
-    if same and new_each_time and key not in _WARNED_EVERY_RUN:
+    if same and key not in _WARNED_EVERY_RUN:
         _WARNED_EVERY_RUN.add(key)
         names = ", ".join(repr(n) for n in sorted(differ))
         plural = "s" if len(differ) > 1 else ""
         warn(
             f"mlcache: {cls.__qualname__}: the attribute{plural} {names} had a new "
-            f"value in each of the last {len(runs)} runs, so each built a new pack (unused "
+            f"value in each of the last {EVERY_RUN_BUILDS} runs, so each built a new pack (unused "
             "packs are removed after 30 days); if it does not change the samples, leave it "
             f"out of the key: cache_ignore = ({names},)",
             stacklevel=8,  # the subclass's super().__init__(), through the build
