@@ -42,7 +42,7 @@ from .folders import folder_runs
 from .format import is_newer_pack
 from .holdings import note_open, record_build_time
 from .items import same_items, table_digest
-from .learning import BuildLearning
+from .learning import BuildLearning, write_state
 from .reader import PackedDataset
 from .records import remove_redundant_records
 from .replaced import own_beside, write_code_tag
@@ -52,7 +52,6 @@ from .sources import (
     SourceRecord,
     remove_older_versions,
     warn_if_new_every_run,
-    write_state,
 )
 from .workers import load_in_workers, refuse_in_bootstrap
 from .writer import write_pack

@@ -8,18 +8,48 @@ bookkeeping (state), judged by the function cache's rules
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
-from ..keys.learned import Watch, merge
-from .sources import read_state, write_state
+from .._atomic import write_bytes_atomic
+from ..keys.learned import Watch, checked_kinds, merge
 
-__all__ = ["BuildLearning"]
+__all__ = ["STATE_FILE", "BuildLearning", "read_state", "write_state"]
 
 logger = logging.getLogger("mlcache")
+#: what builds learned, per code shape (``.learned-<shape>``): not the ``.state-``
+#: records of mlcache 0.4, whose builds learned by other rules (never read again)
+STATE_FILE = ".learned"
 #: (class folder, code shape) -> what was learned, then seen changed otherwise: never again
 _REVOKED: dict[tuple[str, str], set[str]] = {}
+
+
+def read_state(folder: str, shape: str) -> dict[str, str]:
+    """What builds of this class, with code of this shape, were learned to change
+    as bookkeeping (name -> kind: see :mod:`mlcache.keys.learned`); empty when
+    nothing is recorded or the record cannot be read (learned again)."""
+    try:
+        with open(os.path.join(folder, f"{STATE_FILE}-{shape}"), "rb") as f:
+            return checked_kinds(json.loads(f.read()).get("kinds"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, AttributeError) as exc:  # unreadable: learned again
+        logger.debug("mlcache: could not read %s: %s", STATE_FILE, exc)
+        return {}
+
+
+def write_state(root: str, folder: str, shape: str, kinds: Mapping[str, str]) -> None:
+    """Record what builds of this class and code shape were learned to change as
+    bookkeeping (see :func:`read_state`)."""
+    try:
+        data = json.dumps({"kinds": dict(sorted(kinds.items()))}).encode()
+        path = os.path.join(folder, f"{STATE_FILE}-{shape}")
+        write_bytes_atomic(path, data, durable=False, root=root)
+    except OSError as exc:  # learned again by the next build
+        logger.debug("mlcache: could not record what building changes: %s", exc)
 
 
 class BuildLearning:

@@ -28,7 +28,6 @@ import xxhash
 from .._atomic import write_bytes_atomic
 from ..errors import warn
 from ..keys.hashing import hash_value
-from ..keys.learned import checked_kinds
 from .format import is_newer_pack
 from .replaced import forget_records, same_code
 
@@ -37,7 +36,6 @@ __all__ = [
     "EVERY_RUN_BUILDS",
     "EVERY_RUN_WINDOW",
     "GRACE_SECONDS",
-    "STATE_FILE",
     "UNUSED_PACKS_KEPT_FOR",
     "DeclaredSource",
     "SourceRecord",
@@ -51,20 +49,15 @@ __all__ = [
     "items_digest",
     "new_every_run",
     "path_parts",
-    "read_state",
     "remove_older_versions",
     "remove_pack",
     "source_fingerprint",
     "stat_fields",
     "warn_if_new_every_run",
-    "write_state",
 ]
 
 logger = logging.getLogger("mlcache")
 
-#: what builds learned, per code shape (``.learned-<shape>``): not the ``.state-``
-#: records of mlcache 0.4, whose builds learned by other rules (never read again)
-STATE_FILE = ".learned"
 #: builds of one class by this many runs, within this many seconds, each with a new
 #: value of the same attribute (or other files in a folder attribute), make a
 #: warning naming it (see cache_ignore)
@@ -461,32 +454,6 @@ def attribute_files(values: Iterable[Any], root: str, local: bool = True) -> str
     digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
     digest.update(stats.tobytes())
     return digest.hexdigest()
-
-
-# -- state: module-level values a build changes ------------------------------------
-def read_state(folder: str, shape: str) -> dict[str, str]:
-    """What builds of this class, with code of this shape, were learned to change
-    as bookkeeping (name -> kind: see :mod:`mlcache.keys.learned`); empty when
-    nothing is recorded or the record cannot be read (learned again)."""
-    try:
-        with open(os.path.join(folder, f"{STATE_FILE}-{shape}"), "rb") as f:
-            return checked_kinds(json.loads(f.read()).get("kinds"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, AttributeError) as exc:  # unreadable: learned again
-        logger.debug("mlcache: could not read %s: %s", STATE_FILE, exc)
-        return {}
-
-
-def write_state(root: str, folder: str, shape: str, kinds: Mapping[str, str]) -> None:
-    """Record what builds of this class and code shape were learned to change as
-    bookkeeping (see :func:`read_state`)."""
-    try:
-        data = json.dumps({"kinds": dict(sorted(kinds.items()))}).encode()
-        path = os.path.join(folder, f"{STATE_FILE}-{shape}")
-        write_bytes_atomic(path, data, durable=False, root=root)
-    except OSError as exc:  # learned again by the next build
-        logger.debug("mlcache: could not record what building changes: %s", exc)
 
 
 # -- attributes: one that is new at every run --------------------------------------
