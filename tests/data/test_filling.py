@@ -698,6 +698,32 @@ def test_a_segment_started_right_after_a_look_is_seen_by_the_next_look(src, tmp_
         assert a.loads == ["000.txt", "001.txt"], round_
 
 
+def test_a_seal_between_a_look_for_the_pack_and_its_read_of_the_records(src, tmp_path, monkeypatch):
+    """Another filler seals (and removes the segments) right after this one looked
+    for the pack and before it read the segments (a DataLoader's worker meeting the
+    other's seal, on a busy machine): the look finds the pack, and loads nothing."""
+    cache = tmp_path / "cache"
+    a, b = Files(src, cache_dir=cache), Files(src, cache_dir=cache)
+    for i in range(39):
+        a[i]  # every item recorded by a but the last
+    filler = b._filler
+    assert filler is not None
+    looked = filler._find_sealed
+
+    def then_a_seals() -> bool:
+        found = looked()
+        if not packs(cache):
+            a[39]  # a's last load: its seal removes the segments b listed
+            assert len(packs(cache)) == 1 and fills(cache) == []
+        return found
+
+    monkeypatch.setattr(filler, "_find_sealed", then_a_seals)
+    assert b[0]["value"] == 0
+    assert b.loads == []  # read from a's pack, not loaded again
+    check_all(b, values_of(src))
+    assert b.loads == []
+
+
 def test_random_damage_to_the_records_never_gives_a_wrong_sample(tmp_path):
     """A byte flipped (or the file cut) anywhere in a segment, 40 times: every sample
     read is right, and at most the damaged record's item and those after it in that

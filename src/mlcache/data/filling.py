@@ -239,10 +239,14 @@ class Filler(RecordWriting):
             if name.endswith(".seg") and name not in self._named:
                 self._named[name] = len(self.segments)
                 self.segments.append(Segment(os.path.join(self.folder, name)))
+        gone = False
         for number, segment in enumerate(self.segments):
             if not segment.broken:
-                self._scan(number, segment)
-        return False
+                gone |= not self._scan(number, segment)
+        # a segment removed since this look found no pack: a seal removes them once
+        # its pack is in place, so the pack is looked for again (else the items of
+        # that segment are loaded twice: a DataLoader's worker meeting the other's seal)
+        return gone and self._find_sealed()
 
     def _new_names(self) -> list[str] | None:
         """The folder's names, listed only when it changed since the last listing
@@ -292,18 +296,19 @@ class Filler(RecordWriting):
         self._adopt(pack)
         return True
 
-    def _scan(self, number: int, segment: Segment) -> None:
+    def _scan(self, number: int, segment: Segment) -> bool:
         """The records appended to ``segment`` since it was last scanned (a record
-        still being written is left for the next look; a torn one ends the file)."""
+        still being written is left for the next look; a torn one ends the file);
+        False when the segment is gone (removed by a seal, or a new fill)."""
         mine = self._mine
         if mine is not None and mine[2] == number and mine[0] == _PID[0]:
-            return  # this process's own: known as written
+            return True  # this process's own: known as written
         try:
             fd = segment.open()
             size = os.fstat(fd).st_size
         except FileNotFoundError:
             segment.broken = True
-            return
+            return False
         off, buf, buf_off = segment.scanned, b"", 0
         while off + RECORD.size <= size:
             if not buf_off <= off <= buf_off + len(buf) - RECORD.size:
@@ -321,6 +326,7 @@ class Filler(RecordWriting):
             self._found(key, fp, number, off)
             off = end
         segment.scanned = off
+        return True
 
     # -- reading and filling ------------------------------------------------------------
     def __len__(self) -> int:
