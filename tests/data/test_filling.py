@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from mlcache import CacheWarning
-from mlcache.data import CachedDataset
+from mlcache.data import CachedDataset, filling
 from mlcache.data.filling import RECORD
 from mlcache.errors import UnsupportedValue
 
@@ -722,6 +722,39 @@ def test_a_seal_between_a_look_for_the_pack_and_its_read_of_the_records(src, tmp
     assert b.loads == []  # read from a's pack, not loaded again
     check_all(b, values_of(src))
     assert b.loads == []
+
+
+def test_fillers_that_each_missed_the_others_last_record_seal_at_the_next_read(
+    src, tmp_path, monkeypatch
+):
+    """Two fillers look, then each records its last item (a DataLoader's two
+    persistent workers ending epoch 1 together): neither sees every item in. The
+    one that recorded last seals at its next read of a sample it has, whichever
+    (epoch 2 may never ask either the item it missed)."""
+    monkeypatch.setattr(filling, "_SEAL_CHECK_EVERY", float("inf"))  # no timed look
+    cache = tmp_path / "cache"
+    a, b = Files(src, cache_dir=cache), Files(src, cache_dir=cache)
+    for i in range(19):
+        a[i]
+    for i in range(20, 39):
+        b[i]
+    filler = a._filler
+    assert filler is not None
+    load = filler.load_item
+
+    def b_loads_its_last_first(item: Any) -> Any:
+        b[39]  # after a's look (before its load of 19), before a records 19
+        return load(item)
+
+    monkeypatch.setattr(filler, "load_item", b_loads_its_last_first)
+    a[19]
+    assert packs(cache) == []  # a misses b's 39, b missed a's 19
+    assert a[0]["value"] == 0  # a recorded last: its look sees every item in
+    assert len(packs(cache)) == 1 and fills(cache) == []
+    assert b[20]["value"] == 20
+    check_all(a, values_of(src))
+    check_all(b, values_of(src))
+    assert sorted(a.loads + b.loads) == sorted(os.listdir(src))  # each once
 
 
 def test_random_damage_to_the_records_never_gives_a_wrong_sample(tmp_path):

@@ -35,10 +35,13 @@ pack looked for - only when its mtime moved, which a seal's removal of the
 segments does; an ``fstat`` per other process's segment: a few us against the
 milliseconds of a load), so that no item another
 process recorded is loaded twice (a DataLoader's persistent workers in their
-second epoch), and seals the pack when that look finds every item in (so the
-second epoch of a DataLoader whose workers each missed the other's last records
-seals it); a DataLoader's new workers read the sealed pack from their first
-sample.
+second epoch), and seals the pack when that look finds every item in. A process
+that recorded a sample looks once more at its next read of a sample present (not
+only at a miss): the process that recorded the last record overall (every other
+record was written before it) then finds every item in and seals, so the second
+epoch of a DataLoader whose persistent workers each missed the other's last records
+seals it, whichever samples it asks; a DataLoader's new workers read the sealed
+pack from their first sample.
 """
 
 from __future__ import annotations
@@ -178,6 +181,8 @@ class Filler(RecordWriting):
         self._forms: dict[str, Any] = {}  # of the fields served: values.as_sealed
         self.load_error: BaseException | None = None
         self._seal_checked = time.monotonic()
+        #: this process recorded a sample since its last look (see the module docstring)
+        self._recorded_since_look = False
         self._seen_file: tuple[int, int] | None = base.file_id if base is not None else ignore
         self.look_again()
 
@@ -229,6 +234,7 @@ class Filler(RecordWriting):
         when the pack is sealed (then :attr:`sealed` reads it)."""
         if self.sealed is not None:
             return True
+        self._recorded_since_look = False  # what is recorded before this look is seen
         names = self._new_names()
         # the pack is replaced only by a seal, which removes the segments (the
         # folder changes, or goes), or by a process that removed the folder first
@@ -338,6 +344,9 @@ class Filler(RecordWriting):
         if self.sealed is not None:
             return self.sealed[i]
         src = int(self.src[i])
+        if self._recorded_since_look and src != _MISSING and self._sealed_now():
+            assert self.sealed is not None
+            return self.sealed[i]
         if src == _BASE and self.base is not None:
             try:
                 return self.base[int(self.pos[i])]
@@ -368,6 +377,7 @@ class Filler(RecordWriting):
         # as the sealed pack will give it: epoch 1 has the types of the later epochs
         loaded = read_back(loaded, self.allow_pickle, i)
         self.record(i, loaded)
+        self._recorded_since_look = True
         self.loaded_here.append(i)
         now = time.monotonic()
         if self.present < self.n and now - self._seal_checked > _SEAL_CHECK_EVERY:
@@ -376,6 +386,15 @@ class Filler(RecordWriting):
         if self.present == self.n and self.sealed is None:
             self.try_seal()
         return loaded if self.allow_pickle else as_sealed(loaded, self._forms)
+
+    def _sealed_now(self) -> bool:
+        """The first read of a present sample since this process recorded one: look
+        again (once) and seal when every item is in; True when the pack is sealed.
+        Without it, workers that each missed the other's last records seal only
+        when a later read misses, which no epoch promises."""
+        if not self.look_again() and self.present == self.n:
+            self.try_seal()
+        return self.sealed is not None
 
     def __getitem__(self, i: Any) -> Any:
         if i.__class__ is int and 0 <= i < self.n:
