@@ -21,7 +21,7 @@ from .._log import logger_for
 from ..errors import PackCorrupted
 from ..keys.hashing import hash_value
 from .reader import PackedDataset
-from .sources import add_stats, existing_path, path_parts, stat_fields
+from .sources import add_stats, existing_path, path_parts, paths_digest, stat_fields
 
 __all__ = [
     "default_fingerprint",
@@ -98,9 +98,7 @@ def default_fingerprint(item: Any, bases: Sequence[str] = (), local: bool = True
             add_stats(path, paths, stats, local)
     if not paths:
         return bytes(16)
-    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
-    digest.update(stats.tobytes())
-    return digest.digest()
+    return paths_digest(paths, stats).digest()
 
 
 _SHIFT = np.uint64(33)

@@ -49,6 +49,7 @@ __all__ = [
     "items_digest",
     "new_every_run",
     "path_parts",
+    "paths_digest",
     "remove_older_versions",
     "remove_pack",
     "source_fingerprint",
@@ -218,9 +219,7 @@ class DeclaredSource:
         paths, stats = self.listed(local)
         if self.paths is not None:
             return files_digest(paths, local)
-        digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
-        digest.update(stats.tobytes())
-        return digest.hexdigest()
+        return paths_digest(paths, stats).hexdigest()
 
 
 class SourceRecord:
@@ -314,6 +313,14 @@ def source_fingerprint(
     return hash_value(("items", found, items_digest(items(), bases, local)))
 
 
+def paths_digest(paths: Sequence[str], stats: array) -> xxhash.xxh3_128:
+    """The running hash (``xxh3_128``) of ``paths`` and their :func:`stat_fields`
+    (``stats``, four each): the digest every listing of source files is kept by."""
+    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
+    digest.update(stats.tobytes())
+    return digest
+
+
 def files_digest(files: Iterable[str | os.PathLike[str]], local: bool = True) -> str:
     """Paths and :func:`stat_fields` of ``files`` (which must exist)."""
     paths, stats = [], array("q")
@@ -323,9 +330,7 @@ def files_digest(files: Iterable[str | os.PathLike[str]], local: bool = True) ->
             path = os.path.abspath(path)
         paths.append(path)
         stats.extend(stat_fields(os.stat(path), local))
-    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
-    digest.update(stats.tobytes())
-    return digest.hexdigest()
+    return paths_digest(paths, stats).hexdigest()
 
 
 #: how deep :func:`path_parts` looks into an item (``{"image": [(p, q)]}`` is 3)
@@ -375,8 +380,7 @@ def items_digest(items: Iterable[Any], bases: Sequence[str] = (), local: bool = 
                 continue
             paths.append(path)
             add_stats(path, paths, stats, local)
-    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
-    digest.update(stats.tobytes())
+    digest = paths_digest(paths, stats)
     digest.update(hash_value(items).encode())
     return digest.hexdigest()
 
@@ -451,9 +455,7 @@ def attribute_files(values: Iterable[Any], root: str, local: bool = True) -> str
             stats.extend(stat_fields(st, local))
     if not paths:
         return ""
-    digest = xxhash.xxh3_128("\0".join(paths).encode("utf-8", "surrogateescape"))
-    digest.update(stats.tobytes())
-    return digest.hexdigest()
+    return paths_digest(paths, stats).hexdigest()
 
 
 # -- attributes: one that is new at every run --------------------------------------
