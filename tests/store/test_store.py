@@ -116,6 +116,20 @@ class TestCachedStore(StoreTests):
 
 
 # -- LocalStore ---------------------------------------------------------------------
+def _another_thread_gets(store: Store, name: str) -> bool:
+    """Whether another thread gets the lock of ``name`` at once."""
+    seen: list[bool] = []
+
+    def other() -> None:
+        with store.lock(name, 0) as held:
+            seen.append(held)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    return seen[0]
+
+
 class TestLocalStore(StoreTests):
     def make_store(self, tmp_path: Path) -> Store:
         return LocalStore(tmp_path / "cache")
@@ -262,12 +276,6 @@ class TestLocalStore(StoreTests):
         and a listing that sweeps dead writers' debris never takes that file."""
         put(store, "f/v/k", b"x")
         folder = Path(store.location) / "f" / "v"
-        seen: list[bool] = []
-
-        def other() -> None:
-            with store.lock("f/v/k", 0) as held:
-                seen.append(held)
-
         with store.lock("f/v/k", 1.0) as held:
             assert held
             assert sorted(p.name for p in folder.iterdir()) == [".keys.lock", "k"]
@@ -275,11 +283,8 @@ class TestLocalStore(StoreTests):
             os.utime(folder / ".keys.lock", (old, old))
             assert names(store) == {"f/v/k"}  # the sweep
             assert (folder / ".keys.lock").exists()
-            t = threading.Thread(target=other)
-            t.start()
-            t.join()
-        other()
-        assert seen == [False, True]
+            assert _another_thread_gets(store, "f/v/k") is False  # taken: another waits
+        assert _another_thread_gets(store, "f/v/k") is True
 
     def test_a_key_lock_is_given_back_though_a_forked_child_outlives_its_holder(self, store):
         """A computation that forks a child living on (a Pool, DataLoader workers):
@@ -312,20 +317,11 @@ class TestLocalStore(StoreTests):
             monkeypatch.setattr(keylocks, "_try_record", refuse)
         put(store, "f/v/k", b"x")
         folder = Path(store.location) / "f" / "v"
-        seen: list[bool] = []
-
-        def other() -> None:
-            with store.lock("f/v/k", 0) as held:
-                seen.append(held)
-
         with store.lock("f/v/k", 1.0) as held:
             assert held and (folder / ".k.lock").is_file()
-            t = threading.Thread(target=other)
-            t.start()
-            t.join()
+            assert _another_thread_gets(store, "f/v/k") is False  # taken: another waits
         assert not (folder / ".k.lock").exists()
-        other()
-        assert seen == [False, True]
+        assert _another_thread_gets(store, "f/v/k") is True
 
     def test_delete_does_not_follow_symlinks(self, store, tmp_path):
         target = tmp_path / "elsewhere"
