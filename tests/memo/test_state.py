@@ -535,3 +535,28 @@ def test_what_a_function_learned_holds_for_another_wrapper_after_clear(tmp_path)
     done = len(calls)
     assert mem.eval(f, 1) == 1
     assert len(calls) == done  # a hit: the new wrapper keys calls as g does
+
+
+BUDGET = [10]
+WIDE = [0] * 17  # longer than INT_LIST_MAX: not a short list of counters
+
+
+def spend(x):
+    BUDGET[0] -= 1  # lowered, not raised: not a counter, its value is input
+    return x + BUDGET[0]
+
+
+def tally(x):
+    WIDE[0] += 1  # raised, but in a list too long to be taken for counters
+    return x + WIDE[0]
+
+
+def test_a_short_int_list_a_call_lowers_or_a_long_one_stays_in_the_key(mem):
+    """Not sure it is bookkeeping, so keyed: a list of ints a call lowers, and one
+    longer than INT_LIST_MAX that it raises; each call sees the value it read."""
+    BUDGET[0] = 10
+    WIDE[0] = 0
+    spent = mem.cache(spend)
+    assert [spent(1) for _ in range(3)] == [10, 9, 8]
+    tallied = mem.cache(tally)
+    assert [tallied(1) for _ in range(3)] == [2, 3, 4]
