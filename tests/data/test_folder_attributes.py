@@ -368,3 +368,27 @@ def test_a_named_file_that_an_earlier_folder_now_shadows_counts_in_its_folder(tm
     (root / "masks" / "p2.txt").write_text("masks 2, edited")
     ds = MasksOnly(root, tmp_path / "cache")
     assert ds[2]["mask"] == "masks 2, edited"  # before: "masks 2", for good
+
+
+def test_a_reopen_whose_items_are_as_recorded_builds_no_names(tmp_path, monkeypatch):
+    """The names check of a recorded walk is keyed by the working folder, the folder
+    attributes and the items' keys: the same items build no names at a reopen (the
+    names of 20,000 items cost ~120 ms); other items build them and are checked."""
+    import mlcache.data.folders as folders
+
+    root = _paired(tmp_path, "p0.txt p1.txt p2.txt")
+    time.sleep(trusted_after(os.stat(root / "images").st_ctime_ns) / 1e9 + 0.05)
+    built: list[Any] = []
+    real = folders.candidates
+    monkeypatch.setattr(folders, "candidates", lambda *a: built.append(a) or real(*a))
+    ds = AlsoReads(root, tmp_path / "cache")
+    assert [ds[i]["extra"] for i in range(3)] == ["images 2"] * 3
+    AlsoReads(root, tmp_path / "cache")  # the record learns the names' key
+    built.clear()
+    AlsoReads(root, tmp_path / "cache")
+    assert built == []  # before: 3 names built at each reopen
+    (root / "names.txt").write_text("p0.txt p1.txt")
+    (root / "images" / "p2.txt").write_text("images 2, edited")
+    ds = AlsoReads(root, tmp_path / "cache")
+    assert built  # other items: their names are built and checked
+    assert [ds[i]["extra"] for i in range(2)] == ["images 2, edited"] * 2

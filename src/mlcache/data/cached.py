@@ -82,12 +82,13 @@ from ..errors import PackCorrupted, warn
 from ..keys.code_version import code_version
 from ..keys.hashing import hash_value
 from ..store.local import cache_folder, default_location
+from .attributes import OpenItems
 from .audit import DatasetAuditor, dataset_auditor
 from .building import PackBuilder
-from .checking import LISTING_SUFFIX, ItemChanged, ItemCheck, folder_table, listed_folder
+from .checking import ItemChanged, ItemCheck, folder_table, listed_folder
 from .fetch import is_url
 from .filling import FILLS, Filler
-from .folders import Named, attribute_source, named_paths
+from .folders import Named, attribute_source, names_of
 from .items import default_fingerprint, item_table, say_unfingerprinted
 from .reader import PackedDataset, spawning_worker
 from .replaced import remove_replaced
@@ -108,7 +109,7 @@ __all__ = ["UNUSED_PACKS_KEPT_FOR", "CachedDataset", "remove_pack"]
 logger = logging.getLogger("mlcache")
 
 
-class CachedDataset(PackBuilder, Sequence[Any]):
+class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
     """A dataset whose samples are loaded once from their source, then read from a pack.
 
     Parameters
@@ -262,7 +263,8 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         self._state = self._read_learned()
         trusted = check_source != "open" and not force_recache and self._remote is None
         recorded = self._record.read() if trusted and not self._fill else None
-        with attributes_first(self):  # the user's methods run from here on
+        # the user's methods run from here on; the items are listed once
+        with attributes_first(self), self._items_once():
             if self._fill:  # per item: the source counts item by item
                 own = cls.source_fingerprint is not base.source_fingerprint
                 # and by the files its attributes name (the table.npy of rows):
@@ -301,7 +303,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
                 f"{type(self).__qualname__} must define load_source(), or source_items() "
                 "and load_item()"
             )
-        items = list(self.source_items())
+        items = self._open_items()[0]
         # in this process when workers would not pay (or cannot: a DataLoader's daemon)
         return Counted(load_in_workers(self, items, self._num_workers), len(items))
 
@@ -361,19 +363,6 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         ``updated_at``; a URL: its ETag)."""
         return default_fingerprint(item, self._folder_attributes(), self._remote is None)
 
-    def _folder_attributes(self) -> list[str]:
-        """The dataset's attributes that are folders (items may name files in
-        them), the cache's own folder left out."""
-        root = getattr(self, "_root", None)
-        inside = os.path.join(root, "") if root else None
-        found = []
-        for v in vars(self).values():
-            if isinstance(v, (str, os.PathLike)) and os.path.isdir(v):
-                path = os.path.abspath(v)
-                if inside is None or not os.path.join(path, "").startswith(inside):
-                    found.append(os.fspath(v))
-        return found[:4]
-
     def _attribute_files(self, never: bool = False) -> str:
         """The files the key attributes name and those under its folder attributes
         that no item names (:func:`~mlcache.data.folders.attribute_source`; with
@@ -388,11 +377,13 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         return found
 
     def _named_paths(self) -> Named:
-        """The paths the items name (asked when a folder attribute is walked)."""
-        named = named_paths(self.source_files() or (), ())  # the declared ones too
-        if type(self).source_items is not CachedDataset.source_items:
-            named |= named_paths(self.source_items(), self._folder_attributes())
-        return named
+        """The names the items give (asked when a folder attribute is walked or its
+        record checked): the declared files too."""
+        files = list(self.source_files() or ())
+        if type(self).source_items is CachedDataset.source_items:
+            return names_of(files)
+        items, keys = self._open_items()
+        return names_of(files, items, self._folder_attributes(), keys)
 
     def _checked_as_read(self) -> ItemCheck | None:
         """The pack of the items of the open, each checked as it is first read
@@ -409,13 +400,10 @@ class CachedDataset(PackBuilder, Sequence[Any]):
             if declared.folder is not None:
                 return ItemCheck.of_folder(pack, declared.folder, self._listing_path(), True)
             items: list[Any] = list(declared.paths or ())
+            keys = None
         else:
-            items = list(self.source_items())
-        return ItemCheck.of_items(pack, items, self._folder_attributes(), True)
-
-    def _listing_path(self) -> str:
-        """Where the listing of a declared folder is recorded (beside its ``.source``)."""
-        return self._record.path.removesuffix(".source") + LISTING_SUFFIX
+            items, keys = self._open_items()
+        return ItemCheck.of_items(pack, items, self._folder_attributes(), True, keys)
 
     def _items_now(self) -> tuple[list[Any], np.ndarray]:
         """The items as they are now (those of the open, once rechecked after one
@@ -434,7 +422,7 @@ class CachedDataset(PackBuilder, Sequence[Any]):
         if declared is not None and declared.folder is not None:
             # each file stat'ed once; the listing recorded for the next open
             return listed_folder(declared, self._listing_path(), self._root, local)
-        items = list(self.source_items())
+        items = self._open_items()[0]
         if own:
             return items, item_table(items, self.item_fingerprint)
         table = item_table(items, bases=self._folder_attributes(), local=local)

@@ -323,14 +323,20 @@ class ItemCheck:
 
     @classmethod
     def of_items(
-        cls, pack: PackedDataset, items: list[Any], bases: Sequence[str], local: bool
+        cls,
+        pack: PackedDataset,
+        items: list[Any],
+        bases: Sequence[str],
+        local: bool,
+        keys: bytes | None = None,
     ) -> ItemCheck | None:
-        """The check of a pack filled from ``items`` (listed now), if they are the
-        items it was filled from, in the same order."""
+        """The check of a pack filled from ``items`` (listed now; ``keys``: their
+        keys, if known), if they are the items it was filled from, in the same order."""
         table = _usable_table(pack)
         if table is None or len(items) != len(table):
             return None
-        keys = b"".join(map(key_bytes, items))
+        if keys is None:
+            keys = b"".join(map(key_bytes, items))
         if keys != np.ascontiguousarray(table[:, :2]).tobytes():
             return None
 

@@ -21,7 +21,9 @@ declared folder (:mod:`mlcache.data.checking`); and, when the walk left files
 out because items named them (the path each item's check stats: :class:`Named`),
 whether the items still give the same names there and the folders of their
 candidate paths are as they were (one ``stat`` each, none a name): a file no
-longer named must count here again. Then only the files no item names are
+longer named must count here again. The same names are told by a key (the
+working folder, the folder attributes and the items' keys in the item table,
+which the open computes anyway), so a reopen of the same items builds none. Then only the files no item names are
 stat'ed (none, for a folder of the items). Otherwise the folder is walked again.
 
 What is never walked, or walked in part:
@@ -79,7 +81,7 @@ __all__ = [
     "attribute_source",
     "folder_digests",
     "folder_runs",
-    "named_paths",
+    "names_of",
 ]
 
 logger = logging.getLogger("mlcache")
@@ -97,18 +99,29 @@ _NONE_NAMED = "none"
 
 class Named:
     """The names the items give (each part's :func:`~mlcache.data.sources.candidates`,
-    absolute, no ``stat``) and, asked for, the paths they name: for each part the
-    one path its check stats (:func:`~mlcache.data.sources.existing_path`, the
-    first candidate that exists). A file that a name could mean but that the
-    item check does not stat (``masks/0001.png`` beside the ``images/0001.png``
-    it finds first) is no item's: it counts in its folder."""
+    absolute, no ``stat``; built when first asked) and, asked for, the paths they
+    name: for each part the one path its check stats
+    (:func:`~mlcache.data.sources.existing_path`, the first candidate that
+    exists). A file that a name could mean but that the item check does not stat
+    (``masks/0001.png`` beside the ``images/0001.png`` it finds first) is no
+    item's: it counts in its folder.
 
-    def __init__(self, chains: list[tuple[str, ...]]) -> None:
-        self.chains = chains
+    ``key``: a digest of all the names are made of (the working folder, the
+    folders they are relative to, the items by their keys in the item table),
+    so that the same key means the same names, none built; None when unknown."""
+
+    def __init__(self, chains: Callable[[], list[tuple[str, ...]]], key: str | None) -> None:
+        self._build, self.key = chains, key
+        self._chains: list[tuple[str, ...]] | None = None
         self._paths: set[str] | None = None
 
-    def __or__(self, other: Named) -> Named:
-        return Named(self.chains + other.chains)
+    @property
+    def chains(self) -> list[tuple[str, ...]]:
+        """Each part's candidates (the names, ~6 µs an item: asked only when
+        :attr:`key` does not tell)."""
+        if self._chains is None:
+            self._chains = self._build()
+        return self._chains
 
     @property
     def paths(self) -> set[str]:
@@ -123,16 +136,37 @@ class Named:
         return self._paths
 
 
-def named_paths(items: Iterable[Any], bases: Sequence[str]) -> Named:
-    """The names the items give, relative to the working folder or to one of
-    ``bases`` (see :class:`Named`)."""
+def names_of(
+    files: Sequence[Any],
+    items: Sequence[Any] = (),
+    bases: Sequence[str] = (),
+    keys: bytes | None = b"",
+) -> Named:
+    """The names ``files`` give as they are and ``items`` give, relative to the
+    working folder or to one of ``bases``; ``keys``: the items' keys in the item
+    table (:func:`~mlcache.data.items.key_bytes`; None: unknown, then so is the
+    key of the names)."""
+
+    def chains() -> list[tuple[str, ...]]:
+        return _chains(files, ()) + _chains(items, bases)
+
+    if keys is None:
+        return Named(chains, None)
+    text = "\0".join([os.getcwd(), str(len(bases)), *bases, *map(os.fsdecode, files)])
+    digest = xxhash.xxh3_128(text.encode("utf-8", "surrogateescape"))
+    digest.update(keys)
+    return Named(chains, digest.hexdigest())
+
+
+def _chains(items: Iterable[Any], bases: Sequence[str]) -> list[tuple[str, ...]]:
+    """The candidates of each path part of ``items``, absolute."""
     chains = []
     for item in items:
         for part in path_parts(item):
             found = candidates(part, bases)
             if found:
                 chains.append(tuple(map(os.path.abspath, found)))
-    return Named(chains)
+    return chains
 
 
 def attribute_source(
@@ -217,7 +251,7 @@ def folder_digests(
                 # files left out as named: only while the items name them still
                 if known is None:
                     known = named()
-                if not _same_names(last, _named_chains(folder, known)):
+                if not _same_names(last, folder, known):
                     recorded = None
             digest = None if recorded is None else _digest(folder, recorded, local)
             walk = digest is None  # not recorded, or an entry became a folder since
@@ -239,7 +273,17 @@ def folder_digests(
                 digest = _digest(folder, recorded, local)
                 if digest is None:  # a file became a folder during the walk: a miss
                     digest, path = f"changing:{began}", None
-            if path is not None and last is not None and (walk or last.get("digest") != digest):
+            # the key of the names the record holds for: the next open builds none
+            rekey = (
+                known is not None
+                and last is not None
+                and last.get("named") != _NONE_NAMED
+                and last.get("names_key") != known.key
+            )
+            if rekey and known is not None and last is not None:
+                last["names_key"] = known.key
+            changed = walk or rekey or (last is not None and last.get("digest") != digest)
+            if path is not None and last is not None and changed:
                 _record(path, root, {**last, "digest": digest})
         if digest:
             found[name] = digest
@@ -290,11 +334,13 @@ def _names_record(folder: str, named: Named) -> dict[str, Any]:
     return {"named": _chains_digest(chains), "watch": _watched(chains) if chains else []}
 
 
-def _same_names(found: dict[str, Any], chains: list[tuple[str, ...]]) -> bool:
-    """Whether the items give the names of the recorded walk and the folders of
-    their candidates are as they were (see :func:`_recorded`'s rules), so that
-    each still names the path it named (no ``stat`` of the named files)."""
-    if found.get("named") != _chains_digest(chains):
+def _same_names(found: dict[str, Any], folder: str, named: Named) -> bool:
+    """Whether the items give the names of the recorded walk (the same key, or the
+    same names in ``folder``) and the folders of their candidates are as they were
+    (see :func:`_recorded`'s rules), so that each still names the path it named
+    (no ``stat`` of the named files)."""
+    keyed = named.key is not None and found.get("names_key") == named.key
+    if not keyed and found.get("named") != _chains_digest(_named_chains(folder, named)):
         return False
     try:
         began = int(found["began"])

@@ -21,7 +21,7 @@ from .._log import logger_for
 from ..errors import PackCorrupted
 from ..keys.hashing import hash_value
 from .reader import PackedDataset
-from .sources import add_stats, existing_path, path_parts, paths_digest, stat_fields
+from .sources import NO_NAME, add_stats, existing_path, path_parts, paths_digest, stat_fields
 
 __all__ = [
     "default_fingerprint",
@@ -79,6 +79,8 @@ def default_fingerprint(item: Any, bases: Sequence[str] = (), local: bool = True
     too; see :func:`~mlcache.data.sources.path_parts`: a tuple, a list, a dict's
     values, a dataclass); an item naming no file by nothing (its value is its
     key: the dataset's attributes, or ``item_fingerprint``, must say more)."""
+    if item.__class__ in NO_NAME:  # a row number
+        return bytes(16)
     if isinstance(item, (str, os.PathLike)):
         try:
             st = os.stat(item)

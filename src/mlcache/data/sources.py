@@ -36,6 +36,7 @@ __all__ = [
     "EVERY_RUN_BUILDS",
     "EVERY_RUN_WINDOW",
     "GRACE_SECONDS",
+    "NO_NAME",
     "UNUSED_PACKS_KEPT_FOR",
     "DeclaredSource",
     "SourceRecord",
@@ -335,6 +336,8 @@ def files_digest(files: Iterable[str | os.PathLike[str]], local: bool = True) ->
 
 #: how deep :func:`path_parts` looks into an item (``{"image": [(p, q)]}`` is 3)
 _PARTS_DEPTH = 4
+#: items that name no file, told at once (``range(n)``'s rows: ~2 µs an item otherwise)
+NO_NAME = frozenset({int, float, bool, complex, type(None)})
 
 
 def path_parts(item: Any, depth: int = 0) -> Iterator[Any]:
@@ -343,6 +346,8 @@ def path_parts(item: Any, depth: int = 0) -> Iterator[Any]:
     p, "label": y}``; not its keys, which name fields), the members of a tuple
     or list (``(path, label)``, a namedtuple) and the fields of a dataclass, a
     few levels deep. Other values (numbers, arrays, sets) name no file."""
+    if item.__class__ in NO_NAME:
+        return
     if isinstance(item, (str, os.PathLike)):
         yield item
         return
