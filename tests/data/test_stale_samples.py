@@ -10,11 +10,14 @@ loads to the log, so the loads of each run are counted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import sqlite3
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -390,3 +393,25 @@ def test_from_sql_takes_a_sqlalchemy_engine_and_connection(tmp_path):
     raw.close()
     assert from_sql(query, engine, (35,)).fingerprint() != before
     engine.dispose()
+
+
+@dataclasses.dataclass
+class _Row:
+    path: str
+    label: int
+
+
+def test_item_keys_taken_with_one_hasher_are_each_items_own_key():
+    """The item table's keys (a row number's is half as dear with one reused
+    hasher) are each item's key alone, whatever came before: an object shared
+    between items, a cycle, paths, an item that cannot be hashed."""
+    from mlcache.data.items import item_keys, key_bytes
+
+    shared = {"a": [1, 2]}
+    cyclic: list[Any] = [1]
+    cyclic.append(cyclic)
+    items = [0, 1, (shared, shared), shared, cyclic, "a.txt", Path("a.txt"), _Row("p", 1), 2.5]
+    assert item_keys(items) == b"".join(key_bytes(i) for i in items)
+    assert len({key_bytes(i) for i in items}) == len(items) - 1  # "a.txt" twice: one path
+    with pytest.raises(TypeError):
+        item_keys([1, lambda: 0, threading.Lock()])

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .checking import LISTING_SUFFIX
-from .items import key_bytes
+from .items import item_keys
 from .sources import SourceRecord
 
 __all__ = ["OpenItems"]
@@ -45,13 +45,13 @@ class OpenItems:
 
     def _open_items(self) -> tuple[list[Any], bytes]:
         """The items, ``list(source_items())``, and their keys in the item table
-        (:func:`~mlcache.data.items.key_bytes` of each, joined): listed once in
+        (:func:`~mlcache.data.items.item_keys`): listed once in
         an open (a user's listing of 20,000 files costs ~10 ms), as they are now
         outside one."""
         listed = self._listed
         if listed is None:
             items = list(self.source_items())
-            listed = (items, b"".join(map(key_bytes, items)))
+            listed = (items, item_keys(items))
             if self._listing_once:
                 self._listed = listed
         return listed

@@ -52,7 +52,7 @@ import numpy as np
 import xxhash
 
 from .._atomic import write_bytes_atomic
-from .items import default_fingerprint, item_table, key_bytes, table_digest
+from .items import default_fingerprint, item_keys, item_table, table_digest
 from .reader import PackedDataset
 from .sequence import sample_index, sample_indices
 from .sources import DeclaredSource
@@ -336,7 +336,7 @@ class ItemCheck:
         if table is None or len(items) != len(table):
             return None
         if keys is None:
-            keys = b"".join(map(key_bytes, items))
+            keys = item_keys(items)
         if keys != np.ascontiguousarray(table[:, :2]).tobytes():
             return None
 
