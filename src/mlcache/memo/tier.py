@@ -46,11 +46,13 @@ the entry's header at every hit.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -59,8 +61,12 @@ from ..codecs import Codec, codecs
 from ..entry.reader import EntryReader, decode, settled
 from ..entry.signing import Signer
 from ..errors import EntryCorrupted, EntryNotFound, UnknownFormat
+from . import record
+from .record import MAX_RECORD, MAX_ROW, Record, Row, brief, freeze, thaw
 
 __all__ = ["BUDGET", "CODECS", "MAX_ENTRY", "HitTier", "tier"]
+
+logger = logging.getLogger("mlcache")
 
 #: entries whose file is at least this large are read, never kept
 MAX_ENTRY = 64 * 1024
@@ -99,7 +105,9 @@ class _Kept:
     """One verified entry: its segments, and for ``npy`` values a pickle this process
     made of the value it decoded from them (``pickle.loads`` of it builds the same
     tree of plain values and arrays in a quarter of the time; it is this process's
-    own memory, never bytes of the file)."""
+    own memory, never bytes of the file). An entry taken from a record has only the
+    value's bytes, which it loads with :func:`~mlcache.memo.record.thaw` (no global
+    but arrays of numbers). ``plain``: the pickle is one a record may hold."""
 
     __slots__ = (
         "blob",
@@ -107,26 +115,38 @@ class _Kept:
         "ident",
         "info_bytes",
         "layout",
+        "loads",
         "name",
+        "plain",
         "segments",
         "served",
         "signer",
     )
 
     def __init__(
-        self, ident: _Ident, name: str, signer: Signer | None, reader: EntryReader, codec: Codec
+        self,
+        ident: _Ident,
+        name: str,
+        signer: Signer | None,
+        codec: Codec,
+        info_bytes: bytes,
+        reader: EntryReader | None = None,
+        blob: bytes | None = None,
     ) -> None:
         self.ident, self.name, self.signer = ident, name, signer
         self.codec = codec
-        self.layout = reader.codec_layout
-        self.segments = _Copies(reader)
-        self.info_bytes = reader.info_bytes
-        self.blob: bytes | None = None
+        self.layout = reader.codec_layout if reader is not None else None
+        self.segments = _Copies(reader) if reader is not None else None
+        self.info_bytes = info_bytes
+        self.blob = blob
+        self.loads: Callable[[bytes], Any] = pickle.loads if blob is None else thaw
+        self.plain = blob is not None
         self.served = False
 
     def decode(self) -> Any:
         if self.blob is not None:
-            return pickle.loads(self.blob)
+            return self.loads(self.blob)
+        assert self.layout is not None and self.segments is not None  # read, not recorded
         value = self.codec.decode(self.layout, self.segments)
         if not self.served:  # a first hit pays nothing more than reading would
             self.served = True
@@ -135,6 +155,18 @@ class _Kept:
             with contextlib.suppress(Exception):
                 self.blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         return value
+
+
+class _Folder:
+    """What this process knows of one code folder's record."""
+
+    __slots__ = ("dirty", "record", "signer", "unwritable")
+
+    def __init__(self, signer: Signer | None, found: Record | None) -> None:
+        self.signer = signer
+        self.record = found if found is not None else Record()
+        self.dirty = False  # rows to add, carry over (touched) or drop
+        self.unwritable = False  # a write failed: not tried again by this process
 
 
 class HitTier:
@@ -147,6 +179,8 @@ class HitTier:
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        #: code folder (local path) -> what this process knows of its record
+        self._folders: dict[str, _Folder] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -156,6 +190,7 @@ class HitTier:
         with self._lock:
             self._kept.clear()
             self._bytes = 0
+            self._folders.clear()
 
     def read(
         self, path: str, name: str, signer: Signer | None, allow_pickle: bool
@@ -172,11 +207,13 @@ class HitTier:
             return None
         kept = self._kept.get(path)
         if kept is None:
-            return self._first(path, name, signer, allow_pickle)
+            kept = self._recorded(path, name, signer)
+            if kept is None:
+                return self._first(path, name, signer, allow_pickle)
         try:
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):  # cleared: a miss at once
-            self._drop(path)
+            self._drop(path, stale=kept.plain)
             raise EntryNotFound(name) from None
         if (
             kept.ident == _identity(st)
@@ -188,9 +225,34 @@ class HitTier:
                 self._kept.move_to_end(path)
             except KeyError:  # dropped by another thread meanwhile
                 pass
-            return self._decode(kept, path), kept.info_bytes
-        self._drop(path)  # changed since, or kept for another reader: read again
+            if kept.loads is not thaw:
+                return self._decode(kept, path), kept.info_bytes
+            try:
+                return kept.decode(), kept.info_bytes
+            except Exception as exc:  # a row that does not load is the record's fault,
+                # never the entry's (which is not removed): read as if there were no row
+                logger.debug("mlcache: a record's row of %s is not used: %s", path, exc)
+                self._drop(path, stale=True)
+                return self._first(path, name, signer, allow_pickle)
+        # changed since, or kept for another reader: read again
+        self._drop(path, stale=kept.plain and kept.ident != _identity(st))
         return self._first(path, name, signer, allow_pickle)
+
+    def _recorded(self, path: str, name: str, signer: Signer | None) -> _Kept | None:
+        """The entry at ``path`` as its code folder's record holds it (kept, not yet
+        checked against the file), or None when the record has no row of it."""
+        folder, _, key = path.rpartition(os.sep)
+        state = self._folders.get(folder)
+        if state is None or state.signer is not signer:  # once per folder and key
+            state = _Folder(signer, record.load(folder, signer))
+            self._folders[folder] = state
+        row = state.record.take(key)
+        if row is None:
+            return None
+        ident, codec, info, blob = row
+        kept = _Kept(ident, name, signer, codecs[codec], info, blob=blob)
+        self._keep(path, kept)
+        return kept
 
     def _first(
         self, path: str, name: str, signer: Signer | None, allow_pickle: bool
@@ -219,9 +281,15 @@ class HitTier:
         # settled (older than the margin) then, so any change since, even one made
         # while it was being read, gives it a later mtime or ctime: the next hit
         # reads it again.
-        fresh = _Kept(_identity(st), name, signer, reader, codec)
+        fresh = _Kept(_identity(st), name, signer, codec, reader.info_bytes, reader)
         self._keep(path, fresh)
-        return self._decode(fresh, path), fresh.info_bytes
+        value = self._decode(fresh, path)
+        if st.st_size <= MAX_ROW:  # what a record may hold: before the caller has it
+            blob = freeze(value)
+            if blob is not None:
+                fresh.blob, fresh.plain = blob, True
+                self._changed(path)
+        return value, fresh.info_bytes
 
     def _decode(self, kept: _Kept, path: str) -> Any:
         try:
@@ -248,11 +316,94 @@ class HitTier:
                 _, out = self._kept.popitem(last=False)
                 self._bytes -= out.ident[2]
 
-    def _drop(self, path: str) -> None:
+    def _drop(self, path: str, *, stale: bool = False) -> None:
         with self._lock:
             old = self._kept.pop(path, None)
             if old is not None:
                 self._bytes -= old.ident[2]
+        if stale:  # a recorded entry changed: its record is written again without it
+            self._changed(path)
+
+    def _changed(self, path: str) -> None:
+        # the folder's state was made by the read that found no kept entry
+        state = self._folders.get(path.rpartition(os.sep)[0])
+        if state is not None:
+            state.dirty = True
+
+    # -- the records of the next runs --------------------------------------------------
+    def retouch(self, paths: Iterable[str], change: Callable[[], Any]) -> None:
+        """Run ``change()``, which only sets the times of the entry files ``paths``
+        (mlcache's last-use touch), carrying over what is kept of those files:
+        each whose identity before was the kept one and whose device, inode and
+        size are the same after it is kept with its new identity (see
+        :mod:`mlcache.memo.record`)."""
+        before: list[tuple[str, _Kept]] = []
+        for path in paths if self._kept else ():
+            kept = self._kept.get(path)
+            if kept is None:
+                continue
+            try:
+                st = os.stat(path)
+            except (OSError, ValueError):
+                continue
+            if _identity(st) == kept.ident:
+                before.append((path, kept))
+        change()
+        for path, kept in before:
+            try:
+                new = _identity(os.stat(path))
+            except (OSError, ValueError):
+                continue
+            if new[:3] == kept.ident[:3] and self._kept.get(path) is kept:
+                kept.ident = new
+                if kept.plain:
+                    self._changed(path)
+
+    def save(self, root: str) -> None:
+        """Write the records of the code folders under ``root`` (a local store's
+        folder) that changed in this process: what it keeps of each folder, the
+        most recently used first, then the rows of the record it read that it did
+        not take, each only while its file has the identity recorded. A failure is
+        logged at debug level (a read-only cache folder), and that folder's record
+        is not tried again by this process."""
+        prefix = os.path.join(root, "")
+        todo = {
+            folder: state
+            for folder, state in list(self._folders.items())
+            if state.dirty and not state.unwritable and folder.startswith(prefix)
+        }
+        if not todo:
+            return
+        kept_rows: dict[str, list[tuple[str, Row]]] = {folder: [] for folder in todo}
+        for path, kept in reversed(list(self._kept.items())):
+            folder, _, key = path.rpartition(os.sep)
+            state = todo.get(folder)
+            if state is not None and kept.plain and kept.signer is state.signer:
+                assert kept.blob is not None  # plain: its blob is a record's
+                info = kept.info_bytes if kept.loads is thaw else brief(kept.info_bytes)
+                row = (kept.ident, kept.codec.name, info, kept.blob)
+                kept_rows[folder].append((key, row))
+        for folder, state in todo.items():
+            state.dirty = False
+            rows: dict[str, Row] = {}
+            total = 0
+            for key, row in [*kept_rows[folder], *state.record.rest().items()]:
+                if key in rows:
+                    continue
+                try:
+                    if _identity(os.stat(os.path.join(folder, key))) != row[0]:
+                        continue
+                except (OSError, ValueError):
+                    continue
+                total += len(row[2]) + len(row[3]) + 128
+                if total > MAX_RECORD:
+                    break
+                rows[key] = row
+            try:
+                record.save(folder, rows, state.signer)
+            except OSError as exc:  # a read-only cache, a removed folder: no warning
+                state.unwritable = True
+                logger.debug("mlcache: the record of %s was not written: %s", folder, exc)
 
     def _after_fork(self) -> None:
         # a forked child inherits the lock in whatever state another thread held it

@@ -44,6 +44,7 @@ from ..entry import decode, keep_verified, open_entry, read_entry_info, write_en
 from ..errors import EntryCorrupted, EntryNotFound, UnknownFormat
 from ..store import LocalFolders, Locking, Store
 from .layout import STATS, cached_objects, entry_folder, is_stats
+from .tier import tier
 
 __all__ = ["FLUSH_SECONDS", "FunctionStats", "StatsLog", "UsageLog", "collect", "renew_at_fork"]
 
@@ -271,11 +272,18 @@ class UsageLog:
             try:
                 # the touch sets the entries' mtime: keep this process's marks of
                 # verified files (mlcache.entry), or the next mapped hit re-checks
+                # and the hit tier's entries, whose rows the next run's records hold
                 local = self._local
                 paths = [local.local_path(n) for n in hits] if local is not None else []
-                keep_verified(paths, lambda: self._store.touch(list(hits)))
+                touch = lambda: self._store.touch(list(hits))  # noqa: E731
+                keep_verified(paths, lambda: tier.retouch(paths, touch))
             except Exception:  # last-use times are advisory: a store's error never fails a hit
                 logger.debug("mlcache: recording last use failed", exc_info=True)
+            if self._local is not None:
+                try:  # the records of the code folders whose small entries were read
+                    tier.save(self._local.local_root)
+                except Exception:  # a cache of the next run only: never fails a hit
+                    logger.debug("mlcache: writing the records failed", exc_info=True)
             for name, (count, info) in list(hits.items()):  # a late note may still land
                 func, duration = _func_and_duration(info)
                 self.stats.add(entry_folder(name), func, hits=count, saved=count * duration)
