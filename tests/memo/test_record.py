@@ -1,0 +1,195 @@
+"""The record of a code folder's small entries (mlcache.memo.record): the next run
+serves its first hits from it, and never a value its entry file no longer holds.
+
+Each run is a fresh interpreter (tests/scripts.py); ``run.py`` counts the entry
+files it reads (the tier's ``EntryReader``) and logs what it computes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlcache import Memory
+from mlcache.entry.reader import SETTLED_NS, read_info
+from mlcache.memo import record
+from scripts import ScriptFolder
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="the tier is on on POSIX only")
+
+N = 6
+
+WORK = """
+import os
+import numpy as np
+
+def small(a, b):
+    with open(os.environ["LOG"], "a") as log:
+        log.write(f"{a} ")
+    offset = int(os.environ.get("OFFSET", "0"))
+    return {"sum": a + b + offset, "pair": [a, (b,)], "arr": np.arange(a, dtype="f4")}
+"""
+
+RUN = f"""
+import json, os, sys
+from mlcache import Memory
+from mlcache.memo import tier as T
+
+reads = []
+
+class Counting(T.EntryReader):
+    def __init__(self, path, *args, **kwargs):
+        super().__init__(path, *args, **kwargs)
+        reads.append(os.path.basename(str(path)))  # read and checked
+
+T.EntryReader = Counting
+if os.environ.get("NO_WRITES"):  # a cache folder this process cannot write to
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    import mlcache.memo.record as R
+    R.write_bytes_atomic = refused
+import work
+mem = Memory(os.environ["CACHE"], verbose=0, secret=os.environ.get("SECRET", "k" * 32))
+f = mem.cache(work.small)
+if sys.argv[1:] == ["clear"]:
+    f.clear(warn=False)
+values = [f(i, i + 1) for i in (range({N}) if sys.argv[1:] != ["2"] else [2])]
+print(json.dumps({{"reads": len(reads),
+                  "values": [[v["sum"], v["pair"], v["arr"].tolist()] for v in values],
+                  "read": reads}}))
+"""
+
+
+def expected(offset: int = 0, changed: int | None = None) -> list[list[object]]:
+    return [
+        [2 * i + 1 + (offset if i == changed or changed is None else 0), [i, [i + 1]],
+         list(map(float, range(i)))]
+        for i in range(N)
+    ]  # fmt: skip
+
+
+class Runs(ScriptFolder):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.write("work.py", WORK)
+        self.write("run.py", RUN)
+
+    def run(self, *args: str, **env: str) -> dict[str, object]:
+        res = self.execute("run.py", *args, env=env)
+        out: dict[str, object] = json.loads(res.stdout)
+        out["computed"] = [int(w) for w in self.logged()]
+        out["stderr"] = res.stderr
+        return out
+
+    def settle(self) -> None:
+        """Past the time a freshly written entry must wait to be kept (tier)."""
+        time.sleep(SETTLED_NS / 1e9 + 0.02)
+
+    def records(self) -> list[Path]:
+        return sorted(self.cache.glob("*/*/" + record.NAME))
+
+    def entry(self, i: int) -> Path:
+        """The entry file of ``small(i, i + 1)``."""
+        for path in self.cache.glob("*/*/" + "[0-9a-f]" * 32):
+            if read_info(str(path))["input_args"]["a"] == str(i):
+                return path
+        raise AssertionError(f"no entry for {i}")
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Runs:
+    r = Runs(tmp_path)
+    assert r.run()["computed"] == list(range(N))  # the first run computes
+    r.settle()
+    second = r.run()  # reads every entry file, and writes the record
+    assert second["computed"] == [] and second["reads"] == N
+    assert len(r.records()) == 1
+    return r
+
+
+def test_the_next_run_serves_its_first_hits_from_the_record(runs):
+    for _ in range(2):  # the touch of the run before is carried over
+        got = runs.run()
+        assert got["values"] == expected()
+        assert got["reads"] == 0 and got["computed"] == [] and got["stderr"] == ""
+
+
+@pytest.mark.parametrize("how", ["evicted", "rewritten", "corrupted"])
+def test_an_entry_changed_after_the_record_is_not_served_from_it(runs, how):
+    path = runs.entry(2)
+    if how == "evicted":  # what eviction, `prune` and `verify --fix` do
+        path.unlink()
+    elif how == "rewritten":  # computed again (another value: a hidden input) by a
+        path.unlink()  # run that leaves the record as it was
+        assert runs.run("2", OFFSET="100", NO_WRITES="1")["computed"] == [2]
+    else:  # a byte of the value flipped in place, its mtime restored
+        st = path.stat()
+        data = bytearray(path.read_bytes())
+        data[-3] ^= 0x01
+        path.write_bytes(bytes(data))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    got = runs.run(OFFSET="100")  # a computation here would show
+    assert got["values"] == expected(100, changed=2)
+    # the changed entry: read (a new file) or computed again; the others: recorded
+    assert got["reads"] == (1 if how == "rewritten" else 0)
+    assert got["computed"] == ([] if how == "rewritten" else [2])
+
+
+def test_a_cleared_function_is_not_served_from_its_record(runs):
+    got = runs.run("clear")
+    assert got["values"] == expected() and got["computed"] == list(range(N))
+
+
+@pytest.mark.parametrize("damage", ["torn", "flipped", "another key", "unsigned"])
+def test_a_torn_damaged_or_forged_record_is_not_used_and_is_replaced(runs, damage):
+    (path,) = runs.records()
+    if damage == "torn":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "flipped":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        path.write_bytes(bytes(data))
+    else:  # rows of other values, written by someone without the readers' key
+        signer = Memory(runs.cache, verbose=0, secret="k" * 32).context.signer
+        found = record.load(str(path.parent), signer)
+        assert found is not None and len(found) == N
+        forged = {
+            key: (ident, codec, info, record.freeze({"sum": -1, "pair": [0, [0]], "arr": []}))
+            for key, (ident, codec, info, _) in found.rest().items()
+        }
+        other = Memory(runs.cache, verbose=0, secret="another key").context.signer
+        path.write_bytes(record.pack(forged, other if damage == "another key" else None))
+    got = runs.run()
+    assert got["reads"] == N and got["values"] == expected() and got["computed"] == []
+    assert got["stderr"] == ""
+    assert runs.run()["reads"] == 0  # the run before wrote it again
+
+
+def test_a_cache_folder_that_cannot_be_written_is_read_without_a_warning(tmp_path):
+    runs = Runs(tmp_path)
+    runs.run()
+    runs.settle()
+    for _ in range(2):
+        got = runs.run(NO_WRITES="1")
+        assert got["values"] == expected() and got["reads"] == N
+        assert got["stderr"] == ""
+    assert runs.records() == []
+
+
+# -- the value's bytes ------------------------------------------------------------
+def test_a_row_loads_plain_values_and_arrays_of_numbers_only():
+    value = {"a": [1, 2.5, None, True], "b": (b"x", "y"), "c": {3, 4}, "m": np.eye(2, order="F")}
+    got = record.thaw(record.freeze(value))
+    assert got["a"] == value["a"] and got["b"] == value["b"] and got["c"] == value["c"]
+    assert np.array_equal(got["m"], value["m"]) and got["m"].flags.writeable
+    for other in (np.float64(1.0), np.array([object()]), {"k": complex(1, 2)}, object()):
+        assert record.freeze(other) is None  # needs a global: its entry is read
+    with pytest.raises(pickle.UnpicklingError):
+        record.thaw(pickle.dumps(os.getcwd))
+    with pytest.raises(pickle.UnpicklingError):
+        record.thaw(pickle.dumps(eval))
