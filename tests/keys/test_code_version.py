@@ -285,3 +285,33 @@ def test_more_ways_of_reaching_code():
         assert code_version(one).digest != code_version(two).digest
     finally:
         del sys.modules["depsbody"]
+
+
+def test_the_constants_a_code_loads_are_those_dis_finds():
+    """bytecode._loaded_consts reads co_code itself (dis builds an object per
+    instruction): the same indices, EXTENDED_ARG prefixes and 3.11's caches included."""
+    import dis
+    import email.message
+    import inspect
+    import json.decoder
+    import types
+
+    from mlcache.keys.bytecode import _loaded_consts
+
+    ops = frozenset(dis.hasconst)
+
+    def by_dis(code: types.CodeType) -> set[int]:
+        return {
+            ins.arg
+            for ins in dis.get_instructions(code)
+            if (ins.opcode in ops or ins.opname == "KW_NAMES") and ins.arg is not None
+        }
+
+    def walk(code: types.CodeType) -> int:
+        assert _loaded_consts(code) == by_dis(code), code
+        return 1 + sum(walk(c) for c in code.co_consts if isinstance(c, types.CodeType))
+
+    sources = [inspect.getsource(m) for m in (json.decoder, email.message, inspect)]
+    # 1,000 constants loaded one by one: an EXTENDED_ARG prefix
+    sources.append("x = [y, " + ", ".join(f"'{i}'" for i in range(1_000)) + "]")
+    assert sum(walk(compile(src, "<test>", "exec")) for src in sources) > 200
