@@ -57,12 +57,17 @@ CHILD = textwrap.dedent(
 
 
 def child(which: str, loc: str, n: int, scratch: str) -> dict[str, float]:
+    # the children run in the scratch folder: a relative PYTHONPATH entry (``src``)
+    # would name nothing there, and they would import the installed mlcache
+    inherited = [
+        os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
+    ]
     res = subprocess.run(
         [sys.executable, "-c", CHILD, which, loc, str(n)],
         capture_output=True,
         text=True,
         cwd=scratch,
-        env={**os.environ, "PYTHONPATH": scratch + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([scratch, *inherited])},
         check=False,
     )
     if res.returncode != 0:
