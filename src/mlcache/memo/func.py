@@ -218,10 +218,11 @@ class MemorizedFunc(Generic[P, R]):
         return None if keyed is None else keyed[0]
 
     # -- load and store -------------------------------------------------------------
-    def _read(self, name: str, read: Callable[[], Any]) -> Any:
-        """``read()``, or ``_MISS`` (missing, unreadable; damaged: removed, one warning)."""
+    def _read(self, name: str, read: Callable[..., Any], *args: Any) -> Any:
+        """``read(*args)``, or ``_MISS`` (missing, unreadable; damaged: removed, one
+        warning)."""
         try:
-            return read()
+            return read(*args)
         except EntryNotFound:
             return _MISS
         except UnsupportedValue:
@@ -299,22 +300,20 @@ class MemorizedFunc(Generic[P, R]):
         if validate and self.cache_validation_callback is not None and not self._valid(name, path):
             return _MISS
         ctx = self._ctx
-        allow, signer = ctx.allow_pickle, ctx.signer
-
-        def read() -> tuple[Any, bytes]:
-            if path is not None and mmap_mode is None:  # small entries: one stat per hit
-                got = tier.read(path, name, signer, allow)
-                if got is not None:
-                    return got
-            reader = open_entry(self._store, name, mmap_mode, path=path, signer=signer)
-            return decode(reader, allow_pickle=allow), reader.info_bytes
-
-        got = self._read(name, read)
+        if path is not None and mmap_mode is None and tier.enabled:  # one stat per hit
+            got = self._read(name, tier.read, path, name, ctx.signer, ctx.allow_pickle)
+        else:
+            got = self._read(name, self._open, name, mmap_mode, path)
         if got is _MISS:
             return _MISS
         if hit:
             ctx.usage.note(name, got[1])
         return got[0]
+
+    def _open(self, name: str, mmap_mode: str | None, path: str | None) -> tuple[Any, bytes]:
+        ctx = self._ctx
+        reader = open_entry(self._store, name, mmap_mode, path=path, signer=ctx.signer)
+        return decode(reader, allow_pickle=ctx.allow_pickle), reader.info_bytes
 
     def _store_result(
         self,

@@ -36,15 +36,15 @@ a record signed with another key (or with none) is not used either.
 File layout (little-endian)::
 
     offset  size  field
-    0       8     magic b"mlcrec\\r\\n"
+    0       8     magic b"mlcrec\r\n"
     8       4     format version (1)
     12      4     rows
     16      8     body length
     24      8     signing key id (zeros: unsigned)
     32      16    xxh3-128 of the body
-    48      32    HMAC-SHA256 of bytes 0-47 and the body (zeros: unsigned)
-    80            body: the rows' entry keys (32 ASCII hex digits each), the rows,
-                  then the data they point at
+    48            body: the rows' entry keys (32 ASCII hex digits and a newline
+                  each), the rows, then the data they point at
+    end - 32  32  HMAC-SHA256 of everything before it (zeros: unsigned)
 
     row (57 bytes): st_ino, st_dev, st_size (u64), st_mtime_ns, st_ctime_ns
     (i64), data offset in the body (u64), info length, value length (u32),
@@ -95,10 +95,9 @@ MAX_ROW = 4096
 MAX_RECORD = 2 * 1024 * 1024
 MAGIC = b"mlcrec\r\n"
 VERSION = 1
-_HEAD = struct.Struct("<8sIIQ8s16s32s")
-_SIGNED_HEAD = _HEAD.size - MAC_SIZE
+_HEAD = struct.Struct("<8sIIQ8s16s")
 _ROW = struct.Struct("<QQQqqQIIB")
-_KEY = 32
+_KEY = 33  # 32 hex digits and a newline
 CODECS = ("npy", "pickle")
 _NO_KEY = bytes(KEY_ID_SIZE)
 
@@ -183,50 +182,62 @@ def pack(rows: dict[str, Row], signer: Signer | None) -> bytes:
         )
         data += (info, blob)
         offset += len(info) + len(blob)
-    keys = "".join(rows).encode("ascii")
+    keys = "".join(key + "\n" for key in rows).encode("ascii")
     if len(keys) != _KEY * len(rows):
         raise ValueError("a record's keys are 32 hex digits")
     body = b"".join([keys, *table, *data])
     key_id = _NO_KEY if signer is None else signer.key_id
-    digest = xxhash.xxh3_128_digest(body)
-    head = _HEAD.pack(MAGIC, VERSION, len(rows), len(body), key_id, digest, bytes(MAC_SIZE))
-    mac = bytes(MAC_SIZE) if signer is None else signer.sign(head[:_SIGNED_HEAD] + body)
-    return head[:_SIGNED_HEAD] + mac + body
+    head = _HEAD.pack(MAGIC, VERSION, len(rows), len(body), key_id, xxhash.xxh3_128_digest(body))
+    signed = head + body
+    return signed + (bytes(MAC_SIZE) if signer is None else signer.sign(signed))
 
 
 class Record:
-    """The rows of one code folder's record, taken one by one by the tier."""
+    """The rows of one code folder's record: parsed as they are first asked for,
+    then held in :attr:`served` while they hold (the tier drops a row whose file
+    changed)."""
 
-    __slots__ = ("_body", "_rows")
+    __slots__ = ("_at", "_body", "served")
 
-    def __init__(self, body: bytes = b"", rows: dict[str, int] | None = None) -> None:
-        self._body = body
-        self._rows = rows or {}
+    def __init__(self, body: memoryview | None = None, at: dict[str, int] | None = None) -> None:
+        self._body = body if body is not None else memoryview(b"")
+        self._at = at or {}  # rows not parsed yet: key -> offset in the body
+        #: rows parsed (and served) by this process: key -> row
+        self.served: dict[str, Row] = {}
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._at) + len(self.served)
 
-    def take(self, key: str) -> Row | None:
-        """The row of entry ``key`` (removed from the record: the tier keeps it), or
-        None when it has none (or a damaged one: the record's checksum passed, so
-        only a writer's bug makes one)."""
-        at = self._rows.pop(key, None)
-        if at is None:
-            return None
-        return _row(self._body, at)
+    def row(self, key: str) -> Row | None:
+        """The row of entry ``key``, or None when there is none (or a damaged one:
+        the record's checksum passed, so only a writer's bug makes one)."""
+        found = self.served.get(key)
+        if found is None:
+            at = self._at.pop(key, None)
+            if at is None:
+                return None
+            found = _row(self._body, at)
+            if found is not None:
+                self.served[key] = found
+        return found
+
+    def drop(self, key: str) -> None:
+        """Forget the row of ``key`` (its file changed)."""
+        self.served.pop(key, None)
 
     def rest(self) -> dict[str, Row]:
-        """The rows not taken."""
-        found = ((key, _row(self._body, at)) for key, at in list(self._rows.items()))
-        return {key: row for key, row in found if row is not None}
+        """Every row held, those served first."""
+        found = ((key, _row(self._body, at)) for key, at in list(self._at.items()))
+        return {**self.served, **{key: row for key, row in found if row is not None}}
 
 
-def _row(body: bytes, at: int) -> Row | None:
+def _row(body: memoryview, at: int) -> Row | None:
     ino, dev, size, mtime, ctime, offset, n_info, n_blob, codec = _ROW.unpack_from(body, at)
     end = offset + n_info
     if end + n_blob > len(body) or codec >= len(CODECS):
         return None
-    return (ino, dev, size, mtime, ctime), CODECS[codec], body[offset:end], body[end : end + n_blob]
+    info, blob = bytes(body[offset:end]), bytes(body[end : end + n_blob])
+    return (ino, dev, size, mtime, ctime), CODECS[codec], info, blob
 
 
 def load(folder: str, signer: Signer | None) -> Record | None:
@@ -239,7 +250,7 @@ def load(folder: str, signer: Signer | None) -> Record | None:
         return None
     try:
         size = os.fstat(fd).st_size
-        if size < _HEAD.size or size > _HEAD.size + MAX_RECORD + MAX_RECORD:
+        if size > _HEAD.size + MAX_RECORD + MAX_RECORD:
             return None
         data = os.read(fd, size)
     except OSError:
@@ -254,23 +265,29 @@ def load(folder: str, signer: Signer | None) -> Record | None:
 
 
 def _parse(data: bytes, signer: Signer | None) -> Record | None:
-    magic, version, count, length, key_id, digest, mac = _HEAD.unpack_from(data)
-    body = data[_HEAD.size :]
+    # the body is a view: a copy of a record of 200 rows cost more than checking it
+    if len(data) < _HEAD.size + MAC_SIZE:
+        return None
+    magic, version, count, length, key_id, digest = _HEAD.unpack_from(data)
+    view = memoryview(data)
+    body = view[_HEAD.size : len(data) - MAC_SIZE]
     if magic != MAGIC or version != VERSION or length != len(body):
         return None  # torn, truncated or another format: never guessed at
-    if xxhash.xxh3_128_digest(body) != digest:
-        return None
     if key_id != (_NO_KEY if signer is None else signer.key_id):
         return None
-    if signer is not None and not signer.verify(mac, data[:_SIGNED_HEAD] + body):
+    if signer is not None:  # the MAC covers all the checksum does
+        if not signer.verify(view[len(data) - MAC_SIZE :], view[: len(data) - MAC_SIZE]):
+            return None
+    elif xxhash.xxh3_128_digest(body) != digest:
         return None
     table = count * _KEY
     if table + count * _ROW.size > len(body):
         return None
-    keys = body[:table].decode("ascii")
+    names = str(body[:table], "ascii").split("\n")  # one call, not one slice a row
+    if len(names) != count + 1:
+        return None
     # the rows are checked as they are taken (most runs take a few of them)
-    rows = {keys[i : i + _KEY]: table + n * _ROW.size for n, i in enumerate(range(0, table, _KEY))}
-    return Record(body, rows)
+    return Record(body, dict(zip(names, range(table, table + count * _ROW.size, _ROW.size))))
 
 
 def save(folder: str, rows: dict[str, Row], signer: Signer | None) -> None:
