@@ -54,7 +54,9 @@ if os.environ.get("NO_WRITES"):  # a cache folder this process cannot write to
     import mlcache.memo.record as R
     R.write_bytes_atomic = refused
 import work
-mem = Memory(os.environ["CACHE"], verbose=0, secret=os.environ.get("SECRET", "k" * 32))
+secret = os.environ.get("SECRET", "k" * 32)
+mem = Memory(os.environ["CACHE"], verbose=0, secret=secret if secret != "off" else False,
+             allow_pickle=not os.environ.get("NO_PICKLE"))
 f = mem.cache(work.small)
 if sys.argv[1:] == ["clear"]:
     f.clear(warn=False)
@@ -112,9 +114,16 @@ def runs(tmp_path: Path) -> Runs:
     return r
 
 
-def test_the_next_run_serves_its_first_hits_from_the_record(runs):
+@pytest.mark.parametrize(
+    "env", [{}, {"NO_PICKLE": "1"}, {"SECRET": "off"}], ids=["signed", "no pickle", "unsigned"]
+)
+def test_the_next_run_serves_its_first_hits_from_the_record(tmp_path, env):
+    runs = Runs(tmp_path)
+    runs.run(**env)
+    runs.settle()
+    assert runs.run(**env)["reads"] == N
     for _ in range(2):  # the touch of the run before is carried over
-        got = runs.run()
+        got = runs.run(**env)
         assert got["values"] == expected()
         assert got["reads"] == 0 and got["computed"] == [] and got["stderr"] == ""
 
