@@ -77,6 +77,7 @@ BUDGET = 16 * 1024 * 1024
 CODECS = frozenset({"npy", "pickle"})
 
 _Ident = tuple[int, int, int, int, int]
+_UNFIT = object()
 
 
 def _identity(st: os.stat_result) -> _Ident:
@@ -105,8 +106,9 @@ class _Kept:
     """One verified entry: its segments, and for ``npy`` values a pickle this process
     made of the value it decoded from them (``pickle.loads`` of it builds the same
     tree of plain values and arrays in a quarter of the time; it is this process's
-    own memory, never bytes of the file). ``plain``: that pickle is one a record may
-    hold (:func:`~mlcache.memo.record.freeze`)."""
+    own memory, never bytes of the file). ``plain``: small enough for a record,
+    and not yet found to hold a value a record cannot (``row`` holds its bytes
+    for a record once made, :func:`~mlcache.memo.record.freeze`)."""
 
     __slots__ = (
         "blob",
@@ -116,6 +118,7 @@ class _Kept:
         "layout",
         "name",
         "plain",
+        "row",
         "segments",
         "served",
         "signer",
@@ -138,6 +141,7 @@ class _Kept:
         self.info_bytes = info_bytes
         self.blob = blob
         self.plain = False
+        self.row: bytes | None = None
         self.served = False
 
     def decode(self) -> Any:
@@ -173,6 +177,9 @@ class HitTier:
         self.max_entry, self.budget = max_entry, budget
         #: off where the ctime is not the time of the last change (see above)
         self.enabled = os.name == "posix"
+        #: code folders' records are read and written (:mod:`mlcache.memo.record`);
+        #: off, a first hit reads its file (what benchmarks of that read turn off)
+        self.records = True
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -207,7 +214,8 @@ class HitTier:
             folder, _, key = path.rpartition(os.sep)
             state = self._folders.get(folder)
             if state is None or state.signer is not signer:  # once per folder
-                state = self._folders[folder] = _Folder(signer, record.load(folder, signer))
+                found = record.load(folder, signer) if self.records else None
+                state = self._folders[folder] = _Folder(signer, found)
             row = state.record.row(key)
             if row is not None and (allow_pickle or codecs[row[1]].safe):
                 got = self._recorded(path, name, state, key, row, allow_pickle)
@@ -293,11 +301,9 @@ class HitTier:
         fresh = _Kept(_identity(st), name, signer, codec, reader.info_bytes, reader)
         self._keep(path, fresh)
         value = self._decode(fresh, path)
-        if st.st_size <= MAX_ROW:  # what a record may hold: before the caller has it
-            blob = freeze(value)
-            if blob is not None:
-                fresh.blob, fresh.plain = blob, True
-                self._changed(path)
+        if st.st_size <= MAX_ROW:  # a record may hold it: made when it is written
+            fresh.plain = True
+            self._changed(path)
         return value, fresh.info_bytes
 
     def _decode(self, kept: _Kept, path: str) -> Any:
@@ -385,6 +391,24 @@ class HitTier:
                 state.record.served[key] = (new, *row[1:])
                 state.dirty = True
 
+    @staticmethod
+    def _row_of(kept: _Kept) -> bytes | None:
+        """The bytes of ``kept``'s value for a record (decoded again from its
+        verified segments when the record is written, not on the hit that read it:
+        ~3 µs of a first read), or None when a record cannot hold that value."""
+        if kept.row is None and kept.plain:
+            try:
+                value = (
+                    pickle.loads(kept.blob)
+                    if kept.blob is not None
+                    else kept.codec.decode(kept.layout, kept.segments)  # type: ignore[arg-type]
+                )
+            except Exception:  # as a hit would: not this row's to say
+                value = _UNFIT
+            kept.row = freeze(value) if value is not _UNFIT else None
+            kept.plain = kept.row is not None
+        return kept.row
+
     def save(self, root: str) -> None:
         """Write the records of the code folders under ``root`` (a local store's
         folder) that changed in this process: what it keeps of each folder, the
@@ -392,6 +416,8 @@ class HitTier:
         not take, each only while its file has the identity recorded. A failure is
         logged at debug level (a read-only cache folder), and that folder's record
         is not tried again by this process."""
+        if not self.records:
+            return
         prefix = os.path.join(root, "")
         todo = {
             folder: state
@@ -405,9 +431,10 @@ class HitTier:
             folder, _, key = path.rpartition(os.sep)
             state = todo.get(folder)
             if state is not None and kept.plain and kept.signer is state.signer:
-                assert kept.blob is not None  # plain: its blob is a record's
-                row = (kept.ident, kept.codec.name, brief(kept.info_bytes), kept.blob)
-                kept_rows[folder].append((key, row))
+                blob = self._row_of(kept)
+                if blob is not None:
+                    row = (kept.ident, kept.codec.name, brief(kept.info_bytes), blob)
+                    kept_rows[folder].append((key, row))
         for folder, state in todo.items():
             state.dirty = False
             rows: dict[str, Row] = {}
