@@ -199,8 +199,10 @@ class Record:
 
     __slots__ = ("_at", "_body", "served")
 
-    def __init__(self, body: memoryview | None = None, at: dict[str, int] | None = None) -> None:
-        self._body = body if body is not None else memoryview(b"")
+    def __init__(self, body: bytes = b"", at: dict[str, int] | None = None) -> None:
+        # the whole file: offsets in the body are from _HEAD.size (bytes sliced out
+        # of bytes: one copy a slice, where a view's slice is two objects)
+        self._body = body
         self._at = at or {}  # rows not parsed yet: key -> offset in the body
         #: rows parsed (and served) by this process: key -> row
         self.served: dict[str, Row] = {}
@@ -231,13 +233,13 @@ class Record:
         return {**self.served, **{key: row for key, row in found if row is not None}}
 
 
-def _row(body: memoryview, at: int) -> Row | None:
-    ino, dev, size, mtime, ctime, offset, n_info, n_blob, codec = _ROW.unpack_from(body, at)
-    end = offset + n_info
-    if end + n_blob > len(body) or codec >= len(CODECS):
+def _row(data: bytes, at: int) -> Row | None:
+    ino, dev, size, mtime, ctime, offset, n_info, n_blob, codec = _ROW.unpack_from(data, at)
+    start = _HEAD.size + offset
+    end = start + n_info
+    if end + n_blob > len(data) - MAC_SIZE or codec >= len(CODECS):
         return None
-    info, blob = bytes(body[offset:end]), bytes(body[end : end + n_blob])
-    return (ino, dev, size, mtime, ctime), CODECS[codec], info, blob
+    return (ino, dev, size, mtime, ctime), CODECS[codec], data[start:end], data[end : end + n_blob]
 
 
 def load(folder: str, signer: Signer | None) -> Record | None:
@@ -287,7 +289,8 @@ def _parse(data: bytes, signer: Signer | None) -> Record | None:
     if len(names) != count + 1:
         return None
     # the rows are checked as they are taken (most runs take a few of them)
-    return Record(body, dict(zip(names, range(table, table + count * _ROW.size, _ROW.size))))
+    first = _HEAD.size + table
+    return Record(data, dict(zip(names, range(first, first + count * _ROW.size, _ROW.size))))
 
 
 def save(folder: str, rows: dict[str, Row], signer: Signer | None) -> None:
