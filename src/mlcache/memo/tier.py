@@ -23,6 +23,10 @@ process hitting 200 small entries twice):
   would not show in them.
 - Bounded: at most :data:`BUDGET` bytes of files in all, least recently used
   first out.
+- Kept for the next run: what a process keeps of a code folder is written to the
+  folder's record at its usage flushes (:meth:`HitTier.save`), and a process that
+  finds no kept entry for a path serves the record's row of it while the file has
+  the identity recorded (:mod:`mlcache.memo.record`).
 
 What one ``stat`` cannot see: a rewrite of the same file, to the same size,
 whose mtime *and* ctime are both restored. A user can restore the mtime
