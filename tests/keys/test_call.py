@@ -288,3 +288,42 @@ def test_the_digests_say_which_argument_changed():
     # the same value in two arguments is digested on its own in each
     a = [1, 2]
     assert k.key((a, a), {})[1][0] == k.key((a, [1, 2]), {})[1][1]
+
+
+def test_a_reused_hasher_keeps_no_argument_alive_and_threads_never_share_one():
+    """CallKeyer reuses its hashers (making one was a quarter of a small key): the
+    object an argument held is freed after the call, and keys made by 8 threads
+    at once are those made one at a time."""
+    import gc
+    import weakref
+
+    class Box:  # hashed by its state: the hasher's back-references hold it
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+    def f(a, b):
+        return a
+
+    keyer = CallKeyer(f, None, b"p")
+    box = Box(1)
+    ref = weakref.ref(box)
+    keyer.key((box, [box]), {})
+    del box
+    gc.collect()
+    assert ref() is None
+
+    expected = {i: keyer.key((i, [i, "x" * (i % 7)]), {})[0] for i in range(400)}
+    got: dict[int, str] = {}
+    barrier = threading.Barrier(8)
+
+    def work(part: int) -> None:
+        barrier.wait()
+        for i in range(part, 400, 8):
+            got[i] = keyer.key((i, [i, "x" * (i % 7)]), {})[0]
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == expected

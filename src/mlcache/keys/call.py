@@ -103,6 +103,9 @@ class CallKeyer:
         kept = "\0".join(self.names[i] for i in self._keep).encode()
         self._prefix = bytes([HASH_SCHEME]) + prefix + b"\0" + kept + b"\0"
         self._func = func
+        # hashers to reuse (making one is ~0.8 µs of a ~3 µs key): a list, whose
+        # pop and append are atomic, so that no two threads ever share one
+        self._hashers: list[Hasher] = []
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """Every parameter's value, in signature order (``*args`` as a tuple,
@@ -184,7 +187,10 @@ class CallKeyer:
         :class:`UnhashableArgument` naming the argument: the call then runs
         uncached, it never fails because of the cache."""
         values = self.bind(args, kwargs)
-        h = Hasher()
+        try:
+            h = self._hashers.pop()
+        except IndexError:  # none spare: this thread's first, or others hold them
+            h = Hasher()
         digests = []
         for i in self._keep:
             try:
@@ -195,6 +201,8 @@ class CallKeyer:
                     f"cannot hash argument {self.names[i]!r} of type "
                     f"{t.__module__}.{t.__qualname__}: {exc}"
                 ) from exc
+        h.forget()  # it keeps no argument alive while it waits for the next call
+        self._hashers.append(h)
         return xxhash.xxh3_128_hexdigest(self._prefix + extra + b"".join(digests)), digests
 
     def combine(self, digests: list[bytes], extra: bytes = b"") -> str:

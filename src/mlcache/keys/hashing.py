@@ -241,6 +241,14 @@ class Hasher:
         self._h.update(self.buf)
         return self._h.digest()
 
+    def forget(self) -> None:
+        """Drop what this hasher holds of the values it read (its back-references
+        keep them alive, its staging bytes hold some of their bytes), so that it
+        can wait to be reused; :meth:`digest_of` resets the rest."""
+        if self._memo:
+            self._memo.clear()
+        self.buf.clear()
+
     def update_checked(self, obj: Any) -> None:
         """:meth:`update`, with whatever reading ``obj`` raises (a proxy's
         ``__getattr__``, a broken ``__reduce__``) as a ``TypeError`` naming it."""
