@@ -315,3 +315,34 @@ def test_the_constants_a_code_loads_are_those_dis_finds():
     # 1,000 constants loaded one by one: an EXTENDED_ARG prefix
     sources.append("x = [y, " + ", ".join(f"'{i}'" for i in range(1_000)) + "]")
     assert sum(walk(compile(src, "<test>", "exec")) for src in sources) > 200
+
+
+def test_the_instructions_references_reads_are_those_dis_gives():
+    """On CPython 3.11 bytecode._instructions reads co_code itself: the same names
+    in the same order as dis, and the same values for what references() reads."""
+    import dis
+    import email.message
+    import inspect
+    import json.decoder
+    import types
+
+    from mlcache.keys import bytecode
+
+    read = bytecode._NAMES_311 | bytecode._LOCALS_311 | {"LOAD_GLOBAL", "LOAD_CONST"}
+
+    def walk(code: types.CodeType) -> int:
+        mine = list(bytecode._instructions(code))
+        theirs = [(i.opname, i.argval) for i in dis.get_instructions(code)]
+        assert [n for n, _ in mine] == [n for n, _ in theirs], code
+        for (name, value), (_, expected) in zip(mine, theirs):
+            if name in read:
+                assert value is expected or value == expected, (code, name)
+        return 1 + sum(walk(c) for c in code.co_consts if isinstance(c, types.CodeType))
+
+    sources = [inspect.getsource(m) for m in (json.decoder, email.message, inspect)]
+    sources.append(
+        "import os.path as p\nfrom a.b import c as d\n"
+        "def f(x):\n    import numpy as np\n    y = [x, " + ", ".join(map(str, range(300)))
+        + "]\n    def g():\n        return x.real + np.linalg.norm(y) + p.sep\n    return g\n"
+    )  # fmt: skip
+    assert sum(walk(compile(src, "<test>", "exec")) for src in sources) > 200
