@@ -171,25 +171,29 @@ def references(code: types.CodeType) -> list[tuple[str, ...]]:
 #: on CPython 3.11 (``dis``'s rules: LOAD_GLOBAL's name index is shifted by one bit)
 _NAMES_311 = {"LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME", "IMPORT_NAME", "IMPORT_FROM"}
 _LOCALS_311 = {"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST", "STORE_FAST"}
+_CACHE = dis.opmap.get("CACHE", -1)
 
 
 def _instructions_311(code: types.CodeType) -> Iterator[tuple[str, Any]]:
     """(name, argument value) of each instruction of ``code``, as
-    ``dis.get_instructions`` gives them on CPython 3.11 (inline caches skipped,
-    ``EXTENDED_ARG`` given), without building an ``Instruction`` each: a
-    function's first call walks its code and what it depends on (~55 µs a
-    one-line function with ``dis``, ~130 µs the first time in a process). Only the
-    values :func:`references` reads are resolved (others are None)."""
+    ``dis.get_instructions`` gives them on CPython 3.11 (``EXTENDED_ARG`` given,
+    inline caches skipped: ``co_code`` holds them as ``CACHE`` units, opcode 0),
+    without building an ``Instruction`` each: a function's first call walks its
+    code and what it depends on (~55 µs a one-line function with ``dis``, ~130 µs
+    the first time in a process). Only the values :func:`references` reads are
+    resolved (others are None)."""
     raw, names, consts = code.co_code, code.co_names, code.co_consts
-    caches: Any = dis._inline_cache_entries  # type: ignore[attr-defined]
-    opnames, extended, with_arg = dis.opname, dis.EXTENDED_ARG, dis.HAVE_ARGUMENT
-    ext = skip = 0
+    # 3.11's fast locals: the variables (arguments first), the cells that are not
+    # arguments, then the free variables (what dis's _varname_from_oparg indexes)
+    local = code.co_varnames
+    cells = tuple(c for c in code.co_cellvars if c not in local)
+    localsplus = local + cells + code.co_freevars
+    opnames, extended, with_arg, cache = dis.opname, dis.EXTENDED_ARG, dis.HAVE_ARGUMENT, _CACHE
+    ext = 0
     for i in range(0, len(raw), 2):
-        if skip:
-            skip -= 1
-            continue
         op = raw[i]
-        skip = caches[op]
+        if op == cache:
+            continue
         name = opnames[op]
         if op < with_arg:
             ext = 0
@@ -202,7 +206,7 @@ def _instructions_311(code: types.CodeType) -> Iterator[tuple[str, Any]]:
         elif name in _NAMES_311:
             yield name, names[arg]
         elif name in _LOCALS_311:
-            yield name, code._varname_from_oparg(arg)  # type: ignore[attr-defined]
+            yield name, localsplus[arg]
         elif name == "LOAD_CONST":
             yield name, consts[arg]
         else:
