@@ -274,9 +274,9 @@ class MemorizedFunc(Generic[P, R]):
     def _path(self, name: str) -> str | None:
         if not self._local:
             return None
-        base = self._code.code_path  # os.path.join costs ~0.5 µs of a ~10 µs hit
-        tail = name[name.rfind("/") + 1 :]
-        return base + tail if base.endswith(os.sep) else f"{base}{os.sep}{tail}"
+        # the code folder's path with its separator, and the key: os.path.join
+        # cost ~0.5 µs of a ~10 µs hit
+        return self._code.code_prefix + name[name.rfind("/") + 1 :]
 
     def _valid(self, name: str, path: str | None) -> bool:
         """The validation callback's verdict on the entry's header: False removes it."""

@@ -74,7 +74,7 @@ class FunctionCode(StateLearning):
         Called ``(why, hint)`` when the code cannot be walked (the function is
         then called uncached until its code changes).
 
-    The hit path reads :attr:`keyer`, :attr:`code_dir`, :attr:`code_path`,
+    The hit path reads :attr:`keyer`, :attr:`code_dir`, :attr:`code_prefix`,
     :attr:`target` and :attr:`stateful`, and calls :meth:`same_code` and
     :meth:`captured_key`; everything else runs on misses.
     """
@@ -112,6 +112,8 @@ class FunctionCode(StateLearning):
         self._seen_code: tuple[Any, ...] = (None, None, None)
         self.code_dir = ""  #: ``<function folder>/<code version>``
         self.code_path = ""  #: the code folder's local path (stores with local paths)
+        #: the same with a separator after it: an entry's path is it and the key
+        self.code_prefix = ""
         self.walk_failed = False  #: the code walk raised: uncached until the code changes
         self._unhashable_warned: set[str] = set()  # captured variables left out of keys
         #: what calls of this function change as bookkeeping (name -> kind, see
@@ -208,6 +210,7 @@ class FunctionCode(StateLearning):
         if self._ctx.local is not None:
             # hits join keys to this path: names built here need no re-validation
             self.code_path = self._ctx.local.local_path(self.code_dir)
+            self.code_prefix = os.path.join(self.code_path, "")
         self._watched = code.watched
         self._watched_objs = tuple(v for _, v in code.watched)
         self._note_other_versions(version, code.parts)
