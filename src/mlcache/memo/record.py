@@ -10,7 +10,7 @@ rows at most, the most recently used first; temporary file and rename: two
 writers racing leave one whole record, the last). The next process to hit an
 entry of the folder reads the record once (~100 µs for 200 rows) and serves each
 entry it holds for one ``os.stat`` of the entry file and a load of the value's
-bytes (~11 µs a first hit of a small dict, all of the call, against ~45 µs
+bytes (~13 µs a first hit of a small dict, all of the call, against ~47 µs
 reading the entry file). Writing never fails a call: a folder that cannot be
 written (a read-only cache) is logged at debug level, once per process and
 folder, and not tried again.
