@@ -392,3 +392,26 @@ def test_a_reopen_whose_items_are_as_recorded_builds_no_names(tmp_path, monkeypa
     ds = AlsoReads(root, tmp_path / "cache")
     assert built  # other items: their names are built and checked
     assert [ds[i]["extra"] for i in range(2)] == ["images 2, edited"] * 2
+
+
+def test_the_folder_attributes_are_read_from_a_copy_of_the_attributes(tmp_path):
+    """The background check reads the folder attributes while ``ds[i]`` sets others
+    (seen under load: "dictionary changed size during iteration", the check
+    lost): they are read from a copy."""
+    from mlcache.data.attributes import OpenItems
+
+    class Opening(OpenItems):
+        pass
+
+    class Growing:  # a path whose reading sets another attribute, as ds[i] would
+        def __init__(self, owner: Opening, path: Path) -> None:
+            self.owner, self.path = owner, path
+
+        def __fspath__(self) -> str:
+            setattr(self.owner, f"_read_{len(vars(self.owner))}", True)
+            return str(self.path)
+
+    ds = Opening()
+    ds.root = Growing(ds, tmp_path)  # type: ignore[attr-defined]
+    ds.other = str(tmp_path)  # type: ignore[attr-defined]
+    assert len(ds._folder_attributes()) == 2  # before: RuntimeError

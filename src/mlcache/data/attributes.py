@@ -62,7 +62,8 @@ class OpenItems:
         root = getattr(self, "_root", None)
         inside = os.path.join(root, "") if root else None
         found = []
-        for v in vars(self).values():
+        # a copy: the background check reads them while the open sets others
+        for v in list(vars(self).values()):
             if isinstance(v, (str, os.PathLike)) and os.path.isdir(v):
                 path = os.path.abspath(v)
                 if inside is None or not os.path.join(path, "").startswith(inside):
