@@ -14,8 +14,8 @@ the pack is read as any other (an O(1) open). Otherwise a :class:`Filler` serves
 
 Records go to append-only *segment* files in ``<pack>.fill/``, one per process
 (DataLoader workers, forked or spawned, each write their own: no lock is taken to
-record). A record is one ``writev`` (an up-front fill, which serves nothing
-before its seal, writes a batch of records a call: :mod:`mlcache.data.recording`): a 64-byte header
+record). Records are appended a batch at a time, one ``writev`` each (when each
+is written, and what a kill loses: :mod:`mlcache.data.recording`); a record is a 64-byte header
 (magic, length, the item's key and fingerprint, the checksums of the payload and
 of the header: see :mod:`mlcache.data.records`, which owns the bytes), then the
 sample: in a compact form for plain values (numbers, text, bytes, numeric arrays,
@@ -75,6 +75,7 @@ from .records import (
 from .replaced import own_beside
 from .sealing import BASE as _BASE
 from .sealing import MISSING as _MISSING
+from .sealing import PENDING as _PENDING
 from .sealing import SealSource
 from .sequence import sample_index, sample_indices
 from .values import as_sealed, read_back
@@ -184,7 +185,12 @@ class Filler(RecordWriting):
         #: this process recorded a sample since its last look (see the module docstring)
         self._recorded_since_look = False
         self._seen_file: tuple[int, int] | None = base.file_id if base is not None else ignore
+        self._held: list[tuple[int, bytes, bytes]] = []
+        self._held_since = 0.0
+        self.start_holding()  # (another filler of the pack here writes what it held)
+        self._looked = False
         self.look_again()
+        self._looked = True  # segments and records found from now on: another process's
 
     # -- what is present ----------------------------------------------------------------
     @property
@@ -225,9 +231,11 @@ class Filler(RecordWriting):
         if first is None:
             return  # an item no longer listed
         for i in (first, *self._twins.get(first, ())):
-            if self.src[i] == _MISSING and self._fps[i] == fp:
+            src = self.src[i]
+            if src in (_MISSING, _PENDING) and self._fps[i] == fp:
                 self.src[i], self.pos[i] = segment, offset
-                self.present += 1
+                if src == _MISSING:  # (a record this process held is counted)
+                    self.present += 1
 
     def look_again(self) -> bool:
         """Look for the sealed pack, and for the records of other processes; True
@@ -241,6 +249,7 @@ class Filler(RecordWriting):
         # (force_recache, a stale pack): an unchanged folder spares the pack's stat
         if names is not None and self._find_sealed():
             return True
+        before = len(self.segments), self.present
         for name in names or ():
             if name.endswith(".seg") and name not in self._named:
                 self._named[name] = len(self.segments)
@@ -249,6 +258,8 @@ class Filler(RecordWriting):
         for number, segment in enumerate(self.segments):
             if not segment.broken:
                 gone |= not self._scan(number, segment)
+        if self._holder and self._looked and before != (len(self.segments), self.present):
+            self.stop_holding()  # another process fills it too: no record held back
         # a segment removed since this look found no pack: a seal removes them once
         # its pack is in place, so the pack is looked for again (else the items of
         # that segment are loaded twice: a DataLoader's worker meeting the other's seal)
@@ -356,6 +367,9 @@ class Filler(RecordWriting):
             sample = self.read_record(i)
             if sample is not None:
                 return sample if self.allow_pickle else as_sealed(sample, self._forms)
+        elif src == _PENDING:  # loaded here, its record held: written, then read
+            self.flush()
+            return self.get(i)
         # missing here: another process may have recorded it since (see the
         # module docstring); throttling this look loaded items twice
         if self.look_again():
@@ -447,6 +461,7 @@ class Filler(RecordWriting):
     # -- sealing ------------------------------------------------------------------------------
     def seal(self) -> PackedDataset:
         """Write the sealed pack (or adopt the one another process sealed)."""
+        self.flush()
         with self._lock():
             if self.sealed is None and is_newer_pack(self.path):
                 self._beside_newer()  # (when its file is ignored: force_recache)
@@ -510,12 +525,15 @@ class Filler(RecordWriting):
     def _adopt(self, pack: PackedDataset) -> None:
         """Read ``pack`` from now on; the segments go."""
         self.sealed, self.base = pack, None
+        self.stop_holding()  # (none held: the seal wrote them)
         self.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def close(self) -> None:
         """Close this process's segment (a later record starts another) and the
         others' (a later read opens them again)."""
+        if self._held:
+            self.flush()
         mine = self._mine
         if mine is not None and mine[0] == _PID[0]:
             with contextlib.suppress(OSError):
@@ -532,7 +550,9 @@ class Filler(RecordWriting):
 
     def __getstate__(self) -> dict[str, Any]:
         # to a spawned worker: what is known, not this process's files
+        self.flush()  # (what this process loaded, for the worker to find)
         state = self.__dict__.copy()
+        state["_held"] = []
         state["segments"] = [Segment(s.path) for s in self.segments]
         state["_mine"] = None
         state["_write_lock"] = None

@@ -1,16 +1,32 @@
 """How a :class:`~mlcache.data.filling.Filler` records samples: each into this
-process's append-only segment of ``<pack>.fill/`` (one ``writev`` a record, or a
-batch of them for an up-front fill), with one warning and the samples still served
-when they cannot be written (a full disk, a folder removed meanwhile). A base of
-``Filler``, kept apart from finding records and sealing.
+process's append-only segment of ``<pack>.fill/``, with one warning and the samples
+still served when they cannot be written (a full disk, a folder removed meanwhile).
+A base of ``Filler``, kept apart from finding records and sealing.
+
+The process that opened the dataset keeps the records of the samples it loads as
+read and writes them :data:`_READ_BATCH` at a time, in one ``writev``: a ``writev``
+a sample was a fifth of what filling cost beside ``load_item``. A record is written
+before anything could need it on the disk: a batch is written when it is full or
+:data:`_READ_WAIT` old (checked as the next sample comes), when this process reads
+one of its samples again, seals, forks (a DataLoader's workers find the records),
+is pickled (a spawned worker), opens the same pack again, drops the dataset or
+exits, and for good once another process records samples of the pack (it would
+load them again). A kill loses the batch: samples the next run loads again, as it
+loads the one being loaded (the records on the disk stay whole). Worker processes
+write each record at once: a worker's sample goes to the main process at once.
+An up-front fill, which serves nothing before its seal, writes its records in
+batches of :data:`_FILL_BATCH`.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +35,7 @@ import numpy as np
 from ..errors import warn_at_user
 from .records import NoRoom, Segment, encode_sample, record_head
 from .sealing import MISSING as _MISSING
+from .sealing import PENDING as _PENDING
 from .values import other_fields, read_back
 from .writer import not_fields
 
@@ -33,10 +50,31 @@ _RETRY_AFTER = 1.0
 #: slowly, from workers); a batch waits for its next sample, so a kill loses what
 #: is in it: samples the next run loads again (nothing is served before the seal)
 _FILL_BATCH, _FILL_WAIT = 64, 0.02
+#: the process that opened a dataset writes the records of what it loads as read
+#: this many at a time, or fewer once the batch is this many seconds old (see the
+#: module docstring)
+_READ_BATCH, _READ_WAIT = 32, 0.05
 #: this process's id, kept up to date in a forked child: ``os.getpid()`` is a
 #: system call (~1 us in a VM), and a miss asked it three times
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+#: the fillers of this process holding records not written yet; those not sealed
+_HOLDING: weakref.WeakSet[RecordWriting] = weakref.WeakSet()
+_OPEN: weakref.WeakSet[RecordWriting] = weakref.WeakSet()
+
+
+def write_held(folder: str | None = None) -> None:
+    """Write the records this process holds (of the pack whose records' folder is
+    ``folder``, or of every pack): before a fork (the child finds them on the disk),
+    at exit, and when this process opens a pack again. Never raises."""
+    for writer in list(_HOLDING):
+        if folder is None or writer.folder == folder:
+            with contextlib.suppress(Exception):
+                writer.flush()
+
+
+os.register_at_fork(before=write_held)
+atexit.register(write_held)
 
 
 class RecordWriting:
@@ -58,6 +96,14 @@ class RecordWriting:
     _fields: tuple[int, frozenset[Any]] | None
     _unwritable: bool
     _retry_at: float
+    present: int
+    _twins: dict[int, list[int]]
+    #: this process's records not written yet, and when the first of them was made
+    _held: list[tuple[int, bytes, bytes]]
+    _held_since: float
+    #: the process that may hold records (the one that opened the filler), or 0
+    #: once another process records samples of the pack
+    _holder: int
 
     def _found(self, key: bytes, fp: bytes, segment: int, offset: int) -> None:
         raise NotImplementedError
@@ -67,8 +113,63 @@ class RecordWriting:
         be recorded (a full disk, a folder removed meanwhile) is loaded again by a
         later read: one warning, and the read goes on."""
         encoded = self._encoded(i, sample)
-        if encoded is not None:
+        if encoded is None:
+            return
+        if self._holder != _PID[0] or self._twins:  # (an item listed twice: at once)
             self._write([encoded])
+            return
+        now = time.monotonic()
+        with self._write_lock:
+            held = self._held
+            if not held:
+                try:  # the segment is made now: other processes see this one fill
+                    self._mine = (_PID[0], *self._writer())
+                except OSError as exc:  # a read-only cache: served, not recorded
+                    self._retry_at = now + _RETRY_AFTER
+                    self._cannot_write(exc, "record samples of")
+                    return
+                self._held_since = now
+                _HOLDING.add(self)
+            held.append(encoded)
+            # present, read from the batch (written first) if this process reads it again
+            self.src[i] = _PENDING
+            self.present += 1
+            full = len(held) >= _READ_BATCH or now - self._held_since > _READ_WAIT
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the records this process holds (see the module docstring); those it
+        cannot write are missing again (one warning)."""
+        with self._write_lock:
+            held = self._held
+            if not held:
+                return
+            self._held = []
+            _HOLDING.discard(self)
+            if not self._write_locked(held):
+                for i, _head, _payload in held:
+                    if self.src[i] == _PENDING:
+                        self.src[i] = _MISSING
+                        self.present -= 1
+
+    def start_holding(self) -> None:
+        """Hold records when no other filler of the pack is open in this process
+        (two fillers of a pack in one process see each other's records as two
+        processes do: the others write theirs and hold no more, and this one holds
+        none)."""
+        others = [writer for writer in list(_OPEN) if writer.folder == self.folder]
+        for writer in others:
+            with contextlib.suppress(Exception):
+                writer.stop_holding()
+        self._holder = 0 if others else _PID[0]
+        _OPEN.add(self)
+
+    def stop_holding(self) -> None:
+        """Another process records samples of the pack: what this one holds is
+        written, and from now on each record at once."""
+        self._holder = 0
+        self.flush()
 
     def _encoded(self, i: int, sample: Mapping[str, Any]) -> tuple[int, bytes, bytes] | None:
         """Item ``i``'s record (its index, header and payload); None while records
@@ -82,6 +183,11 @@ class RecordWriting:
     def _write(self, records: list[tuple[int, bytes, bytes]]) -> None:
         """Append ``records`` to this process's segment in one ``writev`` (the
         payloads are not copied); on a failure none of them is kept (one warning)."""
+        with self._write_lock:
+            self._write_locked(records)
+
+    def _write_locked(self, records: list[tuple[int, bytes, bytes]]) -> bool:
+        """:meth:`_write` with the write lock held; False when nothing was kept."""
         if len(records) == 1:  # a read's record: no list to build
             _i, head, payload = records[0]
             parts: Sequence[bytes] = (head, payload)
@@ -90,26 +196,27 @@ class RecordWriting:
             parts = [part for _i, head, payload in records for part in (head, payload)]
             size = sum(map(len, parts))
         try:
-            with self._write_lock:
-                fd, number, off = self._writer()
-                try:
-                    written = os.writev(fd, parts)
-                    if written < size:  # a short write (a signal, a full disk): the rest
-                        rest = memoryview(b"".join(parts))[written:]
-                        while rest:
-                            rest = rest[os.write(fd, rest) :]
-                except OSError:  # a full disk: no torn record, no empty file, no fd left
-                    self._mine = None
-                    if self.segments[number].abandon(fd, off):
-                        self._named.pop(os.path.basename(self.segments[number].path), None)
-                    raise
-                self._mine = (_PID[0], fd, number, off + size)
-                for i, head, payload in records:
-                    self._found(self._ks[i], self._fps[i], number, off)
-                    off += len(head) + len(payload)
+            fd, number, off = self._writer()
+            try:
+                written = os.writev(fd, parts)
+                if written < size:  # a short write (a signal, a full disk): the rest
+                    rest = memoryview(b"".join(parts))[written:]
+                    while rest:
+                        rest = rest[os.write(fd, rest) :]
+            except OSError:  # a full disk: no torn record, no empty file, no fd left
+                self._mine = None
+                if self.segments[number].abandon(fd, off):
+                    self._named.pop(os.path.basename(self.segments[number].path), None)
+                raise
+            self._mine = (_PID[0], fd, number, off + size)
+            for i, head, payload in records:
+                self._found(self._ks[i], self._fps[i], number, off)
+                off += len(head) + len(payload)
         except OSError as exc:
             self._retry_at = time.monotonic() + _RETRY_AFTER
             self._cannot_write(exc, "record samples of")
+            return False
+        return True
 
     def _same_fields(self, i: int, sample: Mapping[str, Any]) -> None:
         """Every sample of a pack has the fields of the first: one with others (an

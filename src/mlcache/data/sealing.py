@@ -38,13 +38,14 @@ from .writer import CopiedField
 if TYPE_CHECKING:
     from .filling import Filler
 
-__all__ = ["BASE", "MISSING", "SealSource"]
+__all__ = ["BASE", "MISSING", "PENDING", "SealSource"]
 
 #: the pieces of a copied field's data are joined up to about this many bytes
 _PIECE = 1 << 20
-#: where a filler's item is (``Filler.src``): not recorded, or in the old pack (a
+#: where a filler's item is (``Filler.src``): loaded by this process, its record
+#: not written yet (:mod:`mlcache.data.recording`); not recorded; in the old pack (a
 #: number from 0 is a segment's)
-MISSING, BASE = -2, -1
+PENDING, MISSING, BASE = -3, -2, -1
 #: the kinds of :class:`~mlcache.data.records.PlainLayout` read back as scalars
 _SCALARS = frozenset(("int", "float", "bool", "scalar"))
 #: where a field's values lie in the records: starts, stops (n each) and, for an
