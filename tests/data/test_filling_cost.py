@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mlcache.data import CachedDataset, recording
+from mlcache.data import CachedDataset, filling, recording
 
 N = 40
 
@@ -60,6 +60,8 @@ def test_misses_stat_the_records_folder_not_the_pack_and_still_see_a_seal(
     still tells it: a filler whose records another filler sealed reads the
     sealed pack at its next miss and loads nothing more."""
     src, cache = source(tmp_path), tmp_path / "cache"
+    # (a process alone looks at most every _LOOK_ALONE s: here at every miss)
+    monkeypatch.setattr(filling, "_LOOK_ALONE", 0.0)
     ds = Files(src, cache_dir=cache)
     ds[0]  # the first record makes the folder
     (folder,) = cache.rglob("*.pack.fill")
@@ -167,3 +169,38 @@ def test_a_forked_child_finds_the_records_its_parent_held(tmp_path: Path) -> Non
         said = f.read()
     os.waitpid(pid, 0)
     assert said == "11 True True"  # 10 loaded by the parent, 1 by the child
+
+
+def test_a_process_alone_looks_for_other_fillers_at_most_every_look_alone(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Misses of the process that opened the dataset, no other filling the pack:
+    no ``stat`` of the records' folder within ``_LOOK_ALONE`` of the last look
+    (before: one a miss). Once it has seen another filler (here a second dataset
+    of the pack in this process: two processes, as the tests' fillers stand for
+    them), it looks at every miss again, and loads nothing the other recorded."""
+    src, cache = source(tmp_path), tmp_path / "cache"
+    monkeypatch.setattr(filling, "_LOOK_ALONE", float("inf"))
+    ds = Files(src, cache_dir=cache)
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
+        if str(path).endswith((".pack", ".fill")):  # (makedirs stats the pack's folder)
+            stats.append(os.path.abspath(path))
+        return real_stat(path, *args, **kw)
+
+    monkeypatch.setattr(os, "stat", stat)
+    for i in range(10):
+        ds[i]
+    assert stats == []
+    other = Files(src, cache_dir=cache)  # writes ds's ten records; loads the next ten
+    for i in range(20):
+        other[i]
+    assert sorted(other.loads) == sorted(os.listdir(src))[10:20]
+    for i in range(10, 30):  # ds sees other's ten, loads the next ten
+        ds[i]
+    assert sorted(ds.loads) == sorted(os.listdir(src))[:10] + sorted(os.listdir(src))[20:30]
+    monkeypatch.undo()
+    assert right(other) and right(ds)
+    assert sorted(ds.loads + other.loads) == sorted(os.listdir(src))  # each once

@@ -35,7 +35,10 @@ pack looked for - only when its mtime moved, which a seal's removal of the
 segments does; an ``fstat`` per other process's segment: a few us against the
 milliseconds of a load), so that no item another
 process recorded is loaded twice (a DataLoader's persistent workers in their
-second epoch), and seals the pack when that look finds every item in. A process
+second epoch), and seals the pack when that look finds every item in. The process
+that opened the dataset, until it sees another fill the pack (or forks, or is
+pickled), looks at most every :data:`_LOOK_ALONE` s: another process starting
+meanwhile costs the loads of those milliseconds at most, each loaded again. A process
 that recorded a sample looks once more at its next read of a sample present (not
 only at a miss): the process that recorded the last record overall (every other
 record was written before it) then finds every item in and seals, so the second
@@ -88,6 +91,11 @@ logger = logging.getLogger("mlcache")
 #: after recording a sample, a process looks whether every item is now in (and
 #: seals the pack) at most this often
 _SEAL_CHECK_EVERY = 0.25
+#: a process that has seen no other fill the pack since it opened it (one that
+#: holds records back: data/recording.py) looks at a miss for the others' records
+#: and for a sealed pack at most this often (seconds): a process starting to fill
+#: the pack meanwhile costs at most the loads of this long, each loaded again
+_LOOK_ALONE = 0.01
 _SCAN_CHUNK = 1 << 20
 #: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
 #: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
@@ -188,7 +196,7 @@ class Filler(RecordWriting):
         self._held: list[tuple[int, bytes, bytes]] = []
         self._held_since = 0.0
         self.start_holding()  # (another filler of the pack here writes what it held)
-        self._looked = False
+        self._looked, self._looked_at = False, 0.0
         self.look_again()
         self._looked = True  # segments and records found from now on: another process's
 
@@ -243,6 +251,7 @@ class Filler(RecordWriting):
         if self.sealed is not None:
             return True
         self._recorded_since_look = False  # what is recorded before this look is seen
+        self._looked_at = time.monotonic()
         names = self._new_names()
         # the pack is replaced only by a seal, which removes the segments (the
         # folder changes, or goes), or by a process that removed the folder first
@@ -371,8 +380,11 @@ class Filler(RecordWriting):
             self.flush()
             return self.get(i)
         # missing here: another process may have recorded it since (see the
-        # module docstring); throttling this look loaded items twice
-        if self.look_again():
+        # module docstring); throttling this look loaded items twice (a DataLoader's
+        # workers), but for a process that has seen none other fill the pack
+        if (
+            self._holder != _PID[0] or time.monotonic() - self._looked_at > _LOOK_ALONE
+        ) and self.look_again():
             assert self.sealed is not None
             return self.sealed[i]
         if self.src[i] != _MISSING:
@@ -525,7 +537,7 @@ class Filler(RecordWriting):
     def _adopt(self, pack: PackedDataset) -> None:
         """Read ``pack`` from now on; the segments go."""
         self.sealed, self.base = pack, None
-        self.stop_holding()  # (none held: the seal wrote them)
+        self.stop_holding(sealed=True)  # (none held: the seal wrote them)
         self.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -550,7 +562,8 @@ class Filler(RecordWriting):
 
     def __getstate__(self) -> dict[str, Any]:
         # to a spawned worker: what is known, not this process's files
-        self.flush()  # (what this process loaded, for the worker to find)
+        self.stop_holding()  # (what this process loaded, for the worker to find; and
+        # the worker fills the pack too: this process looks at every miss)
         state = self.__dict__.copy()
         state["_held"] = []
         state["segments"] = [Segment(s.path) for s in self.segments]

@@ -73,7 +73,15 @@ def write_held(folder: str | None = None) -> None:
                 writer.flush()
 
 
-os.register_at_fork(before=write_held)
+def _forked() -> None:
+    """In the parent after a fork: its children (DataLoader workers) may fill the
+    packs it fills, so it holds no record back and looks at every miss again."""
+    for writer in list(_OPEN):
+        with contextlib.suppress(Exception):
+            writer.stop_holding()
+
+
+os.register_at_fork(before=write_held, after_in_parent=_forked)
 atexit.register(write_held)
 
 
@@ -165,11 +173,14 @@ class RecordWriting:
         self._holder = 0 if others else _PID[0]
         _OPEN.add(self)
 
-    def stop_holding(self) -> None:
+    def stop_holding(self, sealed: bool = False) -> None:
         """Another process records samples of the pack: what this one holds is
-        written, and from now on each record at once."""
+        written, and from now on each record at once. ``sealed``: the pack is, so
+        this filler records no more (a filler opened later in this process holds)."""
         self._holder = 0
         self.flush()
+        if sealed:
+            _OPEN.discard(self)
 
     def _encoded(self, i: int, sample: Mapping[str, Any]) -> tuple[int, bytes, bytes] | None:
         """Item ``i``'s record (its index, header and payload); None while records
