@@ -398,7 +398,7 @@ class Filler(RecordWriting):
             moved = first()
             if moved is not None:
                 self._moved(moved)
-        if not isinstance(loaded, Mapping):
+        if loaded.__class__ is not dict and not isinstance(loaded, Mapping):
             raise not_fields(i, loaded)
         # as the sealed pack will give it: epoch 1 has the types of the later epochs
         loaded = read_back(loaded, self.allow_pickle, i)

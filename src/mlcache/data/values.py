@@ -47,6 +47,8 @@ __all__ = [
 ]
 
 _PY_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype("<i8"), float: np.dtype("<f8")}
+#: the types :func:`read_back` gives back as they are (and arrays but 0-d ones)
+_AS_IS = frozenset((bool, int, float, str, bytes, type(None)))
 _NUMERIC = "biufcmM"
 _PY_NAMES = {"b": "bool", "i": "int", "f": "float"}
 _PYTHON = frozenset(_PY_NAMES.values())
@@ -269,6 +271,17 @@ def read_back(sample: Any, allow_pickle: bool, index: int = -1) -> dict[str, Any
     """
     if type(sample) is not dict:
         sample = dict(sample)
+    else:  # the common sample, every value as it is: one pass of type tests (a first
+        # epoch's every sample), no call and no label a field
+        for v in sample.values():
+            t = type(v)
+            if t is np.ndarray:
+                if not v.ndim:
+                    break
+            elif t not in _AS_IS:
+                break
+        else:
+            return dict(sample)
     return {k: _read_back(v, allow_pickle, str(k), index) for k, v in sample.items()}
 
 
