@@ -382,15 +382,15 @@ class Filler(RecordWriting):
         # missing here: another process may have recorded it since (see the
         # module docstring); throttling this look loaded items twice (a DataLoader's
         # workers), but for a process that has seen none other fill the pack
-        if (
-            self._holder != _PID[0] or time.monotonic() - self._looked_at > _LOOK_ALONE
-        ) and self.look_again():
-            assert self.sealed is not None
-            return self.sealed[i]
-        if self.src[i] != _MISSING:
-            if self.present == self.n:
-                self.try_seal()
-            return self.get(i)
+        now = time.monotonic()
+        if self._holder != _PID[0] or now - self._looked_at > _LOOK_ALONE:
+            if self.look_again():
+                assert self.sealed is not None
+                return self.sealed[i]
+            if self.src[i] != _MISSING:
+                if self.present == self.n:
+                    self.try_seal()
+                return self.get(i)
         loaded = self.load_item(self.items[i])
         self.loaded += 1
         if self._first_load is not None:
@@ -405,7 +405,6 @@ class Filler(RecordWriting):
         self.record(i, loaded)
         self._recorded_since_look = True
         self.loaded_here.append(i)
-        now = time.monotonic()
         if self.present < self.n and now - self._seal_checked > _SEAL_CHECK_EVERY:
             self._seal_checked = now
             self.look_again()
