@@ -20,6 +20,7 @@ format - seals by decoding every sample and writing them as an up-front build do
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -75,9 +76,10 @@ def _segment_spans(
         size = len(buf)
         if (offsets < 0).any() or (offsets + RECORD.size > size).any():
             return None
-        heads = _gather(buf, offsets, RECORD.size)
-        lengths = heads[:, 8:16].copy().view("<u8")[:, 0]
-        sums = heads[:, 48:56].copy().view("<u8")[:, 0]
+        # the two fields of the header read here (its magic and checksum were checked
+        # when the record was found), not all 64 bytes of each
+        lengths = _gather(buf, offsets + 8, 8).view("<u8")[:, 0]
+        sums = _gather(buf, offsets + 48, 8).view("<u8")[:, 0]
         if (lengths > size).any():
             return None
         start = offsets + RECORD.size
@@ -141,7 +143,9 @@ class SealSource:
 
     def close(self) -> None:
         for mapped in self.maps.values():
-            mapped.close()
+            # (a view still held by a seal that failed: the map goes with it)
+            with contextlib.suppress(BufferError):
+                mapped.close()
         self.maps.clear()
 
     # -- copied -----------------------------------------------------------------------
@@ -242,17 +246,24 @@ class SealSource:
         if len(sizes) and int(sizes.max()) <= _SMALL:
             yield from self._small_pieces(src, starts, sizes)
             return
-        maps = self.maps
-        parts: list[bytes] = []
+        # views of the maps, not a copy of each value before the join's
+        views = {number: memoryview(mapped) for number, mapped in self.maps.items()}
+        parts: list[memoryview] = []
         size = 0
-        for number, a, z in zip(src.tolist(), starts.tolist(), stops.tolist()):
-            parts.append(maps[number][a:z])
-            size += z - a
-            if size >= _PIECE:
+        try:
+            for number, a, z in zip(src.tolist(), starts.tolist(), stops.tolist()):
+                parts.append(views[number][a:z])
+                size += z - a
+                if size >= _PIECE:
+                    yield b"".join(parts)
+                    parts, size = [], 0
+            if parts:
                 yield b"".join(parts)
-                parts, size = [], 0
-        if parts:
-            yield b"".join(parts)
+        finally:  # no view of a map is left: they are closed after the seal
+            for part in parts:
+                part.release()
+            for view in views.values():
+                view.release()
 
     def _small_pieces(
         self, src: np.ndarray, starts: np.ndarray, sizes: np.ndarray
