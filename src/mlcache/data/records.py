@@ -57,6 +57,8 @@ __all__ = [
 #: fingerprint, xxh3-64 of the payload, xxh3-64 of the 56 bytes before it
 RECORD = struct.Struct("<4sIQ16s16sQQ")
 assert RECORD.size == 64
+#: a header's first 56 bytes (what its checksum covers), and that checksum
+_HEAD56, _U64 = struct.Struct("<4sIQ16s16sQ"), struct.Struct("<Q")
 MAGIC = b"MLCR"
 
 
@@ -439,10 +441,8 @@ def decode_sample(payload: bytes, allow_pickle: bool) -> dict[str, Any]:
 
 def record_head(key: bytes, fp: bytes, payload: bytes) -> bytes:
     """The header (:data:`RECORD`) of the record of ``payload``."""
-    first = struct.pack(
-        "<4sIQ16s16sQ", MAGIC, 0, len(payload), key, fp, xxhash.xxh3_64_intdigest(payload)
-    )
-    return first + struct.pack("<Q", xxhash.xxh3_64_intdigest(first))
+    first = _HEAD56.pack(MAGIC, 0, len(payload), key, fp, xxhash.xxh3_64_intdigest(payload))
+    return first + _U64.pack(xxhash.xxh3_64_intdigest(first))
 
 
 def record_bytes(key: bytes, fp: bytes, payload: bytes) -> bytes:
