@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mlcache.data import CachedDataset, filling, recording
+from scripts import ScriptFolder
 
 N = 40
 
@@ -204,3 +205,39 @@ def test_a_process_alone_looks_for_other_fillers_at_most_every_look_alone(
     monkeypatch.undo()
     assert right(other) and right(ds)
     assert sorted(ds.loads + other.loads) == sorted(os.listdir(src))  # each once
+
+
+SEAL_IN_A_FRESH_PROCESS = """
+import os, sys
+import numpy as np
+from mlcache.data import CachedDataset
+
+
+class Files(CachedDataset):
+    def __init__(self, root):
+        self.root = root
+        super().__init__(progress=False, cache_dir=os.environ["CACHE"])
+
+    def source_items(self):
+        return sorted(os.path.join(self.root, n) for n in os.listdir(self.root))
+
+    def load_item(self, path):
+        with open(path) as f:
+            value = int(f.read())
+        return {"value": value, "x": np.full(3, value), "name": os.path.basename(path)}
+
+
+ds = Files(sys.argv[1])
+assert [ds[i]["value"] for i in range(len(ds))] == list(range(len(ds)))
+assert ds._filler is None or ds._filler.sealed is not None, "not sealed"
+print("numpy.ma" in sys.modules)
+"""
+
+
+def test_a_seal_imports_no_numpy_ma(tmp_path: Path) -> None:
+    """An epoch that fills and seals a pack in a fresh process does not import
+    ``numpy.ma`` (the first ``np.unique`` of a process does: ~11 ms of a seal)."""
+    scripts = ScriptFolder(tmp_path)
+    scripts.write("seal.py", SEAL_IN_A_FRESH_PROCESS)
+    done = scripts.execute("seal.py", str(source(tmp_path)))
+    assert done.stdout.split() == ["False"], done.stdout + done.stderr

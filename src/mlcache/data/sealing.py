@@ -59,6 +59,12 @@ _Spans = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
 _MAX_SHAPE = 1 << 62
 
 
+def _numbers(src: np.ndarray) -> list[int]:
+    """The segments' numbers ``src`` holds (each >= 0), in order: by a count, not
+    ``np.unique``, whose first call in a process imports ``numpy.ma`` (~11 ms)."""
+    return np.flatnonzero(np.bincount(src)).tolist()
+
+
 def _gather(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     """The ``width`` bytes at each of the offsets ``at`` (m x width, a copy)."""
     return buf[at[:, None] + np.arange(width)]
@@ -189,7 +195,7 @@ class SealSource:
         together, a field at a time (numpy gathers, no Python step per record but
         the checksum's), so that the seal costs little beside the epoch."""
         maps: dict[int, mmap.mmap] = {}
-        for number in np.unique(src).tolist():
+        for number in _numbers(src):
             mapped = self._map(number)
             if mapped is None:
                 return None
@@ -277,7 +283,7 @@ class SealSource:
             part = slice(first, first + _SMALL_ROWS)
             at, numbers, lengths = starts[part], src[part], sizes[part]
             values = np.empty((len(at), width), np.uint8)
-            for number in np.unique(numbers).tolist():
+            for number in _numbers(numbers):
                 rows = np.flatnonzero(numbers == number)
                 buf = np.frombuffer(self.maps[number], np.uint8)
                 # (a short value at the map's end reads no further: its last byte again)
