@@ -58,19 +58,18 @@ _READ_BATCH, _READ_WAIT = 32, 0.05
 #: system call (~1 us in a VM), and a miss asked it three times
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-#: the fillers of this process holding records not written yet; those not sealed
+#: the fillers of this process holding records not written yet
 _HOLDING: weakref.WeakSet[RecordWriting] = weakref.WeakSet()
+#: the fillers of this process whose pack is not sealed yet
 _OPEN: weakref.WeakSet[RecordWriting] = weakref.WeakSet()
 
 
-def write_held(folder: str | None = None) -> None:
-    """Write the records this process holds (of the pack whose records' folder is
-    ``folder``, or of every pack): before a fork (the child finds them on the disk),
-    at exit, and when this process opens a pack again. Never raises."""
+def write_held() -> None:
+    """Write the records this process holds: before a fork (the child finds them
+    on the disk) and at exit. Never raises."""
     for writer in list(_HOLDING):
-        if folder is None or writer.folder == folder:
-            with contextlib.suppress(Exception):
-                writer.flush()
+        with contextlib.suppress(Exception):
+            writer.flush()
 
 
 def _forked() -> None:
