@@ -414,6 +414,8 @@ def candidates(part: Any, bases: Sequence[str]) -> tuple[str, ...]:
         return ()
     if not name or "\0" in name:
         return ()
+    if name[0] == os.sep:  # under any base, the same path: tried once
+        return (name,)
     return (name, *(os.path.join(b, name) for b in bases))
 
 
