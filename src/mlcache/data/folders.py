@@ -126,10 +126,15 @@ class Named:
 
     @property
     def paths(self) -> set[str]:
-        """The path each part names (one ``stat`` a candidate tried)."""
+        """The path each part names, as far as a walk can tell (one ``stat`` a
+        candidate tried before the last: a part with one candidate names it if
+        anything does, and a walk meets only what exists)."""
         if self._paths is None:
             found, exists = set(), os.path.exists
             for chain in self.chains:
+                if len(chain) == 1:
+                    found.add(chain[0])
+                    continue
                 path = next((c for c in chain if exists(c)), None)
                 if path is not None:
                     found.add(path)
