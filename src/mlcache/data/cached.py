@@ -422,10 +422,10 @@ class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
         if declared is not None and declared.folder is not None:
             # each file stat'ed once; the listing recorded for the next open
             return listed_folder(declared, self._listing_path(), self._root, local)
-        items = self._open_items()[0]
+        items, keys = self._open_items()
         if own:
-            return items, item_table(items, self.item_fingerprint)
-        table = item_table(items, bases=self._folder_attributes(), local=local)
+            return items, item_table(items, self.item_fingerprint, keys=keys)
+        table = item_table(items, bases=self._folder_attributes(), local=local, keys=keys)
         if len(table) and not table[:, 2:].any():  # none names a file: said once
             own = type(self).source_fingerprint is not CachedDataset.source_fingerprint
             say_unfingerprinted(type(self), len(table), lambda: own or self._source != "by item")

@@ -147,15 +147,18 @@ def item_table(
     bases: Sequence[str] = (),
     stats: bytes | None = None,
     local: bool = True,
+    keys: bytes | None = None,
 ) -> np.ndarray:
     """The key and the fingerprint of each item, an ``(n, 4)`` int64 table (16
     bytes each). ``fingerprint(item)``, when given, says what an item holds (by
     value); ``stats``, of items that are the files of a folder just listed (their four
-    :func:`~mlcache.data.sources.stat_fields`, 32 bytes each), spares their ``stat``."""
+    :func:`~mlcache.data.sources.stat_fields`, 32 bytes each), spares their ``stat``;
+    ``keys``, their :func:`item_keys` when known."""
     n = len(items)
     if stats is not None and len(stats) != 32 * n:
         raise ValueError(f"{len(stats)} bytes of stats for {n} items")
-    keys = item_keys(items)
+    if keys is None:
+        keys = item_keys(items)
     if stats is not None:
         fps = _stat_fingerprints(stats, n)
     elif fingerprint is not None:
