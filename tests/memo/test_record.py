@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import time
 from pathlib import Path
 
@@ -202,3 +203,167 @@ def test_a_row_loads_plain_values_and_arrays_of_numbers_only():
         record.thaw(pickle.dumps(os.getcwd))
     with pytest.raises(pickle.UnpicklingError):
         record.thaw(pickle.dumps(eval))
+
+
+# -- the last-use touch ---------------------------------------------------------
+RACE = """
+import json, os, sys
+from mlcache import Memory
+import work
+
+mem = Memory(os.environ["CACHE"], verbose=0, secret="k" * 32)
+f = mem.cache(work.small)
+path, other = sys.argv[1], sys.argv[2]
+if os.environ.get("KEPT"):  # served from what this process keeps, not from a record
+    os.unlink(os.path.join(os.path.dirname(path), "record"))
+first = f(2, 3)["sum"]
+with open(other, "rb") as src:
+    recomputed = src.read()
+real = mem.store.touch
+reused = []
+
+def touch(names):
+    # while this process touches: another evicts the entry and computes it again
+    # (another value, the same size), its new file made right after the unlink,
+    # when the freed inode is the one a file system like ext4 hands out next
+    ino = os.stat(path).st_ino
+    os.unlink(path)
+    with open(path + ".new", "wb") as out:
+        out.write(recomputed)
+    reused.append(os.stat(path + ".new").st_ino == ino)
+    os.rename(path + ".new", path)
+    real(names)
+
+mem.store.touch = touch
+mem.flush_usage()
+mem.store.touch = real
+print(json.dumps({"first": first, "next": f(2, 3)["sum"], "reused": reused}))
+"""
+
+
+@pytest.mark.parametrize("served", ["record", "kept"])
+def test_an_entry_computed_again_during_the_touch_is_never_served_old(runs, served, tmp_path):
+    path = runs.entry(2)
+    # the other value's file, computed in a copy of the cache (the record untouched)
+    other = tmp_path / "other"
+    shutil.copytree(runs.cache, other)
+    (other / path.relative_to(runs.cache)).unlink()
+    got = runs.run("2", OFFSET="3", NO_WRITES="1", CACHE=str(other))
+    assert got["computed"] == [2]
+    recomputed = other / path.relative_to(runs.cache)
+    assert recomputed.stat().st_size == path.stat().st_size  # what hides it from a stat
+    runs.write("race.py", RACE)
+    env = {"KEPT": "1"} if served == "kept" else {}
+    race = json.loads(runs.execute("race.py", str(path), str(recomputed), env=env).stdout)
+    assert race["first"] == 5
+    assert race["next"] == 8  # the file's value, in this process
+    for _ in range(2):  # and in each next run
+        assert runs.run()["values"] == expected(3, changed=2)
+
+
+# -- what a row may hold ----------------------------------------------------------
+BIG = """
+import json, os, sys
+import numpy as np
+from mlcache import Memory
+from mlcache.memo import record
+from mlcache.memo.tier import tier
+
+def value(n):
+    return np.zeros(n) if n > 10 else {"n": n}
+
+mem = Memory(os.environ["CACHE"], verbose=0, compress=("bz2", 9))
+f = mem.cache(value)
+got = [f(n) for n in (1, 2, 3, 400_000)]  # the big one (3.2 MB in a file of ~100 bytes) last
+mem.flush_usage()
+(folder,) = {os.path.dirname(p) for p in tier._kept} or {""}
+found = record.load(folder, mem.context.signer) if folder else None
+print(json.dumps({"kept": tier._bytes, "rows": len(found) if found else 0,
+                  "values": [v["n"] if isinstance(v, dict) else v.shape[0] for v in got]}))
+"""
+
+
+def test_a_value_larger_than_a_row_is_not_kept_and_leaves_the_others_recorded(tmp_path):
+    runs = Runs(tmp_path)
+    runs.write("big.py", BIG)
+    runs.execute("big.py")  # computes
+    runs.settle()
+    got = json.loads(runs.execute("big.py").stdout)  # reads, keeps, records
+    assert got["values"] == [1, 2, 3, 400_000]
+    # the small ones are recorded; the big one is neither kept (its 3.2 MB are not
+    # the size of its file) nor recorded, nor does it push the small ones out
+    assert got["rows"] == 3
+    assert 0 < got["kept"] < 3 * 4096
+
+
+@pytest.mark.parametrize("planted", ["record", "entry"])
+def test_a_fifo_planted_in_a_code_folder_does_not_hang_a_hit(runs, planted):
+    # whoever can write the cache folder: a hit must not wait for a fifo's writer
+    path = runs.records()[0] if planted == "record" else runs.entry(2)
+    path.unlink()
+    os.mkfifo(path)
+    got = runs.run()
+    assert got["values"] == expected()
+    # the entry: a damaged file, computed again; the record: the files are read
+    assert got["computed"] == ([2] if planted == "entry" else [])
+    assert got["reads"] == (0 if planted == "entry" else N)  # the others: recorded
+
+
+FLUSHES = """
+import os
+from mlcache import Memory
+from mlcache.memo import usage
+import work
+
+usage.FLUSH_SECONDS = -1.0  # every hit flushes on its way, as a busy process does
+mem = Memory(os.environ["CACHE"], verbose=0, secret="k" * 32)
+f = mem.cache(work.small)
+record = os.path.join(os.path.dirname(os.environ["ENTRY"]), "record")
+def written():  # a new file by rename: its inode may be the old one's, freed
+    st = os.stat(record)
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+before = written()
+for i in range(6):
+    f(i, i + 1)
+print(written() == before)
+"""
+
+
+def test_a_flush_on_a_hits_path_does_not_rewrite_a_record_for_touches_only(runs):
+    runs.write("flushes.py", FLUSHES)
+    out = runs.execute("flushes.py", env={"ENTRY": str(runs.entry(0))}).stdout
+    assert out.split() == ["True"]  # not rewritten while hitting...
+    assert runs.run()["reads"] == 0  # ...but at exit, with the touches carried over
+
+
+CLEARED = """
+import json, os, time
+from mlcache import Memory
+from mlcache.entry.reader import SETTLED_NS
+import work
+
+def other(x):
+    return x
+
+mem = Memory(os.environ["CACHE"], verbose=0, secret="k" * 32)
+f, g = mem.cache(work.small), mem.cache(other)
+folder = os.path.dirname(os.environ["ENTRY"])
+os.unlink(os.path.join(folder, "record"))
+f(0, 1)  # read and kept: its folder's record is to be written
+g(1)
+f.clear(warn=False)
+g(1)  # a hit elsewhere: the flush tries to write the record of a removed folder
+mem.flush_usage()
+f(1, 2)  # computed: the folder made again
+time.sleep(SETTLED_NS / 1e9 + 0.02)
+f(1, 2)  # read: kept, for the record of the new folder
+mem.flush_usage()
+print(json.dumps(sorted(os.listdir(folder))))
+"""
+
+
+def test_a_record_is_written_again_after_its_folder_was_cleared(runs):
+    runs.write("cleared.py", CLEARED)
+    out = runs.execute("cleared.py", env={"ENTRY": str(runs.entry(0))}).stdout
+    assert record.NAME in json.loads(out)

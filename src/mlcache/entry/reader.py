@@ -166,7 +166,9 @@ class EntryReader:
         if isinstance(source, str):
             # a raw descriptor: a small hit is one open, one read and one close
             self.path = source
-            fd = os.open(source, os.O_RDWR if mmap_mode == "r+" else os.O_RDONLY)
+            # O_NONBLOCK: a fifo planted under an entry's name opens at once (and
+            # reads as empty: a damaged entry) instead of waiting for a writer
+            fd = os.open(source, (os.O_RDWR if mmap_mode == "r+" else os.O_RDONLY) | _NONBLOCK)
             try:
                 if identify:
                     self.stat = os.fstat(fd)
@@ -342,6 +344,12 @@ class EntryReader:
             return {}
         return info if isinstance(info, dict) else {}
 
+    @property
+    def raw_size(self) -> int:
+        """The bytes of the payload's segments once decompressed (what decoding
+        holds in memory; the file of a compressed entry may be far smaller)."""
+        return sum(self._raw_len)
+
     # -- the Segments protocol ------------------------------------------------
     def __len__(self) -> int:
         return len(self._seg)
@@ -422,6 +430,7 @@ class EntryReader:
         return flat.reshape(shape, order=order_)
 
 
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 #: identities of the mapped files this process has checked (see _check_mapped)
 _verified: dict[tuple[int, int, int, int, int], None] = {}
 #: (device, inode) -> the "r+" maps of that file this process has handed out

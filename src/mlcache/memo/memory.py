@@ -212,6 +212,14 @@ class Memory:
             if c.bytes_limit is not None
             else None
         )
+        writes = WriteGate(
+            str(store.location),
+            read_only,
+            shared=shared,
+            key_id=signer.key_id.hex() if signer is not None else None,
+            key_source=key_source(self._secret),
+        )
+        usage.refuses = writes.refuses_writes
         return MemoContext(
             store=store,
             location=c.location,
@@ -224,13 +232,7 @@ class Memory:
             bytes_limit=c.bytes_limit,
             usage=usage,
             guard=guard,
-            writes=WriteGate(
-                str(store.location),
-                read_only,
-                shared=shared,
-                key_id=signer.key_id.hex() if signer is not None else None,
-                key_source=key_source(self._secret),
-            ),
+            writes=writes,
             local=local,
             locking=locking,
             counters=counters,

@@ -77,6 +77,7 @@ import logging
 import os
 import pickle
 import struct
+from stat import S_ISREG
 from typing import Any, Literal
 
 import numpy as np
@@ -112,6 +113,7 @@ _ROW = struct.Struct("<QQQqqQIIB")
 _KEY = 33  # 32 hex digits and a newline
 CODECS = ("npy", "pickle")
 _NO_KEY = bytes(KEY_ID_SIZE)
+_OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 Ident = tuple[int, int, int, int, int]
 #: one recorded entry: (identity, codec name, info bytes, value bytes)
@@ -258,15 +260,18 @@ def load(folder: str, signer: Signer | None) -> Record | None:
     """The record of the code folder ``folder`` (a local path), or None when there
     is none, or it is damaged, torn, of another format or signed otherwise."""
     path = os.path.join(folder, NAME)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:  # O_NONBLOCK: a planted fifo opens without waiting for a writer
+        fd = os.open(path, _OPEN)
     except OSError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        if size > _HEAD.size + MAX_RECORD + MAX_RECORD:
+        st = os.fstat(fd)
+        # a record is its rows' keys and table (under 100 bytes a row) and their
+        # data (MAX_RECORD bytes at most): twice MAX_RECORD bounds any record
+        # written, and a planted huge file is not read
+        if not S_ISREG(st.st_mode) or st.st_size > _HEAD.size + 2 * MAX_RECORD:
             return None
-        data = os.read(fd, size)
+        data = os.read(fd, st.st_size)
     except OSError:
         return None
     finally:

@@ -68,7 +68,7 @@ from ..errors import EntryCorrupted, EntryNotFound, UnknownFormat
 from . import record
 from .record import MAX_RECORD, MAX_ROW, Record, Row, brief, freeze, thaw
 
-__all__ = ["BUDGET", "CODECS", "MAX_ENTRY", "HitTier", "tier"]
+__all__ = ["BUDGET", "CODECS", "MAX_ENTRY", "OPEN_AT_ONCE", "HitTier", "tier"]
 
 logger = logging.getLogger("mlcache")
 
@@ -82,6 +82,10 @@ CODECS = frozenset({"npy", "pickle"})
 
 _Ident = tuple[int, int, int, int, int]
 _UNFIT = object()
+#: files :meth:`HitTier.retouch` holds open at once (the caller touches in batches)
+OPEN_AT_ONCE = 256
+# never follow a link; a planted fifo opens without waiting for a writer
+_OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
 
 
 def _identity(st: os.stat_result) -> _Ident:
@@ -165,12 +169,15 @@ class _Kept:
 class _Folder:
     """What this process knows of one code folder's record."""
 
-    __slots__ = ("dirty", "record", "signer", "unwritable")
+    __slots__ = ("dirty", "record", "signer", "touched", "unwritable")
 
     def __init__(self, signer: Signer | None, found: Record | None) -> None:
         self.signer = signer
         self.record = found if found is not None else Record()
-        self.dirty = False  # rows to add, carry over (touched) or drop
+        self.dirty = False  # rows to add or drop
+        # rows only carried over a touch: written by the last flush (at exit), not
+        # by each flush of a hit path (a whole record for a few new mtimes)
+        self.touched = False
         self.unwritable = False  # a write failed: not tried again by this process
 
 
@@ -280,6 +287,8 @@ class HitTier:
         if (
             st is None
             or st.st_size >= self.max_entry
+            # decompressed, a small file may hold far more (bz2: 160 MB in 640 bytes)
+            or reader.raw_size >= self.max_entry
             or not settled(st, now)
             or codec is None
             or not (codec.safe or allow_pickle)
@@ -292,7 +301,7 @@ class HitTier:
         fresh = _Kept(_identity(st), name, signer, codec, reader.info_bytes, reader)
         self._keep(path, fresh)
         value = self._decode(fresh, path)
-        if st.st_size <= MAX_ROW:  # a record may hold it: made when it is written
+        if reader.raw_size <= MAX_ROW:  # a record may hold it: made when it is written
             fresh.plain = True
             self._changed(path)
         return value, fresh.info_bytes
@@ -336,51 +345,82 @@ class HitTier:
         if state is not None:
             state.dirty = True
 
+    def _touched(self, path: str) -> None:
+        state = self._folders.get(path.rpartition(os.sep)[0])
+        if state is not None:
+            state.touched = True
+
     # -- the records of the next runs --------------------------------------------------
     def retouch(self, paths: Iterable[str], change: Callable[[], Any]) -> None:
         """Run ``change()``, which only sets the times of the entry files ``paths``
-        (mlcache's last-use touch), carrying over what is kept of those files:
-        each whose identity before was the kept one and whose device, inode and
-        size are the same after it is kept with its new identity (see
-        :mod:`mlcache.memo.record`)."""
-        before: list[tuple[str, _Kept | None, _Ident]] = []
-        for path in paths if self._kept or self._folders else ():
-            kept = self._kept.get(path)
-            if kept is not None:
-                ident = kept.ident
-            else:  # a row of a record served here
-                folder, _, key = path.rpartition(os.sep)
-                state = self._folders.get(folder)
-                row = state.record.served.get(key) if state is not None else None
-                if row is None:
+        (mlcache's last-use touch), carrying over what is kept of those files (see
+        :mod:`mlcache.memo.record`).
+
+        Each file with something to carry is opened before the touch, and its
+        ``fstat`` must be the kept identity: the open file pins its inode, so no
+        file made meanwhile (an entry evicted and computed again by another
+        process while this one touches) can reuse it. After the touch, the path
+        must still name that very file, of the same size: it is kept with the
+        times the touch gave it. Anything else is read again, never carried.
+        At most :data:`OPEN_AT_ONCE` files are held open: the caller touches in
+        batches of that size."""
+        held: list[tuple[str, _Kept | None, _Ident, int]] = []
+        try:
+            for path in paths if self._kept or self._folders else ():
+                kept = self._kept.get(path)
+                if kept is not None:
+                    ident = kept.ident
+                else:  # a row of a record served here
+                    folder, _, key = path.rpartition(os.sep)
+                    state = self._folders.get(folder)
+                    row = state.record.served.get(key) if state is not None else None
+                    if row is None:
+                        continue
+                    ident = row[0]
+                if len(held) >= OPEN_AT_ONCE:
+                    break  # not carried over: read again by the next hit (never wrong)
+                try:
+                    fd = os.open(path, _OPEN)
+                except (OSError, ValueError):
                     continue
-                ident = row[0]
-            try:
-                st = os.stat(path)
-            except (OSError, ValueError):
-                continue
-            if _identity(st) == ident:
-                before.append((path, kept, ident))
-        change()
-        for path, kept, ident in before:
-            try:
-                new = _identity(os.stat(path))
-            except (OSError, ValueError):
-                continue
-            if new[:3] != ident[:3]:
-                continue
-            if kept is not None:
-                if self._kept.get(path) is kept:
-                    kept.ident = new
-                    if kept.plain:
-                        self._changed(path)
-                continue
-            folder, _, key = path.rpartition(os.sep)
-            state = self._folders.get(folder)
-            row = state.record.served.get(key) if state is not None else None
-            if state is not None and row is not None and row[0] == ident:
-                state.record.served[key] = (new, *row[1:])
-                state.dirty = True
+                try:
+                    same = _identity(os.fstat(fd)) == ident
+                except OSError:
+                    same = False
+                if same:
+                    held.append((path, kept, ident, fd))
+                else:
+                    os.close(fd)
+            change()
+            for path, kept, ident, fd in held:
+                try:
+                    new = _identity(os.fstat(fd))  # the pinned inode
+                    if _identity(os.stat(path, follow_symlinks=False)) != new:
+                        continue  # the path names another file now
+                except (OSError, ValueError):
+                    continue
+                if new[2] != ident[2]:
+                    continue
+                self._carry(path, kept, ident, new)
+        finally:
+            for *_, fd in held:
+                os.close(fd)
+
+    def _carry(self, path: str, kept: _Kept | None, ident: _Ident, new: _Ident) -> None:
+        """Keep the entry at ``path`` (kept, or a record's row served) with the
+        identity ``new`` its file has after mlcache's touch."""
+        if kept is not None:
+            if self._kept.get(path) is kept:
+                kept.ident = new
+                if kept.plain:
+                    self._touched(path)
+            return
+        folder, _, key = path.rpartition(os.sep)
+        state = self._folders.get(folder)
+        row = state.record.served.get(key) if state is not None else None
+        if state is not None and row is not None and row[0] == ident:
+            state.record.served[key] = (new, *row[1:])
+            state.touched = True
 
     @staticmethod
     def _row_of(kept: _Kept) -> bytes | None:
@@ -400,20 +440,26 @@ class HitTier:
             kept.plain = kept.row is not None
         return kept.row
 
-    def save(self, root: str) -> None:
+    def save(self, root: str, *, touched: bool = True) -> None:
         """Write the records of the code folders under ``root`` (a local store's
         folder) that changed in this process: what it keeps of each folder, the
         most recently used first, then the rows of the record it read that it did
-        not take, each only while its file has the identity recorded. A failure is
-        logged at debug level (a read-only cache folder), and that folder's record
-        is not tried again by this process."""
+        not take, each only while its file has the identity recorded. A folder
+        whose rows only were carried over a touch is written only when
+        ``touched`` (the last flush; a flush on a hit's path passes False).
+
+        A folder that cannot be written (a read-only cache) is logged at debug
+        level and not tried again by this process; one removed (``clear()``) is
+        tried again once rows of it are kept again. Nothing here raises."""
         if not self.records:
             return
         prefix = os.path.join(root, "")
         todo = {
             folder: state
             for folder, state in list(self._folders.items())
-            if state.dirty and not state.unwritable and folder.startswith(prefix)
+            if (state.dirty or (touched and state.touched))
+            and not state.unwritable
+            and folder.startswith(prefix)
         }
         if not todo:
             return
@@ -427,30 +473,35 @@ class HitTier:
                     row = (kept.ident, kept.codec.name, brief(kept.info_bytes), blob)
                     kept_rows[folder].append((key, row))
         for folder, state in todo.items():
-            state.dirty = False
+            state.dirty = state.touched = False
             rows: dict[str, Row] = {}
             total = 0
             for key, row in [*kept_rows[folder], *state.record.rest().items()]:
-                if key in rows:
-                    continue
+                size = len(row[2]) + len(row[3]) + 128
+                if key in rows or total + size > MAX_RECORD:
+                    continue  # a big row leaves room for the smaller ones after it
                 try:
                     if _identity(os.stat(os.path.join(folder, key))) != row[0]:
                         continue
                 except (OSError, ValueError):
                     continue
-                total += len(row[2]) + len(row[3]) + 128
-                if total > MAX_RECORD:
-                    break
+                total += size
                 rows[key] = row
             try:
                 record.save(folder, rows, state.signer)
-            except OSError as exc:  # a read-only cache, a removed folder: no warning
-                state.unwritable = True
+            except (FileNotFoundError, NotADirectoryError) as exc:  # cleared meanwhile
+                logger.debug("mlcache: the record of %s was not written: %s", folder, exc)
+            except (OSError, ValueError) as exc:  # read-only; a key of a foreign name
+                state.unwritable = isinstance(exc, OSError)
                 logger.debug("mlcache: the record of %s was not written: %s", folder, exc)
 
     def _after_fork(self) -> None:
         # a forked child inherits the lock in whatever state another thread held it
         self._lock = threading.Lock()
+        # the parent writes what it changed: a child (a DataLoader worker) writes
+        # only the folders it changes itself
+        for state in self._folders.values():
+            state.dirty = state.touched = False
 
 
 #: the tier every memoized function of this process shares

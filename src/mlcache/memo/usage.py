@@ -37,6 +37,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ..codecs import codecs
@@ -44,7 +45,7 @@ from ..entry import decode, keep_verified, open_entry, read_entry_info, write_en
 from ..errors import EntryCorrupted, EntryNotFound, UnknownFormat
 from ..store import LocalFolders, Locking, Store
 from .layout import STATS, cached_objects, entry_folder, is_stats
-from .tier import tier
+from .tier import OPEN_AT_ONCE, tier
 
 __all__ = ["FLUSH_SECONDS", "FunctionStats", "StatsLog", "UsageLog", "collect", "renew_at_fork"]
 
@@ -224,6 +225,9 @@ class UsageLog:
         self._local = local
         #: nothing can be written to the store: last-use times are not kept
         self._read_only = read_only
+        #: whether the cache refuses writes now (the Memory's WriteGate): records
+        #: are written only where entries could be
+        self.refuses: Callable[[], bool] | None = None
         self._hits: dict[str, tuple[int, bytes]] = {}
         self.stats = StatsLog(store, read_only=read_only)
         self._last = time.monotonic()
@@ -236,13 +240,13 @@ class UsageLog:
         seen = self._hits.get(name)
         self._hits[name] = (1 if seen is None else seen[0] + 1, info)
         if time.monotonic() - self._last > FLUSH_SECONDS:
-            self.flush()
+            self.flush(last=False)
 
     def miss(self, name: str, func: str, duration: float) -> None:
         """A call of ``func`` computed entry ``name`` in ``duration`` seconds."""
         self.stats.add(entry_folder(name), func, misses=1, computed=duration)
         if time.monotonic() - self._last > FLUSH_SECONDS:
-            self.flush()
+            self.flush(last=False)
 
     def pending(self, name: str) -> tuple[int, bytes] | None:
         """(hits, metadata) noted of entry ``name`` since the last flush, if any."""
@@ -263,8 +267,10 @@ class UsageLog:
                 self._hits = {n: v for n, v in self._hits.items() if entry_folder(n) != folder}
         self.stats.forget(folder)
 
-    def flush(self) -> None:
-        """Write the pending notes now: last-use times, then statistics."""
+    def flush(self, *, last: bool = True) -> None:
+        """Write the pending notes now: last-use times, then statistics. ``last``
+        is false for the flushes a hit or a miss makes on its way: the records
+        whose rows only carried a touch over wait for a later one (at exit)."""
         with self._lock:
             hits, self._hits = self._hits, {}
             self._last = time.monotonic()
@@ -273,21 +279,29 @@ class UsageLog:
                 # the touch sets the entries' mtime: keep this process's marks of
                 # verified files (mlcache.entry), or the next mapped hit re-checks
                 # and the hit tier's entries, whose rows the next run's records hold
+                # (the tier holds each file it carries open over the touch: batches)
                 local = self._local
-                paths = [local.local_path(n) for n in hits] if local is not None else []
-                touch = lambda: self._store.touch(list(hits))  # noqa: E731
-                keep_verified(paths, lambda: tier.retouch(paths, touch))
+                names = list(hits)
+                for at in range(0, len(names), OPEN_AT_ONCE):
+                    self._touch(names[at : at + OPEN_AT_ONCE], local)
             except Exception:  # last-use times are advisory: a store's error never fails a hit
                 logger.debug("mlcache: recording last use failed", exc_info=True)
-            if self._local is not None:
-                try:  # the records of the code folders whose small entries were read
-                    tier.save(self._local.local_root)
-                except Exception:  # a cache of the next run only: never fails a hit
-                    logger.debug("mlcache: writing the records failed", exc_info=True)
+        if self._local is not None and not self._read_only:
+            try:  # the records of the code folders whose small entries were read
+                if self.refuses is None or not self.refuses():
+                    tier.save(self._local.local_root, touched=last)
+            except Exception:  # a cache of the next run only: never fails a hit
+                logger.debug("mlcache: writing the records failed", exc_info=True)
+        if hits and not self._read_only:
             for name, (count, info) in list(hits.items()):  # a late note may still land
                 func, duration = _func_and_duration(info)
                 self.stats.add(entry_folder(name), func, hits=count, saved=count * duration)
         self.stats.flush()
+
+    def _touch(self, names: list[str], local: LocalFolders | None) -> None:
+        paths = [local.local_path(n) for n in names] if local is not None else []
+        touch = lambda: self._store.touch(names)  # noqa: E731
+        keep_verified(paths, lambda: tier.retouch(paths, touch))
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
