@@ -8,6 +8,7 @@ Nothing here imports another mlcache module except :mod:`mlcache.errors`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime as _dt
 import os
 import re
@@ -21,7 +22,9 @@ import xxhash
 from .errors import ConfigError
 
 __all__ = [
+    "KEEPS_TIMES",
     "backoff",
+    "fs_type",
     "hash_pool",
     "parallel_map",
     "parse_bytes",
@@ -171,3 +174,49 @@ def parallel_map(func: Callable[[memoryview], Any], blocks: list[memoryview]) ->
     The entry reader checks large payloads' block tables with it."""
     pool = hash_pool() if len(blocks) > 1 else None
     return list(pool.map(func, blocks)) if pool else [func(b) for b in blocks]
+
+
+# -- file systems -------------------------------------------------------------------
+#: file systems whose files' and folders' modification and change times are set by
+#: this machine's kernel at each change (a file's; for a folder, an entry added,
+#: removed or renamed); network and FUSE file systems are left out: their times
+#: come from elsewhere (NFS: a client's attribute cache), or do not move
+KEEPS_TIMES = frozenset(
+    {
+        "ext2",
+        "ext3",
+        "ext4",
+        "xfs",
+        "btrfs",
+        "tmpfs",
+        "ramfs",
+        "f2fs",
+        "zfs",
+        "overlay",
+        "bcachefs",
+        "jfs",
+        "nilfs2",
+        "reiserfs",
+    }
+)
+
+_FS_TYPES: dict[int, str] = {}
+
+
+def fs_type(dev: int) -> str:
+    """The type of the file system of device ``dev`` (``/proc/self/mountinfo``), or
+    "" when it cannot be told (another OS, a device not mounted as such)."""
+    found = _FS_TYPES.get(dev)
+    if found is not None:
+        return found
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    found = ""
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split(" - ", 1)
+            fields = parts[0].split()
+            if len(parts) == 2 and len(fields) > 2 and fields[2] == want:
+                found = parts[1].split()[0]
+                break
+    _FS_TYPES[dev] = found
+    return found

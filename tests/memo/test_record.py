@@ -54,6 +54,9 @@ if os.environ.get("NO_WRITES"):  # a cache folder this process cannot write to
         raise PermissionError(13, "Permission denied")
     import mlcache.memo.record as R
     R.write_bytes_atomic = refused
+if os.environ.get("NFS"):  # the cache on a network file system (its mount type)
+    import mlcache._util as U
+    U._FS_TYPES[os.stat(os.environ["CACHE"]).st_dev] = "nfs4"
 import work
 secret = os.environ.get("SECRET", "k" * 32)
 mem = Memory(os.environ["CACHE"], verbose=0, secret=secret if secret != "off" else False,
@@ -178,6 +181,19 @@ def test_a_torn_damaged_or_forged_record_is_not_used_and_is_replaced(runs, damag
     assert got["reads"] == N and got["values"] == expected() and got["computed"] == []
     assert got["stderr"] == ""
     assert runs.run()["reads"] == 0  # the run before wrote it again
+
+
+def test_a_network_file_system_has_no_records(runs):
+    # a stat there may come from the client's attribute cache (NFS: up to acregmax)
+    # while another machine recomputed the entry: the record is neither used...
+    (path,) = runs.records()
+    written = path.stat().st_mtime_ns
+    got = runs.run(NFS="1")
+    assert got["values"] == expected() and got["reads"] == N and got["stderr"] == ""
+    assert path.stat().st_mtime_ns == written  # ...nor written
+    path.unlink()
+    runs.run(NFS="1")
+    assert runs.records() == []
 
 
 def test_a_cache_folder_that_cannot_be_written_is_read_without_a_warning(tmp_path):

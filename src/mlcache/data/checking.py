@@ -39,7 +39,6 @@ the open, as before.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import struct
@@ -52,6 +51,7 @@ import numpy as np
 import xxhash
 
 from .._atomic import write_bytes_atomic
+from .._util import KEEPS_TIMES, fs_type
 from .items import default_fingerprint, item_keys, item_table, table_digest
 from .reader import PackedDataset
 from .sequence import sample_index, sample_indices
@@ -73,27 +73,6 @@ logger = logging.getLogger("mlcache")
 
 #: the listing record's name ends with this (beside the ``.source`` record)
 LISTING_SUFFIX = ".listing"
-#: file systems whose folders' modification and change times move when an entry is
-#: added, removed or renamed, set by this machine's kernel (network and FUSE file
-#: systems are left out: their times come from elsewhere, or do not move)
-KEEPS_TIMES = frozenset(
-    {
-        "ext2",
-        "ext3",
-        "ext4",
-        "xfs",
-        "btrfs",
-        "tmpfs",
-        "ramfs",
-        "f2fs",
-        "zfs",
-        "overlay",
-        "bcachefs",
-        "jfs",
-        "nilfs2",
-        "reiserfs",
-    }
-)
 _MAGIC = b"MLCLIST1"
 #: magic, digest of the item table, the folder's dev, ino, mtime_ns, ctime_ns, when
 #: the listing began (ns), the number of names, the length of the names
@@ -115,28 +94,6 @@ def trusted_after(ctime_ns: int) -> int:
     system that keeps whole seconds (ext3, ext4 with small inodes) needs two, one
     with nanoseconds the kernel's clock tick (at most 10 ms; 100 ms kept)."""
     return 2_000_000_000 if ctime_ns % 1_000_000_000 == 0 else 100_000_000
-
-
-_FS_TYPES: dict[int, str] = {}
-
-
-def fs_type(dev: int) -> str:
-    """The type of the file system of device ``dev`` (``/proc/self/mountinfo``), or
-    "" when it cannot be told (another OS, a device not mounted as such)."""
-    found = _FS_TYPES.get(dev)
-    if found is not None:
-        return found
-    want = f"{os.major(dev)}:{os.minor(dev)}"
-    found = ""
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split(" - ", 1)
-            fields = parts[0].split()
-            if len(parts) == 2 and len(fields) > 2 and fields[2] == want:
-                found = parts[1].split()[0]
-                break
-    _FS_TYPES[dev] = found
-    return found
 
 
 def _folder_stat(folder: str) -> tuple[int, int, int, int]:

@@ -6,6 +6,11 @@ Inside a store::
     <function folder>/stats/<process>          one process's hit and miss counts
     <function folder>/<code version>/code      what the version depends on (JSON:
                                                name -> digest), to say what changed
+    <function folder>/<code version>/record    the next run's copy of the version's
+                                               small entries, checked against
+                                               their files (:mod:`mlcache.memo.record`;
+                                               not an entry: never counted,
+                                               listed or served as one)
     <function folder>/<code shape>.state       what calls of the function change
                                                (a signed entry: captured names,
                                                module-level value names): state,

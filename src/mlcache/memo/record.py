@@ -5,15 +5,18 @@ A process that reads small entries of a local store keeps them in the hit tier
 (:mod:`mlcache.memo.tier`), checked as any read checks them. When its usage log
 flushes (every couple of seconds of activity, and at exit), the tier writes what
 it keeps of each code folder whose rows changed into that folder's ``record``
-file (entry files of at most :data:`MAX_ROW` bytes, :data:`MAX_RECORD` bytes of
-rows at most, the most recently used first; temporary file and rename: two
-writers racing leave one whole record, the last). The next process to hit an
+file (entries whose payload is at most :data:`MAX_ROW` bytes once decompressed,
+:data:`MAX_RECORD` bytes of rows at most, the most recently used first;
+temporary file and rename: two writers racing leave one whole record, the
+last). Rows that only carried mlcache's touch over are written by the last
+flush (at exit), not by the flushes made on a hit's way. The next process to hit an
 entry of the folder reads the record once (~100 µs for 200 rows) and serves each
 entry it holds for one ``os.stat`` of the entry file and a load of the value's
 bytes (~13 µs a first hit of a small dict, all of the call, against ~47 µs
 reading the entry file). Writing never fails a call: a folder that cannot be
 written (a read-only cache) is logged at debug level, once per process and
-folder, and not tried again.
+folder, and not tried again; nor is a record written while the Memory refuses
+writes.
 
 The record is only a cache of the entry files. A row is served while the entry
 file still has the identity it had when its bytes were read and checked
@@ -25,12 +28,15 @@ changed one give another identity or no file: the entry is read the ordinary
 way, and the next record leaves the row out. mlcache's own last-use touch sets
 the mtime of the entries it hit (eviction by age reads it, so hits served from a
 record are touched as any hit); the process that touched them carries their
-rows over (:meth:`HitTier.retouch`), as :func:`mlcache.entry.keep_verified`
-carries its marks: the identity before the touch must be the recorded one, and
-the device, inode and size the same after it. The touch writes an explicit mtime
-with sub-microsecond digits; a write after it sets the kernel's time of that
-moment instead, which shows. A touch by a process that did not serve the rows
-(an older mlcache, a mapped read) makes them stale: read again, never wrong.
+rows over (:meth:`HitTier.retouch`): it opens each file before the touch, whose
+``fstat`` must be the recorded identity, and holds it open across the touch,
+so that its inode cannot be freed and reused by a file made meanwhile (an
+entry evicted and computed again by another process); after the touch the
+path must name that same file, of the same size. The touch writes an explicit
+mtime with sub-microsecond digits; a write after it sets the kernel's time of
+that moment instead, which shows. A touch by a process that did not serve the
+rows (an older mlcache, a mapped read) makes them stale: read again, never
+wrong.
 
 What a row holds is the value, pickled by the process that read, checked and
 decoded it (:func:`freeze`), when it is made of ``dict``, ``list``, ``tuple``,
@@ -65,8 +71,14 @@ File layout (little-endian)::
     audits, see :func:`brief`) then the value's bytes.
 
 A damaged, torn, truncated or foreign record is ignored (the entries are read
-as before) and replaced by the next write. Only local stores have records: on
-a remote store the identity proof would cost a request per hit.
+as before) and replaced by the next write; a record that is not a regular file
+(a planted fifo) is not waited on. Only local stores have records (on a remote
+store the identity proof would cost a request per hit), and only on file
+systems whose times this machine's kernel sets (:data:`mlcache._util.KEEPS_TIMES`:
+ext4, xfs, btrfs, tmpfs...): on NFS a new process's ``stat`` may be answered
+from the client's attribute cache for up to ``acregmax`` (60 s) while another
+machine removed or recomputed the entry, so a record there could serve a value
+its file no longer holds; FUSE and SMB mounts are left out alike.
 """
 
 from __future__ import annotations
@@ -102,7 +114,7 @@ logger = logging.getLogger("mlcache")
 
 #: the record's file name in a code folder (beside the ``code`` manifest)
 NAME = "record"
-#: entry files larger than this are not recorded
+#: entries whose payload is larger than this once decompressed are not recorded
 MAX_ROW = 4096
 #: a record holds at most this many bytes of body (the most recently used first)
 MAX_RECORD = 2 * 1024 * 1024

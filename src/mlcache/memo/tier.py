@@ -44,7 +44,11 @@ removed or recomputed by another machine is seen when that cache expires, not
 at once. What is served meanwhile is the value this process verified for the
 same key (the key names function, code version and arguments), never bytes it
 has not checked; an expiry callback (``cache_validation_callback``) still reads
-the entry's header at every hit.
+the entry's header at every hit. Records are not read or written there
+(:mod:`mlcache.memo.record`): a new process has verified nothing.
+
+An entry is kept by the size of its payload once decompressed (a compressed
+file of 100 bytes may hold megabytes), not by the size of its file.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util import KEEPS_TIMES, fs_type
 from ..codecs import Codec, codecs
 from ..entry.reader import EntryReader, decode, settled
 from ..entry.signing import Signer
@@ -225,8 +230,7 @@ class HitTier:
             folder, _, key = path.rpartition(os.sep)
             state = self._folders.get(folder)
             if state is None or state.signer is not signer:  # once per folder
-                found = record.load(folder, signer) if self.records else None
-                state = self._folders[folder] = _Folder(signer, found)
+                state = self._folders[folder] = self._folder(folder, signer)
             row = state.record.row(key)
             if row is not None and (allow_pickle or codecs[row[1]].safe):
                 # served while the file has the identity recorded (inlined: a call
@@ -268,6 +272,21 @@ class HitTier:
         # changed since, or kept for another reader: read again
         self._drop(path, stale=kept.plain and kept.ident != _identity(st))
         return self._first(path, name, signer, allow_pickle)
+
+    def _folder(self, folder: str, signer: Signer | None) -> _Folder:
+        """What this process knows of the record of ``folder``: read when records
+        are on and the folder's file system sets its files' times itself."""
+        local = self.records
+        if local:  # once per folder and process: a stat, and the mount table once
+            try:
+                local = fs_type(os.stat(folder).st_dev) in KEEPS_TIMES
+            except (OSError, ValueError):
+                local = False
+        state = _Folder(signer, record.load(folder, signer) if local else None)
+        # NFS: a new process's stat may be answered from the client's attribute
+        # cache while another machine recomputed the entry: no records there
+        state.unwritable = not local
+        return state
 
     def _first(
         self, path: str, name: str, signer: Signer | None, allow_pickle: bool
