@@ -30,6 +30,7 @@ __all__ = [
     "parse_bytes",
     "parse_duration",
     "progress",
+    "sets_times",
     "slug",
 ]
 
@@ -220,3 +221,14 @@ def fs_type(dev: int) -> str:
                 break
     _FS_TYPES[dev] = found
     return found
+
+
+def sets_times(dev: int) -> bool:
+    """Whether the file system of device ``dev`` is one whose files' times this
+    machine's kernel sets at each change, so that a ``stat`` shows a change made
+    by any process: one on a block device (a local disk: major number not 0), or
+    one of :data:`KEEPS_TIMES`. The mount table (~40 µs to read) is read only for
+    the others (tmpfs, overlay, NFS, SMB, FUSE...), once per device."""
+    if dev not in _FS_TYPES and os.major(dev) != 0:
+        return True
+    return fs_type(dev) in KEEPS_TIMES

@@ -74,8 +74,8 @@ A damaged, torn, truncated or foreign record is ignored (the entries are read
 as before) and replaced by the next write; a record that is not a regular file
 (a planted fifo) is not waited on. Only local stores have records (on a remote
 store the identity proof would cost a request per hit), and only on file
-systems whose times this machine's kernel sets (:data:`mlcache._util.KEEPS_TIMES`:
-ext4, xfs, btrfs, tmpfs...): on NFS a new process's ``stat`` may be answered
+systems whose times this machine's kernel sets (:func:`mlcache._util.sets_times`:
+a local disk's, tmpfs, overlay...): on NFS a new process's ``stat`` may be answered
 from the client's attribute cache for up to ``acregmax`` (60 s) while another
 machine removed or recomputed the entry, so a record there could serve a value
 its file no longer holds; FUSE and SMB mounts are left out alike.

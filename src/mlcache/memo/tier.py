@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from .._util import KEEPS_TIMES, fs_type
+from .._util import sets_times
 from ..codecs import Codec, codecs
 from ..entry.reader import EntryReader, decode, settled
 from ..entry.signing import Signer
@@ -279,7 +279,7 @@ class HitTier:
         local = self.records
         if local:  # once per folder and process: a stat, and the mount table once
             try:
-                local = fs_type(os.stat(folder).st_dev) in KEEPS_TIMES
+                local = sets_times(os.stat(folder).st_dev)
             except (OSError, ValueError):
                 local = False
         state = _Folder(signer, record.load(folder, signer) if local else None)
