@@ -22,7 +22,6 @@ import pytest
 from mlcache import CacheWarning
 from mlcache.data import CachedDataset, filling
 from mlcache.data.filling import RECORD
-from mlcache.data.recording import write_held
 from mlcache.errors import UnsupportedValue
 
 
@@ -118,7 +117,6 @@ def test_records_are_kept_until_the_seal(src, tmp_path):
     ds = Files(src, cache_dir=cache)
     for i in range(10):
         ds[i]
-    write_held()  # the records this process holds, as at its exit
     assert packs(cache) == [] and len(segments(cache)) == 1
     assert segments(cache)[0].stat().st_size > 10 * RECORD.size
     later = Files(src, cache_dir=cache)  # another run: the 10 recorded are not loaded
@@ -326,7 +324,6 @@ def test_a_torn_last_record_is_loaded_again_and_nothing_else(src, tmp_path):
     ds = Files(src, cache_dir=cache)
     for i in range(20):
         ds[i]
-    write_held()  # the records this process holds, as at its exit
     (seg,) = segments(cache)
     offsets = record_offsets(seg)
     assert len(offsets) == 20
@@ -344,7 +341,6 @@ def test_a_torn_record_anywhere_costs_that_item_only(src, tmp_path, where):
     ds = Files(src, cache_dir=cache)
     for i in range(20):
         ds[i]
-    write_held()  # the records this process holds, as at its exit
     (seg,) = segments(cache)
     last = record_offsets(seg)[-1]
     os.truncate(seg, last + (RECORD.size // 2 if where == "header" else RECORD.size + 3))
@@ -360,7 +356,6 @@ def test_a_flipped_byte_in_a_record_is_never_returned(src, tmp_path, where):
     ds = Files(src, cache_dir=cache)
     for i in range(20):
         ds[i]
-    write_held()  # the records this process holds, as at its exit
     (seg,) = segments(cache)
     offsets = record_offsets(seg)
     data = bytearray(seg.read_bytes())
@@ -775,7 +770,6 @@ def test_random_damage_to_the_records_never_gives_a_wrong_sample(tmp_path):
         ds = Files(src, cache_dir=cache)
         for i in range(20):
             ds[i]
-        write_held()  # the records this process holds, as at its exit
         del ds
         (seg,) = segments(cache)
         offsets = record_offsets(seg)  # of the records as written
@@ -859,7 +853,6 @@ def test_random_damage_to_records_of_lists_and_dicts_never_gives_a_wrong_sample(
         ds = Typed(src, cache_dir=cache)
         for i in range(16):
             ds[i]
-        write_held()  # the records this process holds, as at its exit
         del ds
         (seg,) = segments(cache)
         data = bytearray(seg.read_bytes())

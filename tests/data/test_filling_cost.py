@@ -112,48 +112,13 @@ def test_an_up_front_fill_writes_its_records_a_batch_at_a_time(
     assert right(ds) and len(ds.loads) == N
 
 
-def test_a_fill_as_read_writes_its_records_a_batch_at_a_time(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
-    """40 misses in the process that opened the dataset: their records in two
-    ``writev`` (32, then the 8 left at the seal; before: one a miss), every one of
-    them in the sealed pack; a sample read again before its batch is written comes
-    from its record (written first), not from a second load."""
-    src, cache = source(tmp_path), tmp_path / "cache"
-    writes: list[int] = []
-    real_writev = os.writev
-
-    def writev(fd: int, buffers: Any) -> int:
-        writes.append(len(buffers))
-        return real_writev(fd, buffers)
-
-    monkeypatch.setattr(os, "writev", writev)
-    # a batch is also written once _READ_WAIT s old (checked at the next sample): not here
-    monkeypatch.setattr(recording, "_READ_WAIT", float("inf"))
-    ds = Files(src, cache_dir=cache)
-    for i in range(3):
-        assert ds[i]["value"] == i
-    assert writes == [] and ds[1]["value"] == 1  # held, then written to be read
-    assert writes == [2 * 3]
-    for i in range(3, N):
-        ds[i]
-    monkeypatch.undo()
-    assert writes == [2 * 3, 2 * recording._READ_BATCH, 2 * (N - 3 - recording._READ_BATCH)]
-    assert sorted(ds.loads) == sorted(os.listdir(src))  # each once
-    assert len(list(cache.rglob("*.pack"))) == 1 and not list(cache.rglob("*.pack.fill"))
-    assert right(ds) and len(ds.loads) == N
-
-
-def test_a_forked_child_finds_the_records_its_parent_held(tmp_path: Path) -> None:
-    """The records the parent holds are written before it forks (a DataLoader's
-    workers), so a child loads none of those samples again; a child writes each of
-    its records at once (its samples go to the parent at once). Fails with the
-    fork's write of the held records taken out (the parent's segment is empty: the
-    child writes the parent's ten to its own, and the parent writes them again)."""
+def test_a_forked_child_finds_the_records_its_parent_wrote(tmp_path: Path) -> None:
+    """The parent's records are on the disk when it forks (a DataLoader's workers),
+    so a child loads none of those samples again, and writes its own at once."""
     src, cache = source(tmp_path), tmp_path / "cache"
     ds = Files(src, cache_dir=cache)
     for i in range(10):
-        ds[i]  # held: fewer than a batch
+        ds[i]
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: the ten recorded, and one more of its own, written at once

@@ -25,7 +25,6 @@ import pytest
 import xxhash
 
 from mlcache.data.frozen import MAX_PROBES, PROBE_EVERY
-from mlcache.data.recording import _READ_BATCH
 from mlcache.data.records import MAGIC, RECORD
 from scripts import TIMEOUT, ScriptFolder
 
@@ -255,8 +254,7 @@ def killed_runs(tmp_path: Path, n: int, kills: int, seed: int) -> None:
         assert fills.packs() == []
         loaded_before |= set(loads)
         # what it had loaded is recorded, but for the item being loaded when killed
-        # and the records it held (one batch: data/recording.py), loaded again below
-        assert len(set(loads) - fills.recorded()) <= 1 + _READ_BATCH
+        assert len(set(loads) - fills.recorded()) <= 1
     recorded = fills.recorded()
     fills.log.unlink(missing_ok=True)
     last = fills.run("fill.py", str(fills.src), "0", "-")

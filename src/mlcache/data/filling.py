@@ -14,8 +14,8 @@ the pack is read as any other (an O(1) open). Otherwise a :class:`Filler` serves
 
 Records go to append-only *segment* files in ``<pack>.fill/``, one per process
 (DataLoader workers, forked or spawned, each write their own: no lock is taken to
-record). Records are appended a batch at a time, one ``writev`` each (when each
-is written, and what a kill loses: :mod:`mlcache.data.recording`); a record is a 64-byte header
+record). A sample read is recorded at once, one ``writev`` (an up-front fill
+writes a batch at a time: :mod:`mlcache.data.recording`); a record is a 64-byte header
 (magic, length, the item's key and fingerprint, the checksums of the payload and
 of the header: see :mod:`mlcache.data.records`, which owns the bytes), then the
 sample: in a compact form for plain values (numbers, text, bytes, numeric arrays,
@@ -78,7 +78,6 @@ from .records import (
 from .replaced import own_beside
 from .sealing import BASE as _BASE
 from .sealing import MISSING as _MISSING
-from .sealing import PENDING as _PENDING
 from .sealing import SealSource
 from .sequence import sample_index, sample_indices
 from .values import as_sealed, read_back
@@ -91,8 +90,8 @@ logger = logging.getLogger("mlcache")
 #: after recording a sample, a process looks whether every item is now in (and
 #: seals the pack) at most this often
 _SEAL_CHECK_EVERY = 0.25
-#: a process that has seen no other fill the pack since it opened it (one that
-#: holds records back: data/recording.py) looks at a miss for the others' records
+#: a process that has seen no other fill the pack since it opened it (alone:
+#: data/recording.py) looks at a miss for the others' records
 #: and for a sealed pack at most this often (seconds): a process starting to fill
 #: the pack meanwhile costs at most the loads of this long, each loaded again
 _LOOK_ALONE = 0.01
@@ -193,9 +192,7 @@ class Filler(RecordWriting):
         #: this process recorded a sample since its last look (see the module docstring)
         self._recorded_since_look = False
         self._seen_file: tuple[int, int] | None = base.file_id if base is not None else ignore
-        self._held: list[tuple[int, bytes, bytes]] = []
-        self._held_since = 0.0
-        self.start_holding()  # (another filler of the pack here writes what it held)
+        self.start_alone()
         self._looked, self._looked_at = False, 0.0
         self.look_again()
         self._looked = True  # segments and records found from now on: another process's
@@ -239,11 +236,9 @@ class Filler(RecordWriting):
         if first is None:
             return  # an item no longer listed
         for i in (first, *self._twins.get(first, ())):
-            src = self.src[i]
-            if src in (_MISSING, _PENDING) and self._fps[i] == fp:
+            if self.src[i] == _MISSING and self._fps[i] == fp:
                 self.src[i], self.pos[i] = segment, offset
-                if src == _MISSING:  # (a record this process held is counted)
-                    self.present += 1
+                self.present += 1
 
     def look_again(self) -> bool:
         """Look for the sealed pack, and for the records of other processes; True
@@ -267,8 +262,8 @@ class Filler(RecordWriting):
         for number, segment in enumerate(self.segments):
             if not segment.broken:
                 gone |= not self._scan(number, segment)
-        if self._holder and self._looked and before != (len(self.segments), self.present):
-            self.stop_holding()  # another process fills it too: no record held back
+        if self._alone and self._looked and before != (len(self.segments), self.present):
+            self.stop_alone()  # another process fills it too: look at every miss
         # a segment removed since this look found no pack: a seal removes them once
         # its pack is in place, so the pack is looked for again (else the items of
         # that segment are loaded twice: a DataLoader's worker meeting the other's seal)
@@ -376,14 +371,11 @@ class Filler(RecordWriting):
             sample = self.read_record(i)
             if sample is not None:
                 return sample if self.allow_pickle else as_sealed(sample, self._forms)
-        elif src == _PENDING:  # loaded here, its record held: written, then read
-            self.flush()
-            return self.get(i)
         # missing here: another process may have recorded it since (see the
         # module docstring); throttling this look loaded items twice (a DataLoader's
         # workers), but for a process that has seen none other fill the pack
         now = time.monotonic()
-        if self._holder != _PID[0] or now - self._looked_at > _LOOK_ALONE:
+        if self._alone != _PID[0] or now - self._looked_at > _LOOK_ALONE:
             if self.look_again():
                 assert self.sealed is not None
                 return self.sealed[i]
@@ -472,7 +464,6 @@ class Filler(RecordWriting):
     # -- sealing ------------------------------------------------------------------------------
     def seal(self) -> PackedDataset:
         """Write the sealed pack (or adopt the one another process sealed)."""
-        self.flush()
         with self._lock():
             if self.sealed is None and is_newer_pack(self.path):
                 self._beside_newer()  # (when its file is ignored: force_recache)
@@ -536,15 +527,13 @@ class Filler(RecordWriting):
     def _adopt(self, pack: PackedDataset) -> None:
         """Read ``pack`` from now on; the segments go."""
         self.sealed, self.base = pack, None
-        self.stop_holding(sealed=True)  # (none held: the seal wrote them)
+        self.stop_alone(sealed=True)
         self.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def close(self) -> None:
         """Close this process's segment (a later record starts another) and the
         others' (a later read opens them again)."""
-        if self._held:
-            self.flush()
         mine = self._mine
         if mine is not None and mine[0] == _PID[0]:
             with contextlib.suppress(OSError):
@@ -561,10 +550,8 @@ class Filler(RecordWriting):
 
     def __getstate__(self) -> dict[str, Any]:
         # to a spawned worker: what is known, not this process's files
-        self.stop_holding()  # (what this process loaded, for the worker to find; and
-        # the worker fills the pack too: this process looks at every miss)
+        self.stop_alone()  # the worker fills the pack too: this process looks at every miss
         state = self.__dict__.copy()
-        state["_held"] = []
         state["segments"] = [Segment(s.path) for s in self.segments]
         state["_mine"] = None
         state["_write_lock"] = None

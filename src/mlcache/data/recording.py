@@ -3,24 +3,16 @@ process's append-only segment of ``<pack>.fill/``, with one warning and the samp
 still served when they cannot be written (a full disk, a folder removed meanwhile).
 A base of ``Filler``, kept apart from finding records and sealing.
 
-The process that opened the dataset keeps the records of the samples it loads as
-read and writes them :data:`_READ_BATCH` at a time, in one ``writev``: a ``writev``
-a sample was a fifth of what filling cost beside ``load_item``. A record is written
-before anything could need it on the disk: a batch is written when it is full or
-:data:`_READ_WAIT` old (checked as the next sample comes), when this process reads
-one of its samples again, seals, forks (a DataLoader's workers find the records),
-is pickled (a spawned worker), opens the same pack again, drops the dataset or
-exits, and for good once another process records samples of the pack (it would
-load them again). A kill loses the batch: samples the next run loads again, as it
-loads the one being loaded (the records on the disk stay whole). Worker processes
-write each record at once: a worker's sample goes to the main process at once.
+A sample loaded as read is recorded at once, one ``writev``: a kill loses only
+the sample being loaded (the records on the disk stay whole). Held back in
+batches, they were cheaper by ~2 µs a sample, but a kill, a forked child's
+``os._exit`` or hours idle in a notebook lost the batch (loaded again later).
 An up-front fill, which serves nothing before its seal, writes its records in
 batches of :data:`_FILL_BATCH`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import secrets
@@ -35,7 +27,6 @@ import numpy as np
 from ..errors import warn_at_user
 from .records import NoRoom, Segment, encode_sample, record_head
 from .sealing import MISSING as _MISSING
-from .sealing import PENDING as _PENDING
 from .values import other_fields, read_back
 from .writer import not_fields
 
@@ -50,38 +41,23 @@ _RETRY_AFTER = 1.0
 #: slowly, from workers); a batch waits for its next sample, so a kill loses what
 #: is in it: samples the next run loads again (nothing is served before the seal)
 _FILL_BATCH, _FILL_WAIT = 64, 0.02
-#: the process that opened a dataset writes the records of what it loads as read
-#: this many at a time, or fewer once the batch is this many seconds old (see the
-#: module docstring)
-_READ_BATCH, _READ_WAIT = 32, 0.05
 #: this process's id, kept up to date in a forked child: ``os.getpid()`` is a
 #: system call (~1 us in a VM), and a miss asked it three times
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-#: the fillers of this process holding records not written yet
-_HOLDING: weakref.WeakSet[RecordWriting] = weakref.WeakSet()
-#: the fillers of this process whose pack is not sealed yet
+#: the fillers of this process that may be alone in filling their pack (not sealed)
 _OPEN: weakref.WeakSet[RecordWriting] = weakref.WeakSet()
-
-
-def write_held() -> None:
-    """Write the records this process holds: before a fork (the child finds them
-    on the disk) and at exit. Never raises."""
-    for writer in list(_HOLDING):
-        with contextlib.suppress(Exception):
-            writer.flush()
 
 
 def _forked() -> None:
     """In the parent after a fork: its children (DataLoader workers) may fill the
-    packs it fills, so it holds no record back and looks at every miss again."""
+    packs it fills, so it looks for their records at every miss again."""
     for writer in list(_OPEN):
         with contextlib.suppress(Exception):
-            writer.stop_holding()
+            writer.stop_alone()
 
 
-os.register_at_fork(before=write_held, after_in_parent=_forked)
-atexit.register(write_held)
+os.register_at_fork(after_in_parent=_forked)
 
 
 class RecordWriting:
@@ -105,12 +81,10 @@ class RecordWriting:
     _retry_at: float
     present: int
     _twins: dict[int, list[int]]
-    #: this process's records not written yet, and when the first of them was made
-    _held: list[tuple[int, bytes, bytes]]
-    _held_since: float
-    #: the process that may hold records (the one that opened the filler), or 0
-    #: once another process records samples of the pack
-    _holder: int
+    #: the process that may be alone in filling the pack (the one that opened the
+    #: filler: it looks for the others' records at most every few milliseconds),
+    #: or 0 once another process may record samples of it
+    _alone: int
 
     def _found(self, key: bytes, fp: bytes, segment: int, offset: int) -> None:
         raise NotImplementedError
@@ -120,64 +94,25 @@ class RecordWriting:
         be recorded (a full disk, a folder removed meanwhile) is loaded again by a
         later read: one warning, and the read goes on."""
         encoded = self._encoded(i, sample)
-        if encoded is None:
-            return
-        if self._holder != _PID[0] or self._twins:  # (an item listed twice: at once)
+        if encoded is not None:
             self._write([encoded])
-            return
-        now = time.monotonic()
-        with self._write_lock:
-            held = self._held
-            if not held:
-                try:  # the segment is made now: other processes see this one fill
-                    self._mine = (_PID[0], *self._writer())
-                except OSError as exc:  # a read-only cache: served, not recorded
-                    self._retry_at = now + _RETRY_AFTER
-                    self._cannot_write(exc, "record samples of")
-                    return
-                self._held_since = now
-                _HOLDING.add(self)
-            held.append(encoded)
-            # present, read from the batch (written first) if this process reads it again
-            self.src[i] = _PENDING
-            self.present += 1
-            full = len(held) >= _READ_BATCH or now - self._held_since > _READ_WAIT
-        if full:
-            self.flush()
 
-    def flush(self) -> None:
-        """Write the records this process holds (see the module docstring); those it
-        cannot write are missing again (one warning)."""
-        with self._write_lock:
-            held = self._held
-            if not held:
-                return
-            self._held = []
-            _HOLDING.discard(self)
-            if not self._write_locked(held):
-                for i, _head, _payload in held:
-                    if self.src[i] == _PENDING:
-                        self.src[i] = _MISSING
-                        self.present -= 1
-
-    def start_holding(self) -> None:
-        """Hold records when no other filler of the pack is open in this process
-        (two fillers of a pack in one process see each other's records as two
-        processes do: the others write theirs and hold no more, and this one holds
-        none)."""
+    def start_alone(self) -> None:
+        """Alone in filling the pack, until told otherwise, when no other filler of
+        it is open in this process (two fillers of a pack in one process see each
+        other's records as two processes do)."""
         others = [writer for writer in list(_OPEN) if writer.folder == self.folder]
         for writer in others:
             with contextlib.suppress(Exception):
-                writer.stop_holding()
-        self._holder = 0 if others else _PID[0]
+                writer.stop_alone()
+        self._alone = 0 if others else _PID[0]
         _OPEN.add(self)
 
-    def stop_holding(self, sealed: bool = False) -> None:
-        """Another process records samples of the pack: what this one holds is
-        written, and from now on each record at once. ``sealed``: the pack is, so
-        this filler records no more (a filler opened later in this process holds)."""
-        self._holder = 0
-        self.flush()
+    def stop_alone(self, sealed: bool = False) -> None:
+        """Another process may record samples of the pack: from now on this one looks
+        for their records at every miss. ``sealed``: the pack is, so this filler
+        records no more (a filler opened later in this process is alone again)."""
+        self._alone = 0
         if sealed:
             _OPEN.discard(self)
 

@@ -39,17 +39,16 @@ from .writer import CopiedField
 if TYPE_CHECKING:
     from .filling import Filler
 
-__all__ = ["BASE", "MISSING", "PENDING", "SealSource"]
+__all__ = ["BASE", "MISSING", "SealSource"]
 
 #: the pieces of a copied field's data are joined up to about this many bytes
 _PIECE = 1 << 20
 #: a field whose values are all of at most this many bytes is gathered by numpy,
 #: this many records at a time
 _SMALL, _SMALL_ROWS = 64, 1 << 16
-#: where a filler's item is (``Filler.src``): loaded by this process, its record
-#: not written yet (:mod:`mlcache.data.recording`); not recorded; in the old pack (a
+#: where a filler's item is (``Filler.src``): not recorded, or in the old pack (a
 #: number from 0 is a segment's)
-PENDING, MISSING, BASE = -3, -2, -1
+MISSING, BASE = -2, -1
 #: the kinds of :class:`~mlcache.data.records.PlainLayout` read back as scalars
 _SCALARS = frozenset(("int", "float", "bool", "scalar"))
 #: where a field's values lie in the records: starts, stops (n each) and, for an
