@@ -12,6 +12,7 @@ Each run is a fresh interpreter (what a user runs), over ``dsmod.py``; its
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -415,3 +416,42 @@ def test_the_folder_attributes_are_read_from_a_copy_of_the_attributes(tmp_path):
     ds.root = Growing(ds, tmp_path)  # type: ignore[attr-defined]
     ds.other = str(tmp_path)  # type: ignore[attr-defined]
     assert len(ds._folder_attributes()) == 2  # before: RuntimeError
+
+
+def test_a_dataset_opens_from_a_working_folder_that_was_removed(tmp_path, monkeypatch):
+    """A notebook whose folder was removed: the names are made without it (a relative
+    name then names nothing, as for the item's check), never an error out of the open."""
+    root = _paired(tmp_path, "p0.txt p1.txt p2.txt")
+    assert Paired(root, tmp_path / "cache")[1]["mask"] == "masks 1"
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    ds = Paired(root, tmp_path / "cache")  # before: FileNotFoundError
+    assert [ds[i]["mask"] for i in range(3)] == [f"masks {i}" for i in range(3)]
+    (root / "masks" / "p1.txt").write_text("masks 1, edited")
+    assert Paired(root, tmp_path / "cache")[1]["mask"] == "masks 1, edited"
+
+
+def test_a_copy_pickled_during_the_open_lists_the_items_as_they_are(tmp_path):
+    """The open lists the items once; a copy pickled meanwhile (a spawned worker, a
+    deepcopy) does not keep that list: it lists them as they are when it checks."""
+    _COPIES.clear()
+    root = _paired(tmp_path, "p0.txt p1.txt p2.txt")
+    Copied(root, tmp_path / "cache")
+    (root / "names.txt").write_text("p0.txt p1.txt")
+    assert _COPIES[0]._open_items()[0] == ["p0.txt", "p1.txt"]
+    (root / "names.txt").write_text("p0.txt")
+    assert _COPIES[0]._open_items()[0] == ["p0.txt"]  # before: kept the list before
+
+
+_COPIES: list[Any] = []
+
+
+class Copied(Paired):
+    """Pickles itself once while its open lists the items."""
+
+    def source_items(self) -> list[str]:
+        if not _COPIES and getattr(self, "_listing_once", False):
+            _COPIES.append(pickle.loads(pickle.dumps(self)))
+        return super().source_items()

@@ -577,6 +577,8 @@ class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
         state["_watched"] = ()  # module-level values, met through the class's code
         state.pop("_watched_before", None)  # a snapshot of them
         state.pop("_record", None)  # a file and a thread of this process
+        state.pop("_listed", None)  # the items of an open going on: listed anew there
+        state.pop("_listing_once", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -96,6 +96,9 @@ _SKIPPED = ("__pycache__",)
 _WARNED_HUGE: set[tuple[str, str]] = set()
 #: a walk that left no file out as named: any later names only count files twice
 _NONE_NAMED = "none"
+#: the rules that make names of the items (:func:`_chains`), in the names' key: a
+#: record keyed by older rules is checked name by name
+_NAMES_RULES = "names 2"
 
 
 class Named:
@@ -156,9 +159,10 @@ def names_of(
     def chains() -> list[tuple[str, ...]]:
         return _chains(files, ()) + _chains(items, bases)
 
-    if keys is None:
+    cwd = _cwd()
+    if keys is None or cwd is None:
         return Named(chains, None)
-    text = "\0".join([os.getcwd(), str(len(bases)), *bases, *map(os.fsdecode, files)])
+    text = "\0".join([_NAMES_RULES, cwd, str(len(bases)), *bases, *map(os.fsdecode, files)])
     digest = xxhash.xxh3_128(text.encode("utf-8", "surrogateescape"))
     digest.update(keys)
     return Named(chains, digest.hexdigest())
@@ -166,16 +170,34 @@ def names_of(
 
 def _chains(items: Iterable[Any], bases: Sequence[str]) -> list[tuple[str, ...]]:
     """The candidates of each path part of ``items``, absolute (as
-    ``os.path.abspath`` makes them, the working folder read once: 20,000 items
-    ~30 ms against ~90)."""
+    ``os.path.abspath`` makes them, the working folder read once, if a name needs
+    it: 20,000 items ~30 ms against ~90). A relative name with no working folder
+    (removed) names nothing, as for the item's check."""
     chains = []
-    cwd, join, normpath, sep = os.getcwd(), os.path.join, os.path.normpath, os.sep
+    join, normpath, sep = os.path.join, os.path.normpath, os.sep
+    cwd: str | None = ""
     for item in items:
         for part in path_parts(item):
-            found = candidates(part, bases)
-            if found:
-                chains.append(tuple([normpath(c if c[0] == sep else join(cwd, c)) for c in found]))
+            chain = []
+            for c in candidates(part, bases):
+                if c[0] != sep:
+                    if cwd == "":
+                        cwd = _cwd()
+                    if cwd is None:
+                        continue
+                    c = join(cwd, c)
+                chain.append(normpath(c))
+            if chain:
+                chains.append(tuple(chain))
     return chains
+
+
+def _cwd() -> str | None:
+    """The working folder, or None when it was removed."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def attribute_source(
