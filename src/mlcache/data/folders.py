@@ -384,13 +384,23 @@ def _same_names(found: dict[str, Any], folder: str, named: Named) -> bool:
                 if dev != -1:
                     return False
                 continue
-            if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (dev, ino, mtime, ctime):
-                return False
-            if began - ctime <= trusted_after(ctime) or fs_type(dev) not in KEEPS_TIMES:
+            if not _as_recorded(st, (dev, ino, mtime, ctime), began):
                 return False
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return True
+
+
+def _as_recorded(st: os.stat_result, recorded: tuple[int, int, int, int], began: int) -> bool:
+    """Whether a folder's ``stat`` is the recorded one (device, inode, modification
+    and change times) and may be trusted: on a file system that moves folder times,
+    and the walk began well after the folder's last change."""
+    dev, _ino, _mtime, ctime = recorded
+    return (
+        (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns) == recorded
+        and began - ctime > trusted_after(ctime)
+        and fs_type(dev) in KEEPS_TIMES
+    )
 
 
 def _huge(folder: str) -> bool:
@@ -535,9 +545,7 @@ def _recorded(found: dict[str, Any]) -> list[str] | None:
         base = os.path.join(folder, "")
         for rel, dev, ino, mtime, ctime in dirs:
             st = os.stat(base + rel if rel else folder)
-            if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (dev, ino, mtime, ctime):
-                return None
-            if began - ctime <= trusted_after(ctime) or fs_type(dev) not in KEEPS_TIMES:
+            if not _as_recorded(st, (dev, ino, mtime, ctime), began):
                 return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
