@@ -79,8 +79,6 @@ class RecordWriting:
     _fields: tuple[int, frozenset[Any]] | None
     _unwritable: bool
     _retry_at: float
-    present: int
-    _twins: dict[int, list[int]]
     #: the process that may be alone in filling the pack (the one that opened the
     #: filler: it looks for the others' records at most every few milliseconds),
     #: or 0 once another process may record samples of it
@@ -128,11 +126,6 @@ class RecordWriting:
     def _write(self, records: list[tuple[int, bytes, bytes]]) -> None:
         """Append ``records`` to this process's segment in one ``writev`` (the
         payloads are not copied); on a failure none of them is kept (one warning)."""
-        with self._write_lock:
-            self._write_locked(records)
-
-    def _write_locked(self, records: list[tuple[int, bytes, bytes]]) -> bool:
-        """:meth:`_write` with the write lock held; False when nothing was kept."""
         if len(records) == 1:  # a read's record: no list to build
             _i, head, payload = records[0]
             parts: Sequence[bytes] = (head, payload)
@@ -141,27 +134,26 @@ class RecordWriting:
             parts = [part for _i, head, payload in records for part in (head, payload)]
             size = sum(map(len, parts))
         try:
-            fd, number, off = self._writer()
-            try:
-                written = os.writev(fd, parts)
-                if written < size:  # a short write (a signal, a full disk): the rest
-                    rest = memoryview(b"".join(parts))[written:]
-                    while rest:
-                        rest = rest[os.write(fd, rest) :]
-            except OSError:  # a full disk: no torn record, no empty file, no fd left
-                self._mine = None
-                if self.segments[number].abandon(fd, off):
-                    self._named.pop(os.path.basename(self.segments[number].path), None)
-                raise
-            self._mine = (_PID[0], fd, number, off + size)
-            for i, head, payload in records:
-                self._found(self._ks[i], self._fps[i], number, off)
-                off += len(head) + len(payload)
+            with self._write_lock:
+                fd, number, off = self._writer()
+                try:
+                    written = os.writev(fd, parts)
+                    if written < size:  # a short write (a signal, a full disk): the rest
+                        rest = memoryview(b"".join(parts))[written:]
+                        while rest:
+                            rest = rest[os.write(fd, rest) :]
+                except OSError:  # a full disk: no torn record, no empty file, no fd left
+                    self._mine = None
+                    if self.segments[number].abandon(fd, off):
+                        self._named.pop(os.path.basename(self.segments[number].path), None)
+                    raise
+                self._mine = (_PID[0], fd, number, off + size)
+                for i, head, payload in records:
+                    self._found(self._ks[i], self._fps[i], number, off)
+                    off += len(head) + len(payload)
         except OSError as exc:
             self._retry_at = time.monotonic() + _RETRY_AFTER
             self._cannot_write(exc, "record samples of")
-            return False
-        return True
 
     def _same_fields(self, i: int, sample: Mapping[str, Any]) -> None:
         """Every sample of a pack has the fields of the first: one with others (an
