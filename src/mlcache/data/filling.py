@@ -80,7 +80,7 @@ from .sealing import BASE as _BASE
 from .sealing import MISSING as _MISSING
 from .sealing import SealSource
 from .sequence import sample_index, sample_indices
-from .values import as_sealed, read_back
+from .values import as_sealed
 from .writer import not_fields
 
 __all__ = ["FILLS", "RECORD", "Filler"]
@@ -392,9 +392,7 @@ class Filler(RecordWriting):
                 self._moved(moved)
         if loaded.__class__ is not dict and not isinstance(loaded, Mapping):
             raise not_fields(i, loaded)
-        # as the sealed pack will give it: epoch 1 has the types of the later epochs
-        loaded = read_back(loaded, self.allow_pickle, i)
-        self.record(i, loaded)
+        served = self.recorded(i, loaded)
         self._recorded_since_look = True
         self.loaded_here.append(i)
         if self.present < self.n and now - self._seal_checked > _SEAL_CHECK_EVERY:
@@ -402,7 +400,7 @@ class Filler(RecordWriting):
             self.look_again()
         if self.present == self.n and self.sealed is None:
             self.try_seal()
-        return loaded if self.allow_pickle else as_sealed(loaded, self._forms)
+        return served
 
     def _sealed_now(self) -> bool:
         """The first read of a present sample since this process recorded one: look

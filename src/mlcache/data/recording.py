@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import warn_at_user
+from .layouts import SampleLayout
 from .records import NoRoom, Segment, encode_sample, record_head
 from .sealing import MISSING as _MISSING
-from .values import other_fields, read_back
+from .values import as_sealed, other_fields, read_back
 from .writer import not_fields
 
 __all__ = ["RecordWriting"]
@@ -45,6 +46,10 @@ _FILL_BATCH, _FILL_WAIT = 64, 0.02
 #: system call (~1 us in a VM), and a miss asked it three times
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+#: a filler makes the layout of its samples (:mod:`mlcache.data.layouts`) at most
+#: this many times: samples whose fields change from one to the next are recorded
+#: the general way, without a new layout tried at each
+_LAYOUTS = 8
 #: the fillers of this process that may be alone in filling their pack (not sealed)
 _OPEN: weakref.WeakSet[RecordWriting] = weakref.WeakSet()
 
@@ -79,6 +84,11 @@ class RecordWriting:
     _fields: tuple[int, frozenset[Any]] | None
     _unwritable: bool
     _retry_at: float
+    _forms: dict[str, Any]
+    #: the layout of the samples loaded here (None: none made yet, or the last
+    #: sample was not of it), and how many were made
+    _layout: SampleLayout | None = None
+    _layouts = 0
     #: the process that may be alone in filling the pack (the one that opened the
     #: filler: it looks for the others' records at most every few milliseconds),
     #: or 0 once another process may record samples of it
@@ -86,6 +96,27 @@ class RecordWriting:
 
     def _found(self, key: bytes, fp: bytes, segment: int, offset: int) -> None:
         raise NotImplementedError
+
+    def recorded(self, i: int, loaded: Mapping[str, Any]) -> dict[str, Any]:
+        """Record item ``i``'s sample, as ``load_item`` gave it; return it as the
+        sealed pack will give it (the first epoch has the types of the later ones).
+        A sample of the layout of the ones before it is encoded in one pass
+        (:mod:`mlcache.data.layouts`); any other is read back, recorded and sealed
+        field by field, and gives the layout of the next ones."""
+        layout = self._layout
+        if layout is not None and loaded.__class__ is dict:
+            payload = layout.encode(loaded)  # type: ignore[arg-type]
+            if payload is not None:
+                self._write_payload(i, payload)
+                return dict(loaded)
+            self._layout = None
+        sample = read_back(loaded, self.allow_pickle, i)
+        self.record(i, sample)
+        served = sample if self.allow_pickle else as_sealed(sample, self._forms)
+        if self._layout is None and self._layouts < _LAYOUTS:
+            self._layouts += 1  # the sample as loaded: one read back as it is
+            self._layout = SampleLayout.of(loaded)
+        return served
 
     def record(self, i: int, sample: Mapping[str, Any]) -> None:
         """Append item ``i``'s sample to this process's segment. A sample that cannot
@@ -122,6 +153,12 @@ class RecordWriting:
         if self._retry_at and time.monotonic() < self._retry_at:
             return None  # a write failed just now (a full disk): served, not recorded
         return i, record_head(self._ks[i], self._fps[i], payload), payload
+
+    def _write_payload(self, i: int, payload: bytes) -> None:
+        """Item ``i``'s record of ``payload``, written (unless a write failed just now)."""
+        if self._retry_at and time.monotonic() < self._retry_at:
+            return  # a write failed just now (a full disk): served, not recorded
+        self._write([(i, record_head(self._ks[i], self._fps[i], payload), payload)])
 
     def _write(self, records: list[tuple[int, bytes, bytes]]) -> None:
         """Append ``records`` to this process's segment in one ``writev`` (the

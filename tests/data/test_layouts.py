@@ -1,0 +1,133 @@
+"""A sample shaped like the one before it is encoded by its layout: the very bytes
+of the general encoding, and None (the general path) for anything else; a dataset
+whose samples change shape midway is served and sealed as one encoded sample by
+sample."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from mlcache.data import CachedDataset
+from mlcache.data.layouts import SampleLayout
+from mlcache.data.records import encode_sample
+
+_DTYPES = st.sampled_from(["<f4", "<f8", ">i4", "<i8", "<u2", "|b1", "<c16", "<M8[ns]"])
+_FIELD = st.one_of(
+    st.integers(-(1 << 63), (1 << 63) - 1),
+    st.floats(allow_nan=True),
+    st.text(),
+    st.binary(),
+    _DTYPES.flatmap(lambda d: hnp.arrays(np.dtype(d), hnp.array_shapes(min_dims=1, max_side=4))),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=6), _FIELD, min_size=1, max_size=5))
+def test_a_layout_gives_the_bytes_of_the_general_encoding(sample: dict[str, Any]) -> None:
+    layout = SampleLayout.of(sample)
+    surrogate = any("\ud800" <= c <= "\udfff" for c in repr(sample))
+    if surrogate:  # not UTF-8: the general path (an entry)
+        assert layout is None
+        return
+    assert layout is not None
+    assert layout.encode(sample) == encode_sample(sample, allow_pickle=False)
+
+
+def _sample() -> dict[str, Any]:
+    return {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "n": 7, "s": "é", "f": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("change", "value"),
+    [
+        ("n", True),  # a bool is not an int
+        ("n", 1 << 63),  # beyond 64 bits
+        ("n", 7.0),
+        ("s", "\ud800"),  # not UTF-8
+        ("s", np.str_("a")),
+        ("x", np.zeros((3, 4), np.float64)),  # another dtype
+        ("x", np.zeros(12, np.float32)),  # another ndim
+        ("x", np.array(1.5, np.float32)),  # 0-d: read back as a scalar
+        ("x", [1.0, 2.0]),  # a list: read back as an array
+        ("f", None),
+    ],
+)
+def test_a_sample_of_another_kind_is_not_of_the_layout(change: str, value: Any) -> None:
+    layout = SampleLayout.of(_sample())
+    assert layout is not None
+    other = _sample()
+    other[change] = value
+    assert layout.encode(other) is None
+
+
+def test_other_fields_or_another_order_are_not_of_the_layout() -> None:
+    layout = SampleLayout.of(_sample())
+    assert layout is not None
+    base = _sample()
+    assert layout.encode(dict(reversed(base.items()))) is None
+    assert layout.encode({**base, "extra": 1}) is None
+    assert layout.encode({k: v for k, v in base.items() if k != "f"}) is None
+
+
+def test_a_strided_array_is_encoded_as_its_contiguous_copy() -> None:
+    layout = SampleLayout.of(_sample())
+    assert layout is not None
+    strided = {**_sample(), "x": np.arange(24, dtype=np.float32).reshape(3, 8)[:, ::2]}
+    assert not strided["x"].flags.c_contiguous
+    assert layout.encode(strided) == encode_sample(strided, allow_pickle=False)
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [{}, {"a": None}, {"a": [1, 2]}, {"a": {"b": 1}}, {"a": np.float32(1)}, {1: 2}, {"a": False}],
+)
+def test_a_sample_a_layout_does_not_encode_has_none(sample: dict[Any, Any]) -> None:
+    assert SampleLayout.of(sample) is None
+
+
+class Shifting(CachedDataset):
+    """Samples whose shapes change midway: an int label, then a float one; an array,
+    then a list of numbers (read back as an array); the fields in another order."""
+
+    def __init__(self, n: int, **kw: Any) -> None:
+        self.n = n
+        super().__init__(**kw)
+
+    def source_items(self) -> list[int]:
+        return list(range(self.n))
+
+    def item_fingerprint(self, item: int) -> int:
+        return item
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        sample = {
+            "x": np.full((i % 3 + 1, 2), i, np.int32),
+            "label": i if i < 10 else float(i),
+            "v": np.array([i, i]) if i < 20 else [i, i],
+            "name": f"n{i}",
+        }
+        return dict(reversed(sample.items())) if i >= 30 else sample
+
+
+def test_samples_that_change_shape_midway_are_served_and_sealed_as_loaded(
+    tmp_path: Path,
+) -> None:
+    ds = Shifting(40, cache_dir=tmp_path / "c")
+    first = [ds[i] for i in range(40)]  # the last read seals the pack
+    again = Shifting(40, cache_dir=tmp_path / "c")
+    assert again._filler is None  # sealed: read from the pack
+    for i in range(40):
+        served, sealed = first[i], again[i]
+        assert sorted(served) == sorted(sealed) == ["label", "name", "v", "x"]
+        assert np.array_equal(served["x"], sealed["x"]) and served["x"].dtype == np.int32
+        assert served["name"] == sealed["name"] == f"n{i}"
+        assert served["label"] == sealed["label"] == i
+        assert isinstance(served["v"], np.ndarray) and served["v"].dtype == np.int64
+        assert served["v"].tolist() == sealed["v"].tolist() == [i, i]
