@@ -105,7 +105,7 @@ class RecordWriting:
         field by field, and gives the layout of the next ones."""
         layout = self._layout
         if layout is not None and loaded.__class__ is dict:
-            payload = layout.encode(loaded)  # type: ignore[arg-type]
+            payload = layout.encode(loaded)
             if payload is not None:
                 self._write_payload(i, payload)
                 return dict(loaded)
