@@ -76,6 +76,16 @@ def test_other_fields_or_another_order_are_not_of_the_layout() -> None:
     assert layout.encode({k: v for k, v in base.items() if k != "f"}) is None
 
 
+def test_one_layout_gives_each_sample_its_own_bytes() -> None:
+    """The framing of each shape is kept: samples of shapes met before and new
+    ones, and of other values, each get the bytes of the general encoding."""
+    layout = SampleLayout.of(_sample())
+    assert layout is not None
+    for rows in [3, 5, 3, 0, 5, 7, 3]:
+        sample = {"x": np.full((rows, 4), rows, np.float32), "n": -rows, "s": "s" * rows, "f": 1.0}
+        assert layout.encode(sample) == encode_sample(sample, allow_pickle=False)
+
+
 def test_a_strided_array_is_encoded_as_its_contiguous_copy() -> None:
     layout = SampleLayout.of(_sample())
     assert layout is not None

@@ -34,7 +34,11 @@ __all__ = ["SampleLayout"]
 #: the kinds of field a layout encodes itself (their bytes as encode_sample's)
 _ARRAY, _INT, _FLOAT, _STR, _BYTES = range(5)
 _PLAIN_KINDS = frozenset("biufcmM")
+_KINDS = {int: _INT, float: _FLOAT, str: _STR, bytes: _BYTES}
+_KIND_BYTES = {int: b"\x02", float: b"\x03", str: b"\x04", bytes: b"\x05"}
 _Q, _q, _d = struct.Struct("<Q"), struct.Struct("<q"), struct.Struct("<d")
+#: the shapes (and lengths) of an array field whose framing a layout keeps, at most
+_SHAPES = 4096
 
 
 class SampleLayout:
@@ -42,7 +46,8 @@ class SampleLayout:
 
     ``steps`` holds, for each field in order: its kind, the bytes before its value
     (the name's length and bytes, the kind byte, an array's dtype and ndim), and
-    for an array its dtype, ndim and the struct of its shape and length.
+    for an array its dtype, ndim, the struct of its shape and length, and the
+    bytes of the shapes met so far (a dataset's arrays have few).
     """
 
     __slots__ = ("head", "names", "steps")
@@ -73,15 +78,9 @@ class SampleLayout:
                 code = dtype.str.encode()
                 head = b"\x06" + bytes([len(code)]) + code + bytes([v.ndim])
                 dims = struct.Struct(f"<{v.ndim + 1}Q")
-                steps.append((_ARRAY, framed + head, dtype, v.ndim, dims))
-            elif t is int:
-                steps.append((_INT, framed + b"\x02"))
-            elif t is float:
-                steps.append((_FLOAT, framed + b"\x03"))
-            elif t is str:
-                steps.append((_STR, framed + b"\x04"))
-            elif t is bytes:
-                steps.append((_BYTES, framed + b"\x05"))
+                steps.append((_ARRAY, framed + head, dtype, v.ndim, (dims, {})))
+            elif t in _KINDS:
+                steps.append((_KINDS[t], framed + _KIND_BYTES[t], None, 0, None))
             else:
                 return None
         layout = cls(tuple(sample), b"MLS1" + struct.pack("<I", len(sample)), steps)
@@ -96,40 +95,46 @@ class SampleLayout:
         parts: list[Any] = [self.head]
         add = parts.append
         try:
-            for step, v in zip(self.steps, sample.values()):
-                kind = step[0]
+            for (kind, framing, dtype, ndim, form), v in zip(self.steps, sample.values()):
                 t = v.__class__
                 if kind is _ARRAY:
-                    if t is not np.ndarray or v.ndim != step[3]:
+                    if t is not np.ndarray or v.ndim != ndim:
                         return None
-                    dtype = v.dtype
-                    if dtype is not step[2] and dtype != step[2]:
+                    if v.dtype is not dtype and v.dtype != dtype:
                         return None
-                    add(step[1])
-                    add(step[4].pack(*v.shape, v.nbytes))
+                    add(framing)
+                    # the shape and the length: the same few shapes again and again
+                    shape = v.shape
+                    dims, known = form
+                    framed = known.get(shape)
+                    if framed is None:
+                        framed = dims.pack(*shape, v.nbytes)
+                        if len(known) < _SHAPES:
+                            known[shape] = framed
+                    add(framed)
                     # the array's own buffer, joined once (a copy only when not contiguous)
                     add(v if v.flags.c_contiguous else np.ascontiguousarray(v))
                 elif kind is _INT:
                     if t is not int:
                         return None
-                    add(step[1])
+                    add(framing)
                     add(_q.pack(v))  # beyond 64 bits: struct.error
                 elif kind is _STR:
                     if t is not str:
                         return None
                     data = v.encode()  # not UTF-8 (a lone surrogate): UnicodeEncodeError
-                    add(step[1])
+                    add(framing)
                     add(_Q.pack(len(data)))
                     add(data)
                 elif kind is _FLOAT:
                     if t is not float:
                         return None
-                    add(step[1])
+                    add(framing)
                     add(_d.pack(v))
                 else:
                     if t is not bytes:
                         return None
-                    add(step[1])
+                    add(framing)
                     add(_Q.pack(len(v)))
                     add(v)
         except (struct.error, UnicodeEncodeError):
