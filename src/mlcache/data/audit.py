@@ -119,8 +119,9 @@ class LoadTimer:
         t0 = perf_counter()
         try:
             return self.load(item)
-        finally:
-            self.add(perf_counter() - t0, 1)
+        finally:  # (add's two lines: a call less for each of an epoch's loads)
+            self.seconds += perf_counter() - t0
+            self.count += 1
 
     def add(self, seconds: float, count: int) -> None:
         """``count`` loads took ``seconds`` (an up-front fill times its whole loop)."""

@@ -240,6 +240,13 @@ class Filler(RecordWriting):
                 self.src[i], self.pos[i] = segment, offset
                 self.present += 1
 
+    def _found_at(self, i: int, segment: int, offset: int) -> None:
+        if self._twins:  # an item listed more than once: each of its places
+            self._found(self._ks[i], self._fps[i], segment, offset)
+        elif self.src[i] == _MISSING:
+            self.src[i], self.pos[i] = segment, offset
+            self.present += 1
+
     def look_again(self) -> bool:
         """Look for the sealed pack, and for the records of other processes; True
         when the pack is sealed (then :attr:`sealed` reads it)."""

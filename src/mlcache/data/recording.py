@@ -97,6 +97,10 @@ class RecordWriting:
     def _found(self, key: bytes, fp: bytes, segment: int, offset: int) -> None:
         raise NotImplementedError
 
+    def _found_at(self, i: int, segment: int, offset: int) -> None:
+        """Item ``i``'s record, just written here, is at ``offset`` of ``segment``."""
+        raise NotImplementedError
+
     def recorded(self, i: int, loaded: Mapping[str, Any]) -> dict[str, Any]:
         """Record item ``i``'s sample, as ``load_item`` gave it; return it as the
         sealed pack will give it (the first epoch has the types of the later ones).
@@ -186,7 +190,7 @@ class RecordWriting:
                     raise
                 self._mine = (_PID[0], fd, number, off + size)
                 for i, head, payload in records:
-                    self._found(self._ks[i], self._fps[i], number, off)
+                    self._found_at(i, number, off)
                     off += len(head) + len(payload)
         except OSError as exc:
             self._retry_at = time.monotonic() + _RETRY_AFTER
