@@ -102,33 +102,36 @@ class RecordWriting:
         raise NotImplementedError
 
     def recorded(self, i: int, loaded: Mapping[str, Any]) -> dict[str, Any]:
-        """Record item ``i``'s sample, as ``load_item`` gave it; return it as the
-        sealed pack will give it (the first epoch has the types of the later ones).
-        A sample of the layout of the ones before it is encoded in one pass
-        (:mod:`mlcache.data.layouts`); any other is read back, recorded and sealed
-        field by field, and gives the layout of the next ones."""
+        """Append item ``i``'s sample, as ``load_item`` gave it, to this process's
+        segment; return it as the sealed pack will give it (the first epoch has the
+        types of the later ones). A sample that cannot be recorded (a full disk, a
+        folder removed meanwhile) is loaded again by a later read: one warning, and
+        the read goes on."""
+        payload, served = self._payload(i, loaded)
+        entry = self._entry(i, payload)
+        if entry is not None:
+            self._write([entry])
+        return served
+
+    def _payload(self, i: int, loaded: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        """Item ``i``'s record's payload and the sample served. A sample of the layout
+        of the ones before it is encoded in one pass (:mod:`mlcache.data.layouts`);
+        any other is read back, encoded and sealed field by field, and gives the
+        layout of the next ones."""
         layout = self._layout
         if layout is not None and loaded.__class__ is dict:
             payload = layout.encode(loaded)
             if payload is not None:
-                self._write_payload(i, payload)
-                return dict(loaded)
+                return payload, dict(loaded)
             self._layout = None
         sample = read_back(loaded, self.allow_pickle, i)
-        self.record(i, sample)
+        self._same_fields(i, sample)
+        payload = encode_sample(sample, self.allow_pickle, i)
         served = sample if self.allow_pickle else as_sealed(sample, self._forms)
         if self._layout is None and self._layouts < _LAYOUTS:
             self._layouts += 1  # the sample as loaded: one read back as it is
             self._layout = SampleLayout.of(loaded)
-        return served
-
-    def record(self, i: int, sample: Mapping[str, Any]) -> None:
-        """Append item ``i``'s sample to this process's segment. A sample that cannot
-        be recorded (a full disk, a folder removed meanwhile) is loaded again by a
-        later read: one warning, and the read goes on."""
-        encoded = self._encoded(i, sample)
-        if encoded is not None:
-            self._write([encoded])
+        return payload, served
 
     def start_alone(self) -> None:
         """Alone in filling the pack, until told otherwise, when no other filler of
@@ -149,20 +152,13 @@ class RecordWriting:
         if sealed:
             _OPEN.discard(self)
 
-    def _encoded(self, i: int, sample: Mapping[str, Any]) -> tuple[int, bytes, bytes] | None:
-        """Item ``i``'s record (its index, header and payload); None while records
-        are not tried (a write failed just now: the sample is served, unrecorded)."""
-        self._same_fields(i, sample)
-        payload = encode_sample(sample, self.allow_pickle, i)
+    def _entry(self, i: int, payload: bytes) -> tuple[int, bytes, bytes] | None:
+        """Item ``i``'s record of ``payload`` (its index, header and payload); None
+        while records are not tried (a write failed just now: the sample is served,
+        unrecorded)."""
         if self._retry_at and time.monotonic() < self._retry_at:
-            return None  # a write failed just now (a full disk): served, not recorded
+            return None
         return i, record_head(self._ks[i], self._fps[i], payload), payload
-
-    def _write_payload(self, i: int, payload: bytes) -> None:
-        """Item ``i``'s record of ``payload``, written (unless a write failed just now)."""
-        if self._retry_at and time.monotonic() < self._retry_at:
-            return  # a write failed just now (a full disk): served, not recorded
-        self._write([(i, record_head(self._ks[i], self._fps[i], payload), payload)])
 
     def _write(self, records: list[tuple[int, bytes, bytes]]) -> None:
         """Append ``records`` to this process's segment in one ``writev`` (the
@@ -248,7 +244,7 @@ class RecordWriting:
                 if self.src[i] == _MISSING:
                     if not isinstance(sample, Mapping):
                         raise not_fields(i, sample)
-                    encoded = self._encoded(i, read_back(sample, self.allow_pickle, i))
+                    encoded = self._entry(i, self._payload(i, sample)[0])
                     self.loaded += 1
                     if encoded is not None:
                         now = time.monotonic()
