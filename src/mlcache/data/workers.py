@@ -92,9 +92,11 @@ __all__ = [
 #: the probe loads items here for this many seconds (at 10 ms a tick of
 #: /proc/stat's idle time, a tenth of a core is what it can tell apart on 2 CPUs)
 _PROBE_SECONDS = 0.1
-#: the samples whose round trip (pickle + unpickle) the probe times: a few
-#: tell its cost (timing each of 2,000 tiny JSON items made their loading 2x slower)
-_TRANSFER_ITEMS = 32
+#: the samples whose round trip (pickle + unpickle) the probe times, after which
+#: it tells whether the items are too quick for workers: a few tell their cost
+#: (timing each of 2,000 tiny JSON items made their loading 2x slower; the round
+#: trips of 32 samples holding an array were 2.5% of a build of 500)
+_TRANSFER_ITEMS = 8
 #: while the CPUs are taken, the loading here is looked at again after this many
 #: seconds (a build that started on a busy machine uses workers once a core is free)
 _RECHECK_SECONDS = 0.5
