@@ -375,13 +375,13 @@ def test_a_reopen_whose_items_are_as_recorded_builds_no_names(tmp_path, monkeypa
     """The names check of a recorded walk is keyed by the working folder, the folder
     attributes and the items' keys: the same items build no names at a reopen (the
     names of 20,000 items cost ~120 ms); other items build them and are checked."""
-    import mlcache.data.folders as folders
+    import mlcache.data.names as names
 
     root = _paired(tmp_path, "p0.txt p1.txt p2.txt")
     time.sleep(trusted_after(os.stat(root / "images").st_ctime_ns) / 1e9 + 0.05)
     built: list[Any] = []
-    real = folders.candidates
-    monkeypatch.setattr(folders, "candidates", lambda *a: built.append(a) or real(*a))
+    real = names.candidates
+    monkeypatch.setattr(names, "candidates", lambda *a: built.append(a) or real(*a))
     ds = AlsoReads(root, tmp_path / "cache")
     assert [ds[i]["extra"] for i in range(3)] == ["images 2"] * 3
     AlsoReads(root, tmp_path / "cache")  # the record learns the names' key

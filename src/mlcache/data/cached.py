@@ -88,8 +88,9 @@ from .building import PackBuilder
 from .checking import ItemChanged, ItemCheck, folder_table, listed_folder
 from .fetch import is_url
 from .filling import FILLS, Filler
-from .folders import Named, attribute_source, names_of
+from .folders import attribute_source
 from .items import default_fingerprint, item_table, say_unfingerprinted
+from .names import Named, names_of
 from .reader import PackedDataset, spawning_worker
 from .replaced import remove_replaced
 from .sequence import Many, describe

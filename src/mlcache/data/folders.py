@@ -64,25 +64,21 @@ from .._atomic import write_bytes_atomic
 from .._util import slug
 from ..errors import warn
 from ..keys.hashing import hash_value
-from .checking import KEEPS_TIMES, fs_type, trusted_after
+from .names import NONE_NAMED, Named, as_recorded, names_record, same_names
 from .sources import (
     EVERY_RUN_BUILDS,
     EVERY_RUN_WINDOW,
     attribute_files,
-    candidates,
     new_every_run,
-    path_parts,
     stat_fields,
 )
 
 __all__ = [
     "FOLDER_SUFFIX",
     "MAX_ENTRIES",
-    "Named",
     "attribute_source",
     "folder_digests",
     "folder_runs",
-    "names_of",
 ]
 
 logger = logging.getLogger("mlcache")
@@ -94,110 +90,6 @@ MAX_ENTRIES = 200_000
 #: folders no walk enters: tools write there at every run
 _SKIPPED = ("__pycache__",)
 _WARNED_HUGE: set[tuple[str, str]] = set()
-#: a walk that left no file out as named: any later names only count files twice
-_NONE_NAMED = "none"
-#: the rules that make names of the items (:func:`_chains`), in the names' key: a
-#: record keyed by older rules is checked name by name
-_NAMES_RULES = "names 2"
-
-
-class Named:
-    """The names the items give (each part's :func:`~mlcache.data.sources.candidates`,
-    absolute, no ``stat``; built when first asked) and, asked for, the paths they
-    name: for each part the one path its check stats
-    (:func:`~mlcache.data.sources.existing_path`, the first candidate that
-    exists). A file that a name could mean but that the item check does not stat
-    (``masks/0001.png`` beside the ``images/0001.png`` it finds first) is no
-    item's: it counts in its folder.
-
-    ``key``: a digest of all the names are made of (the working folder, the
-    folders they are relative to, the items by their keys in the item table),
-    so that the same key means the same names, none built; None when unknown."""
-
-    def __init__(self, chains: Callable[[], list[tuple[str, ...]]], key: str | None) -> None:
-        self._build, self.key = chains, key
-        self._chains: list[tuple[str, ...]] | None = None
-        self._paths: set[str] | None = None
-
-    @property
-    def chains(self) -> list[tuple[str, ...]]:
-        """Each part's candidates (the names, ~6 µs an item: asked only when
-        :attr:`key` does not tell)."""
-        if self._chains is None:
-            self._chains = self._build()
-        return self._chains
-
-    @property
-    def paths(self) -> set[str]:
-        """The path each part names, as far as a walk can tell (one ``stat`` a
-        candidate tried before the last: a part with one candidate names it if
-        anything does, and a walk meets only what exists)."""
-        if self._paths is None:
-            found, exists = set(), os.path.exists
-            for chain in self.chains:
-                if len(chain) == 1:
-                    found.add(chain[0])
-                    continue
-                path = next((c for c in chain if exists(c)), None)
-                if path is not None:
-                    found.add(path)
-            self._paths = found
-        return self._paths
-
-
-def names_of(
-    files: Sequence[Any],
-    items: Sequence[Any] = (),
-    bases: Sequence[str] = (),
-    keys: bytes | None = b"",
-) -> Named:
-    """The names ``files`` give as they are and ``items`` give, relative to the
-    working folder or to one of ``bases``; ``keys``: the items' keys in the item
-    table (:func:`~mlcache.data.items.key_bytes`; None: unknown, then so is the
-    key of the names)."""
-
-    def chains() -> list[tuple[str, ...]]:
-        return _chains(files, ()) + _chains(items, bases)
-
-    cwd = _cwd()
-    if keys is None or cwd is None:
-        return Named(chains, None)
-    text = "\0".join([_NAMES_RULES, cwd, str(len(bases)), *bases, *map(os.fsdecode, files)])
-    digest = xxhash.xxh3_128(text.encode("utf-8", "surrogateescape"))
-    digest.update(keys)
-    return Named(chains, digest.hexdigest())
-
-
-def _chains(items: Iterable[Any], bases: Sequence[str]) -> list[tuple[str, ...]]:
-    """The candidates of each path part of ``items``, absolute (as
-    ``os.path.abspath`` makes them, the working folder read once, if a name needs
-    it: 20,000 items ~30 ms against ~90). A relative name with no working folder
-    (removed) names nothing, as for the item's check."""
-    chains = []
-    join, normpath, sep = os.path.join, os.path.normpath, os.sep
-    cwd: str | None = ""
-    for item in items:
-        for part in path_parts(item):
-            chain = []
-            for c in candidates(part, bases):
-                if c[0] != sep:
-                    if cwd == "":
-                        cwd = _cwd()
-                    if cwd is None:
-                        continue
-                    c = join(cwd, c)
-                chain.append(normpath(c))
-            if chain:
-                chains.append(tuple(chain))
-    return chains
-
-
-def _cwd() -> str | None:
-    """The working folder, or None when it was removed."""
-    try:
-        return os.getcwd()
-    except OSError:
-        return None
 
 
 def attribute_source(
@@ -278,11 +170,11 @@ def folder_digests(
             digest = last["digest"]
         else:
             recorded = _recorded(last) if last is not None else None
-            if recorded is not None and last is not None and last.get("named") != _NONE_NAMED:
+            if recorded is not None and last is not None and last.get("named") != NONE_NAMED:
                 # files left out as named: only while the items name them still
                 if known is None:
                     known = named()
-                if not _same_names(last, folder, known):
+                if not same_names(last, folder, known):
                     recorded = None
             digest = None if recorded is None else _digest(folder, recorded, local)
             walk = digest is None  # not recorded, or an entry became a folder since
@@ -299,7 +191,7 @@ def folder_digests(
                     "began": began,
                     "dirs": dirs,
                     "extras": recorded,
-                    **_names_record(folder, known),
+                    **names_record(folder, known),
                 }
                 digest = _digest(folder, recorded, local)
                 if digest is None:  # a file became a folder during the walk: a miss
@@ -308,7 +200,7 @@ def folder_digests(
             rekey = (
                 known is not None
                 and last is not None
-                and last.get("named") != _NONE_NAMED
+                and last.get("named") != NONE_NAMED
                 and last.get("names_key") != known.key
             )
             if rekey and known is not None and last is not None:
@@ -319,88 +211,6 @@ def folder_digests(
         if digest:
             found[name] = digest
     return found
-
-
-def _named_chains(folder: str, named: Named) -> list[tuple[str, ...]]:
-    """The names that may name a path under ``folder`` (or it): each part's
-    candidates up to its last one there, sorted."""
-    inside = os.path.join(folder, "")
-    found = set()
-    for chain in named.chains:
-        last = -1
-        for i, c in enumerate(chain):
-            if c == folder or c.startswith(inside):
-                last = i
-        if last >= 0:
-            found.add(chain[: last + 1])
-    return sorted(found)
-
-
-def _watched(chains: list[tuple[str, ...]]) -> list[list[int | str]]:
-    """The folders of those candidates (each stat'ed: -1 when missing): a file
-    appearing or going there can change which candidate an item's check stats."""
-    # (the candidates are absolute and normalised: a folder is what the last
-    # separator leaves, os.path.dirname's answer at a fifth of its cost)
-    folders = sorted({c[: c.rindex(os.sep)] or os.sep for chain in chains for c in chain})
-    watched: list[list[int | str]] = []
-    for path in folders:
-        try:
-            st = os.stat(path)
-            watched.append([path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
-        except OSError:
-            watched.append([path, -1, -1, -1, -1])
-    return watched
-
-
-def _chains_digest(chains: list[tuple[str, ...]]) -> str:
-    if not chains:
-        return _NONE_NAMED
-    text = "\n".join("\0".join(chain) for chain in chains)
-    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
-
-
-def _names_record(folder: str, named: Named) -> dict[str, Any]:
-    """What a walk records of the names the items gave in ``folder``: their
-    digest, and the folders whose changes could make them name other paths
-    (none when no item named a path there: later names only count files twice)."""
-    chains = _named_chains(folder, named)
-    return {"named": _chains_digest(chains), "watch": _watched(chains) if chains else []}
-
-
-def _same_names(found: dict[str, Any], folder: str, named: Named) -> bool:
-    """Whether the items give the names of the recorded walk (the same key, or the
-    same names in ``folder``) and the folders of their candidates are as they were
-    (see :func:`_recorded`'s rules), so that each still names the path it named
-    (no ``stat`` of the named files)."""
-    keyed = named.key is not None and found.get("names_key") == named.key
-    if not keyed and found.get("named") != _chains_digest(_named_chains(folder, named)):
-        return False
-    try:
-        began = int(found["began"])
-        for path, dev, ino, mtime, ctime in found["watch"]:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                if dev != -1:
-                    return False
-                continue
-            if not _as_recorded(st, (dev, ino, mtime, ctime), began):
-                return False
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return True
-
-
-def _as_recorded(st: os.stat_result, recorded: tuple[int, int, int, int], began: int) -> bool:
-    """Whether a folder's ``stat`` is the recorded one (device, inode, modification
-    and change times) and may be trusted: on a file system that moves folder times,
-    and the walk began well after the folder's last change."""
-    dev, _ino, _mtime, ctime = recorded
-    return (
-        (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns) == recorded
-        and began - ctime > trusted_after(ctime)
-        and fs_type(dev) in KEEPS_TIMES
-    )
 
 
 def _huge(folder: str) -> bool:
@@ -455,23 +265,26 @@ def _walk(
         if seen > MAX_ENTRIES:
             return None
         held = path in named or any(p in named for p in _parents(path, folder))
+        prefix = f"{rel}/" if rel else ""
         for entry in entries:
-            inner = rel + entry.name if not rel else f"{rel}/{entry.name}"
             try:
                 # a link to a folder is walked: its files are as much the source as
                 # any (recorded as a file, its digest would be a constant)
                 is_dir = entry.is_dir()
-                link = is_dir and entry.is_symlink()
             except OSError:
                 continue
             if is_dir:
+                try:
+                    link = entry.is_symlink()
+                except OSError:
+                    continue
                 full = os.path.join(os.path.realpath(entry.path) if link else entry.path, "")
                 if not (entry.name.startswith(".") or entry.name in _SKIPPED) and not any(
                     full.startswith(s) for s in skip
                 ):
-                    stack.append(inner)
+                    stack.append(prefix + entry.name)
             elif not held and entry.path not in named:
-                extras.append(inner)
+                extras.append(prefix + entry.name)
     extras.sort()
     return extras, dirs, began
 
@@ -545,7 +358,7 @@ def _recorded(found: dict[str, Any]) -> list[str] | None:
         base = os.path.join(folder, "")
         for rel, dev, ino, mtime, ctime in dirs:
             st = os.stat(base + rel if rel else folder)
-            if not _as_recorded(st, (dev, ino, mtime, ctime), began):
+            if not as_recorded(st, (dev, ino, mtime, ctime), began):
                 return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
