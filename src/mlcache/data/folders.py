@@ -18,14 +18,14 @@ folder's modification and change times), on the file systems that move them
 (:data:`~mlcache.data.checking.KEEPS_TIMES`) and once the walk began well after
 their last change (:func:`~mlcache.data.checking.trusted_after`), as for a
 declared folder (:mod:`mlcache.data.checking`); and, when the walk left files
-out because items named them (the path each item's check stats: :class:`Named`),
-whether the items still give the same names there and the folders of their
-candidate paths are as they were (one ``stat`` each, none a name): a file no
-longer named must count here again. The same names are told by a key (the
-working folder, the folder attributes and the items' keys in the item table,
-which the open computes anyway), so a reopen of the same items builds none.
-Then only the files no item names are stat'ed (none, for a folder of the
-items). Otherwise the folder is walked again.
+out because items named them (the path each item's check stats:
+:class:`~mlcache.data.names.Named`), whether the items still give the same names
+there and the folders of their candidate paths are as they were (one ``stat``
+each, none a name): a file no longer named must count here again. The same names
+are told by a key (the working folder, the folder attributes and the items' keys
+in the item table, which the open computes anyway), so a reopen of the same items
+builds none. Then only the files no item names are stat'ed (none, for a folder of
+the items). Otherwise the folder is walked again.
 
 What is never walked, or walked in part:
 

@@ -155,13 +155,14 @@ def _named_chains(folder: str, named: Named) -> list[tuple[str, ...]]:
     """The names that may name a path under ``folder`` (or it): each part's
     candidates up to its last one there, sorted."""
     inside = os.path.join(folder, "")
-    # in the items' order, once each: sorting what is sorted already costs little
-    found: dict[tuple[str, ...], None] = {}
-    for chain in named.chains:
-        if len(chain) == 1:  # a path listed by the dataset: no loop
-            c = chain[0]
-            if c.startswith(inside) or c == folder:
-                found[chain] = None
+    chains = named.chains
+    # in the items' order, once each (sorting what is sorted already costs little);
+    # a path listed by the dataset, one candidate, at a comprehension's speed
+    found: dict[tuple[str, ...], None] = dict.fromkeys(
+        [c for c in chains if len(c) == 1 and (c[0].startswith(inside) or c[0] == folder)]
+    )
+    for chain in chains:
+        if len(chain) == 1:
             continue
         last = -1
         for i, c in enumerate(chain):
@@ -177,7 +178,8 @@ def _watched(chains: list[tuple[str, ...]]) -> list[list[int | str]]:
     appearing or going there can change which candidate an item's check stats."""
     # (the candidates are absolute and normalised: a folder is what the last
     # separator leaves, os.path.dirname's answer at a fifth of its cost)
-    folders = sorted({c[: c.rindex(os.sep)] or os.sep for chain in chains for c in chain})
+    sep = os.sep
+    folders = sorted({c.rpartition(sep)[0] or sep for chain in chains for c in chain})
     watched: list[list[int | str]] = []
     for path in folders:
         try:
@@ -206,7 +208,7 @@ def names_record(folder: str, named: Named) -> dict[str, Any]:
 def same_names(found: dict[str, Any], folder: str, named: Named) -> bool:
     """Whether the items give the names of the recorded walk (the same key, or the
     same names in ``folder``) and the folders of their candidates are as they were
-    (see :func:`_recorded`'s rules), so that each still names the path it named
+    (see :func:`as_recorded`'s rules), so that each still names the path it named
     (no ``stat`` of the named files)."""
     keyed = named.key is not None and found.get("names_key") == named.key
     if not keyed and found.get("named") != _chains_digest(_named_chains(folder, named)):
