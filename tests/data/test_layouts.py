@@ -141,3 +141,15 @@ def test_samples_that_change_shape_midway_are_served_and_sealed_as_loaded(
         assert served["label"] == sealed["label"] == i
         assert isinstance(served["v"], np.ndarray) and served["v"].dtype == np.int64
         assert served["v"].tolist() == sealed["v"].tolist() == [i, i]
+
+
+def test_no_layout_while_the_sealed_form_of_an_array_field_is_another_dtype() -> None:
+    """A sample of a layout skips as_sealed, which records an array field's form
+    whenever the field's recorded dtype differs: so no layout is made until the
+    recorded dtype is the sample's."""
+    sample = {"x": np.zeros((2, 5), np.int32), "n": 1}
+    assert SampleLayout.of(sample, {"x": (np.dtype(np.int64), (5,))}) is None
+    assert SampleLayout.of(sample, {"x": "strs"}) is None
+    assert SampleLayout.of(sample, {}) is None
+    assert SampleLayout.of(sample, {"x": (np.dtype(np.int32), (5,))}) is not None
+    assert SampleLayout.of(sample) is not None  # allow_pickle: no sealed forms

@@ -60,9 +60,14 @@ class SampleLayout:
         self.encode = encode
 
     @classmethod
-    def of(cls, sample: Mapping[str, Any]) -> SampleLayout | None:
+    def of(
+        cls, sample: Mapping[str, Any], forms: Mapping[str, Any] | None = None
+    ) -> SampleLayout | None:
         """The layout of ``sample``, or None when a field is of a kind a layout does
-        not encode (a list, a dict, None, a bool, a numpy scalar, a 0-d array...)."""
+        not encode (a list, a dict, None, a bool, a numpy scalar, a 0-d array...),
+        or when ``forms`` (what :func:`~mlcache.data.values.as_sealed` recorded of
+        each field) does not hold an array field's dtype: ``as_sealed`` would
+        record something of a sample of the layout, which skips it."""
         if type(sample) is not dict or not sample:
             return None
         writer = _Writer(len(sample))
@@ -78,6 +83,9 @@ class SampleLayout:
             if t is np.ndarray:
                 dtype = v.dtype
                 if not v.ndim or dtype.kind not in _PLAIN_KINDS or dtype.fields is not None:
+                    return None
+                form = forms.get(name) if forms is not None else (dtype,)
+                if form.__class__ is not tuple or form[0] != dtype:
                     return None
                 code = dtype.str.encode()
                 writer.array(k, framed + b"\x06" + bytes([len(code)]) + code + bytes([v.ndim]), v)

@@ -130,7 +130,7 @@ class RecordWriting:
         served = sample if self.allow_pickle else as_sealed(sample, self._forms)
         if self._layout is None and self._layouts < _LAYOUTS:
             self._layouts += 1  # the sample as loaded: one read back as it is
-            self._layout = SampleLayout.of(loaded)
+            self._layout = SampleLayout.of(loaded, None if self.allow_pickle else self._forms)
         return payload, served
 
     def start_alone(self) -> None:
