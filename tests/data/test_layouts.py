@@ -153,3 +153,100 @@ def test_no_layout_while_the_sealed_form_of_an_array_field_is_another_dtype() ->
     assert SampleLayout.of(sample, {}) is None
     assert SampleLayout.of(sample, {"x": (np.dtype(np.int32), (5,))}) is not None
     assert SampleLayout.of(sample) is not None  # allow_pickle: no sealed forms
+
+
+class Optional(CachedDataset):
+    """Every third sample's note is None (no layout holds None), every fifth
+    label a float: the layouts of the others are kept."""
+
+    def __init__(self, n: int, **kw: Any) -> None:
+        self.n = n
+        super().__init__(**kw)
+
+    def source_items(self) -> list[int]:
+        return list(range(self.n))
+
+    def item_fingerprint(self, item: int) -> int:
+        return item
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        return {
+            "x": np.full(3, i, np.int32),
+            "label": float(i) if i % 5 == 0 else i,
+            "note": None if i % 3 == 0 else f"n{i}",
+        }
+
+
+def test_a_field_sometimes_none_keeps_the_layouts_of_the_others(tmp_path: Path) -> None:
+    ds = Optional(100, cache_dir=tmp_path / "c")
+    served = [ds[i] for i in range(99)]
+    filler = ds._filler
+    assert filler is not None and filler.sealed is None
+    assert len(filler._layouts) >= 2  # int and float labels: both kept
+    assert filler._made <= 8
+    served.append(ds[99])  # the seal
+    sealed = Optional(100, cache_dir=tmp_path / "c")
+    for i, sample in enumerate(served):
+        assert sample["x"].tolist() == sealed[i]["x"].tolist() == [i] * 3
+        assert sample["label"] == sealed[i]["label"] == i
+        assert sample["note"] == sealed[i]["note"] == (None if i % 3 == 0 else f"n{i}")
+
+
+class Promoted(CachedDataset):
+    """An int32 field, then one float64 sample (the sealed form becomes float64),
+    then int32 again: no layout skips what the sealing records."""
+
+    def __init__(self, n: int, **kw: Any) -> None:
+        self.n = n
+        super().__init__(**kw)
+
+    def source_items(self) -> list[int]:
+        return list(range(self.n))
+
+    def item_fingerprint(self, item: int) -> int:
+        return item
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        dtype = np.float64 if i == 5 else np.int32
+        return {"x": np.full((2, 3 if i < 8 else 5), i, dtype), "n": i}
+
+
+def test_a_sealed_form_changed_drops_the_layouts(tmp_path: Path) -> None:
+    ds = Promoted(20, cache_dir=tmp_path / "c")
+    for i in range(5):
+        ds[i]
+    filler = ds._filler
+    assert filler is not None and len(filler._layouts) == 1
+    int32 = filler._layouts[0]
+    ds[5]  # float64: the field's sealed form is float64 from now on
+    assert int32 not in filler._layouts  # dropped (a float64 layout made since)
+    for i in range(6, 19):
+        ds[i]
+    assert filler._layouts == []  # int32 arrays of a new shape: as_sealed records it
+    assert filler._forms["x"] == (np.dtype(np.float64), (5,))
+
+
+class _Lying:
+    """Says it is an int, as a proxy of one does (``wrapt.ObjectProxy``)."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return int
+
+
+class _Name(str):
+    pass
+
+
+def test_names_and_values_of_other_types_that_compare_equal_are_not_of_the_layout() -> None:
+    """The general encoding takes only a str as a name and looks at a value's type:
+    a numpy str or a str subclass as a name, or a proxy of an int, is its business."""
+    layout = SampleLayout.of(_sample())
+    assert layout is not None
+    for name in (np.str_("n"), _Name("n")):
+        other = {name if k == "n" else k: v for k, v in _sample().items()}
+        assert list(other) == list(_sample())  # equal names, in the same order
+        assert layout.encode(other) is None
+    lying = {**_sample(), "n": _Lying()}
+    assert lying["n"].__class__ is int
+    assert layout.encode(lying) is None

@@ -187,6 +187,7 @@ class Filler(RecordWriting):
         #: the items this process loaded as read (not by workers): the seal probes a few
         self.loaded_here: list[int] = []
         self._forms: dict[str, Any] = {}  # of the fields served: values.as_sealed
+        self._layouts, self._made = [], 0  # of the samples loaded here: data/layouts.py
         self.load_error: BaseException | None = None
         self._seal_checked = time.monotonic()
         #: this process recorded a sample since its last look (see the module docstring)

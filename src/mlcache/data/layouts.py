@@ -36,11 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from .records import PLAIN, PLAIN_KINDS
+
 __all__ = ["SampleLayout"]
 
-_PLAIN_KINDS = frozenset("biufcmM")
-#: the kind byte of each Python type a layout encodes, and the struct code of
-#: what follows it (a number, or the length of the bytes that follow)
+#: the kind byte of each Python type a layout encodes (records.py's kinds), and the
+#: struct code of what follows it (a number, or the length of the bytes that follow)
 _KINDS = {int: (b"\x02", "q"), float: (b"\x03", "d"), str: (b"\x04", "Q"), bytes: (b"\x05", "Q")}
 #: the shapes (and lengths) of an array field whose framing a layout keeps, at most
 _SHAPES = 4096
@@ -82,7 +83,7 @@ class SampleLayout:
             t = type(v)
             if t is np.ndarray:
                 dtype = v.dtype
-                if not v.ndim or dtype.kind not in _PLAIN_KINDS or dtype.fields is not None:
+                if not v.ndim or dtype.kind not in PLAIN_KINDS or dtype.fields is not None:
                     return None
                 form = forms.get(name) if forms is not None else (dtype,)
                 if form.__class__ is not tuple or form[0] != dtype:
@@ -108,7 +109,7 @@ class _Writer:
         self.parts: list[str] = []
         self.consts: dict[str, Any] = {"ndarray": np.ndarray, "contiguous": np.ascontiguousarray}
         #: the run of constants and numbers being gathered: struct codes, arguments
-        self.codes, self.args = "<4sI", ["b'MLS1'", str(count)]
+        self.codes, self.args = "<4sI", [self._const("plain", PLAIN), str(count)]
 
     def _const(self, name: str, value: Any) -> str:
         self.consts[name] = value
@@ -140,7 +141,7 @@ class _Writer:
         self._const(f"known{k}", known)
         self._const(f"frame{k}", framed)
         self.checks.append(
-            f"if v{k}.__class__ is not ndarray or v{k}.ndim != {v.ndim} or "
+            f"if type(v{k}) is not ndarray or v{k}.ndim != {v.ndim} or "
             f"(v{k}.dtype is not {dtype} and v{k}.dtype != {dtype}): return None"
         )
         self.prepare.append(f"h{k} = known{k}.get(v{k}.shape) or frame{k}(v{k})")
@@ -154,7 +155,7 @@ class _Writer:
         """Field ``k``, a value of type ``t``: its kind, then the number, or the
         length and the bytes."""
         kind, code = _KINDS[t]
-        self.checks.append(f"if v{k}.__class__ is not {self._const(f't{k}', t)}: return None")
+        self.checks.append(f"if type(v{k}) is not {self._const(f't{k}', t)}: return None")
         self._bytes(framed_name + kind)
         if t is str:  # not UTF-8 (a lone surrogate): UnicodeEncodeError
             self.prepare.append(f"v{k} = v{k}.encode()")
@@ -169,9 +170,14 @@ class _Writer:
     def function(self, names: tuple[str, ...]) -> Callable[[dict[str, Any]], bytes | None]:
         self._flush()
         values = ", ".join(f"v{k}" for k in range(self.count))
+        keys = ", ".join(f"k{k}" for k in range(self.count))
+        exact = " or ".join(f"type(k{k}) is not str" for k in range(self.count))
         lines = [
             "def encode(sample):",
-            f"    if len(sample) != {self.count} or tuple(sample) != names: return None",
+            f"    if len(sample) != {self.count}: return None",
+            f"    ({keys},) = sample",
+            # the names, each a str (as encode_sample's: a subclass is no plain name)
+            f"    if ({keys},) != names or {exact}: return None",
             f"    ({values},) = sample.values()",
             *(f"    {line}" for line in self.checks),
             "    try:",

@@ -46,10 +46,12 @@ _FILL_BATCH, _FILL_WAIT = 64, 0.02
 #: system call (~1 us in a VM), and a miss asked it three times
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-#: a filler makes the layout of its samples (:mod:`mlcache.data.layouts`) at most
-#: this many times: samples whose fields change from one to the next are recorded
-#: the general way, without a new layout tried at each
-_LAYOUTS = 8
+#: a filler makes a layout of its samples (:mod:`mlcache.data.layouts`) at most
+#: this many times, and keeps the last :data:`_KEPT`: a field that is sometimes
+#: None, or an int and sometimes a float, keeps the layout of the others; samples
+#: whose fields change from one to the next are recorded the general way, without
+#: a new layout tried at each
+_LAYOUTS, _KEPT = 8, 4
 #: the fillers of this process that may be alone in filling their pack (not sealed)
 _OPEN: weakref.WeakSet[RecordWriting] = weakref.WeakSet()
 
@@ -85,10 +87,9 @@ class RecordWriting:
     _unwritable: bool
     _retry_at: float
     _forms: dict[str, Any]
-    #: the layout of the samples loaded here (None: none made yet, or the last
-    #: sample was not of it), and how many were made
-    _layout: SampleLayout | None = None
-    _layouts = 0
+    #: the layouts of samples loaded here, the last made first, and how many were made
+    _layouts: list[SampleLayout]
+    _made: int
     #: the process that may be alone in filling the pack (the one that opened the
     #: filler: it looks for the others' records at most every few milliseconds),
     #: or 0 once another process may record samples of it
@@ -115,22 +116,32 @@ class RecordWriting:
 
     def _payload(self, i: int, loaded: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
         """Item ``i``'s record's payload and the sample served. A sample of the layout
-        of the ones before it is encoded in one pass (:mod:`mlcache.data.layouts`);
-        any other is read back, encoded and sealed field by field, and gives the
-        layout of the next ones."""
-        layout = self._layout
-        if layout is not None and loaded.__class__ is dict:
-            payload = layout.encode(loaded)
-            if payload is not None:
-                return payload, dict(loaded)
-            self._layout = None
+        of one of the samples before it (:mod:`mlcache.data.layouts`) is encoded in
+        one pass; any other is read back, encoded and sealed field by field, and
+        gives a layout for the next ones. The layouts are dropped when that sealing
+        records something new of a field (another dtype): a sample of a layout
+        skips it, so it must have nothing to record."""
+        if type(loaded) is dict:
+            for layout in self._layouts:
+                payload = layout.encode(loaded)
+                if payload is not None:
+                    return payload, dict(loaded)
         sample = read_back(loaded, self.allow_pickle, i)
         self._same_fields(i, sample)
         payload = encode_sample(sample, self.allow_pickle, i)
-        served = sample if self.allow_pickle else as_sealed(sample, self._forms)
-        if self._layout is None and self._layouts < _LAYOUTS:
-            self._layouts += 1  # the sample as loaded: one read back as it is
-            self._layout = SampleLayout.of(loaded, None if self.allow_pickle else self._forms)
+        if self.allow_pickle:
+            served = sample
+        else:
+            forms = self._forms
+            before = dict(forms)
+            served = as_sealed(sample, forms)
+            if forms != before:
+                self._layouts = []
+        if self._made < _LAYOUTS:
+            self._made += 1  # the sample as loaded: one read back as it is
+            made = SampleLayout.of(loaded, None if self.allow_pickle else self._forms)
+            if made is not None:
+                self._layouts = [made, *self._layouts][:_KEPT]
         return payload, served
 
     def start_alone(self) -> None:

@@ -41,6 +41,7 @@ from ..errors import EntryCorrupted, UnsupportedValue
 __all__ = [
     "MAGIC",
     "PLAIN",
+    "PLAIN_KINDS",
     "RECORD",
     "NoRoom",
     "PlainLayout",
@@ -75,7 +76,7 @@ _NONE, _BOOL, _INT, _FLOAT, _STR, _BYTES, _ARRAY, _SCALAR, _STRS, _DICT = range(
 #: how deep dicts nest in a plain sample
 _MAX_DEPTH = 16
 #: the dtype kinds of arrays a plain sample holds: bool, numbers, dates and durations
-_PLAIN_KINDS = frozenset("biufcmM")
+PLAIN_KINDS = frozenset("biufcmM")
 
 
 def _plain(sample: Mapping[str, Any]) -> bytes | None:
@@ -124,7 +125,7 @@ def _array_head(dtype: np.dtype, ndim: int) -> bytes | None:
     except KeyError:
         pass
     head = None
-    if dtype.kind in _PLAIN_KINDS and dtype.fields is None:
+    if dtype.kind in PLAIN_KINDS and dtype.fields is None:
         code = dtype.str.encode()
         kind = b"\x07" if ndim < 0 else b"\x06"
         head = kind + _KIND.pack(len(code)) + code + (_KIND.pack(ndim) if ndim >= 0 else b"")
@@ -216,7 +217,7 @@ def _put(parts: list[Any], v: Any, depth: int) -> bool:
 def _dtype(code: bytes) -> np.dtype:
     """The dtype a plain record names (parsed once per process)."""
     dtype = np.dtype(code.decode())
-    if dtype.kind not in _PLAIN_KINDS or dtype.fields is not None:
+    if dtype.kind not in PLAIN_KINDS or dtype.fields is not None:
         raise ValueError(f"dtype {dtype}")
     return dtype
 
