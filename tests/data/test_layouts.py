@@ -102,9 +102,8 @@ def test_a_sample_a_layout_does_not_encode_has_none(sample: dict[Any, Any]) -> N
     assert SampleLayout.of(sample) is None
 
 
-class Shifting(CachedDataset):
-    """Samples whose shapes change midway: an int label, then a float one; an array,
-    then a list of numbers (read back as an array); the fields in another order."""
+class Numbered(CachedDataset):
+    """Items 0 to n - 1, each its own fingerprint."""
 
     def __init__(self, n: int, **kw: Any) -> None:
         self.n = n
@@ -115,6 +114,11 @@ class Shifting(CachedDataset):
 
     def item_fingerprint(self, item: int) -> int:
         return item
+
+
+class Shifting(Numbered):
+    """Samples whose shapes change midway: an int label, then a float one; an array,
+    then a list of numbers (read back as an array); the fields in another order."""
 
     def load_item(self, i: int) -> dict[str, Any]:
         sample = {
@@ -155,19 +159,9 @@ def test_no_layout_while_the_sealed_form_of_an_array_field_is_another_dtype() ->
     assert SampleLayout.of(sample) is not None  # allow_pickle: no sealed forms
 
 
-class Optional(CachedDataset):
+class Optional(Numbered):
     """Every third sample's note is None (no layout holds None), every fifth
     label a float: the layouts of the others are kept."""
-
-    def __init__(self, n: int, **kw: Any) -> None:
-        self.n = n
-        super().__init__(**kw)
-
-    def source_items(self) -> list[int]:
-        return list(range(self.n))
-
-    def item_fingerprint(self, item: int) -> int:
-        return item
 
     def load_item(self, i: int) -> dict[str, Any]:
         return {
@@ -192,19 +186,9 @@ def test_a_field_sometimes_none_keeps_the_layouts_of_the_others(tmp_path: Path) 
         assert sample["note"] == sealed[i]["note"] == (None if i % 3 == 0 else f"n{i}")
 
 
-class Promoted(CachedDataset):
+class Promoted(Numbered):
     """An int32 field, then one float64 sample (the sealed form becomes float64),
     then int32 again: no layout skips what the sealing records."""
-
-    def __init__(self, n: int, **kw: Any) -> None:
-        self.n = n
-        super().__init__(**kw)
-
-    def source_items(self) -> list[int]:
-        return list(range(self.n))
-
-    def item_fingerprint(self, item: int) -> int:
-        return item
 
     def load_item(self, i: int) -> dict[str, Any]:
         dtype = np.float64 if i == 5 else np.int32

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import PLAIN, PLAIN_KINDS
+from .records import PLAIN, PLAIN_KINDS, framed_name
 
 __all__ = ["SampleLayout"]
 
@@ -73,13 +73,9 @@ class SampleLayout:
             return None
         writer = _Writer(len(sample))
         for k, (name, v) in enumerate(sample.items()):
-            if type(name) is not str:
+            framed = framed_name(name)
+            if framed is None:  # not a str of UTF-8
                 return None
-            try:
-                raw = name.encode()
-            except UnicodeEncodeError:
-                return None
-            framed = struct.pack("<H", len(raw)) + raw
             t = type(v)
             if t is np.ndarray:
                 dtype = v.dtype

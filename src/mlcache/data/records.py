@@ -48,6 +48,7 @@ __all__ = [
     "Segment",
     "decode_sample",
     "encode_sample",
+    "framed_name",
     "record_bytes",
     "record_head",
     "remove_redundant_records",
@@ -100,7 +101,7 @@ _STR_HEAD = struct.Struct("<BQ")
 _CACHED = 1024  # names and array forms remembered (a bound, never reached in practice)
 
 
-def _name(name: Any) -> bytes | None:
+def framed_name(name: Any) -> bytes | None:
     """``name``'s framing (length and bytes), or None when it is not a str of UTF-8."""
     framed = _NAMES.get(name) if type(name) is str else None
     if framed is not None:
@@ -142,7 +143,7 @@ def _put_fields(parts: list[Any], fields: Mapping[str, Any], depth: int) -> bool
     add = parts.append
     add(_COUNT.pack(len(fields)))
     for name, v in fields.items():
-        framed = _name(name)
+        framed = framed_name(name)
         if framed is None:
             return False
         add(framed)
