@@ -10,6 +10,7 @@ sleeping makes that condition hold, it is not a race.
 from __future__ import annotations
 
 import os
+import pickle
 import struct
 import time
 from pathlib import Path
@@ -133,6 +134,22 @@ def test_a_file_edited_after_the_open_is_loaded_again_at_its_first_read(tmp_path
     assert values(ds) == [*range(7), 77, *range(8, 30)] and ds.loads == ["007.txt"]
     again = cls(src, cache_dir=cache)
     assert values(again) == [*range(7), 77, *range(8, 30)] and again.loads == []
+
+
+@pytest.mark.parametrize("cls", [Declared, Datalist])
+def test_a_dataset_checked_as_read_goes_whole_to_a_spawned_worker(tmp_path, cls):
+    """A spawned DataLoader worker gets the dataset pickled while its items are
+    checked as read (the README's reopen): the copy serves the samples and still
+    checks each item at its first read there (a closure in the check made the
+    pickle fail: 'Can't pickle local object')."""
+    src, cache = make_source(tmp_path / "src", 30), tmp_path / "cache"
+    filled(cls, src, cache)
+    ds = cls(src, cache_dir=cache)
+    assert ds[3]["value"] == 3 and ds._checking is not None
+    copy = pickle.loads(pickle.dumps(ds))
+    edit(src / "009.txt", 99)
+    assert copy[9]["value"] == 99 and copy.loads == ["009.txt"]
+    assert values(copy) == [*range(9), 99, *range(10, 30)]
 
 
 def test_a_file_replaced_by_one_of_equal_size_and_times_is_loaded_again(tmp_path):

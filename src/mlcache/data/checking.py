@@ -220,6 +220,46 @@ def read_listing(
 
 
 # -- the check -------------------------------------------------------------------------
+class _FolderFiles:
+    """The items of a pack filled from a folder's files, as its listing record names
+    them, and each one's fingerprint now: methods of a module-level class, not
+    closures, so that a check is pickled whole to a spawned DataLoader worker."""
+
+    def __init__(self, base: str, blob: bytes, ends: Sequence[int], n: int, local: bool):
+        self.base, self.blob, self.ends, self.n, self.local = base, blob, ends, n, local
+
+    def path(self, i: int) -> str:
+        blob, ends = self.blob, self.ends
+        return self.base + blob[ends[i] : ends[i + 1]].decode("utf-8", "surrogateescape")
+
+    def fingerprint(self, i: int) -> bytes | None:
+        try:
+            return stat_fingerprint(os.stat(self.path(i)), self.local)
+        except OSError:
+            return None
+
+    def items(self) -> list[Any]:
+        return [self.path(i) for i in range(self.n)]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the ends are a view of the record read at the open: sent as a list
+        return {**self.__dict__, "blob": bytes(self.blob), "ends": list(self.ends)}
+
+
+class _ListedItems:
+    """The items ``source_items()`` listed at the open, and each one's fingerprint
+    now (picklable, as :class:`_FolderFiles`)."""
+
+    def __init__(self, items: list[Any], bases: tuple[str, ...], local: bool) -> None:
+        self.listed, self.bases, self.local = items, bases, local
+
+    def fingerprint(self, i: int) -> bytes:
+        return default_fingerprint(self.listed[i], self.bases, self.local)
+
+    def items(self) -> list[Any]:
+        return self.listed
+
+
 class ItemCheck:
     """The pack of a dataset whose items are checked as they are first read (see
     the module docstring): ``check[i]`` serves sample ``i`` once its item is found
@@ -265,18 +305,8 @@ class ItemCheck:
             or digest != bytes.fromhex(table_digest(table))
         ):
             return None
-        base = os.path.join(folder, "")
-
-        def path(i: int) -> str:
-            return base + blob[ends[i] : ends[i + 1]].decode("utf-8", "surrogateescape")
-
-        def fingerprint(i: int) -> bytes | None:
-            try:
-                return stat_fingerprint(os.stat(path(i)), local)
-            except OSError:
-                return None
-
-        return cls(pack, table, fingerprint, lambda: [path(i) for i in range(len(table))])
+        source = _FolderFiles(os.path.join(folder, ""), blob, ends, len(table), local)
+        return cls(pack, table, source.fingerprint, source.items)
 
     @classmethod
     def of_items(
@@ -296,11 +326,8 @@ class ItemCheck:
             keys = item_keys(items)
         if keys != np.ascontiguousarray(table[:, :2]).tobytes():
             return None
-
-        def fingerprint(i: int) -> bytes:
-            return default_fingerprint(items[i], bases, local)
-
-        return cls(pack, table, fingerprint, lambda: items)
+        source = _ListedItems(items, tuple(bases), local)
+        return cls(pack, table, source.fingerprint, source.items)
 
     def items(self) -> list[Any]:
         """The items of the open, in order (the recheck keeps them)."""
