@@ -1000,3 +1000,37 @@ def test_dispatch_order_of_families_tokens_and_callables():
     assert _stream_start(np.float32(1))[:1] == b"n"
     assert _stream_start(np.dtype("f4"))[:1] == b"d"
     assert _stream_start(np.add)[:1] == b"U"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.integers(min_value=-(1 << 200), max_value=1 << 200),
+        st.floats(allow_nan=True),
+        st.text(),
+        st.text(alphabet=st.characters(blacklist_categories=())),
+    )
+)
+def test_a_lone_scalar_digest_is_the_digest_of_its_stream(value):
+    # digest_of hashes an int, float, str, bool or None in one call: the digest is the
+    # one the stream of the value gives (the keys of existing entries stay the same)
+    h = Hasher()
+    h.update(value)
+    assert Hasher().digest_of(value).hex() == h.hexdigest()
+    # and a hasher that digested a scalar digests the next value as a fresh one does
+    reused = Hasher()
+    reused.digest_of(value)
+    assert reused.digest_of([value, "x"]) == Hasher().digest_of([value, "x"])
+
+
+def test_a_scalar_subclass_is_not_hashed_as_its_base():
+    import enum
+
+    class Level(enum.IntEnum):
+        LOW = 1
+
+    assert Hasher().digest_of(Level.LOW) != Hasher().digest_of(1)
+    assert Hasher().digest_of(True) != Hasher().digest_of(1)

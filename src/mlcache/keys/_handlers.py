@@ -586,8 +586,8 @@ _EXACT_TYPES: dict[type, Handler] = {
     pathlib.PosixPath: _path,
     pathlib.WindowsPath: _path,
 }
-for _cls, _handler in _EXACT_TYPES.items():
-    handle_exact(_cls, _handler)
+for _cls, _handler in _EXACT_TYPES.items():  # scalars: a few bytes, nothing else read
+    handle_exact(_cls, _handler, scalar=_cls in (type(None), bool, int, float, str))
 handle_family(np.generic, _np_scalar)
 handle_family(np.ndarray, _ndarray_subclass)  # np.memmap, np.matrix, masked, users'
 handle_family(np.dtype, _dtype)

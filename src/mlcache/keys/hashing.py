@@ -233,8 +233,14 @@ class Hasher:
     def digest_of(self, obj: Any) -> bytes:
         """The 16-byte digest of ``obj`` alone, as a fresh ``Hasher`` would give it;
         the hasher is reset first, so one hasher can digest many values in turn."""
-        self._h.reset()
         self.buf.clear()
+        scalar = _SCALARS.get(type(obj))
+        if scalar is not None:  # a few bytes, no reference: one call of the hash
+            scalar(self, obj)
+            digest = xxhash.xxh3_128_digest(self.buf)
+            self.buf.clear()
+            return digest
+        self._h.reset()
         if self._memo:
             self._memo.clear()
         self.update_checked(obj)
@@ -392,6 +398,9 @@ def _first(pair: tuple[Any, Any]) -> Any:
 # -- the dispatch tables ------------------------------------------------------------
 #: exact type -> handler, tried before the back-reference check (the fast path)
 _EXACT: dict[type, Handler] = {}
+#: those whose handler only appends a few bytes to ``buf`` (no sub-value, nothing
+#: that raises): :meth:`Hasher.digest_of` hashes them in one call
+_SCALARS: dict[type, Handler] = {}
 #: type -> handler for it and its subclasses (value families, users' hashers)
 _BY_TYPE: dict[type, Handler] = {}
 #: top-level module name -> handler for the types defined in that library
@@ -408,11 +417,13 @@ LISTENERS.append(_RESOLVED.clear)  # a leaf registered may key its type (its tok
 _OWN: set[type] = {object}
 
 
-def handle_exact(cls: type, handler: Handler) -> None:
+def handle_exact(cls: type, handler: Handler, *, scalar: bool = False) -> None:
     """mlcache's own handler for values of exactly ``cls``, before the
     back-reference check (the handler checks :meth:`Hasher.seen` itself where
-    identity is observable). For :mod:`mlcache.keys`' handler modules."""
+    identity is observable); ``scalar``: see :data:`_SCALARS`. For handler modules."""
     _EXACT[cls] = handler
+    if scalar:
+        _SCALARS[cls] = handler
     _OWN.add(cls)
     _RESOLVED.clear()
 
