@@ -5,6 +5,7 @@ sample."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,24 @@ def test_a_field_sometimes_none_keeps_the_layouts_of_the_others(tmp_path: Path) 
     for i, sample in enumerate(served):
         assert sample["x"].tolist() == sealed[i]["x"].tolist() == [i] * 3
         assert sample["label"] == sealed[i]["label"] == i
+        assert sample["note"] == sealed[i]["note"] == (None if i % 3 == 0 else f"n{i}")
+
+
+def test_a_dataset_that_served_samples_goes_whole_to_a_spawned_worker(tmp_path: Path) -> None:
+    """A spawned DataLoader worker gets the dataset pickled; one that served samples
+    here first (a peek at ``ds[0]`` before the DataLoader) holds layouts, functions
+    written for them: the copy makes its own ("Can't pickle <function encode>" at
+    the DataLoader's start before)."""
+    ds = Optional(30, cache_dir=tmp_path / "c")
+    first = [ds[i] for i in range(10)]
+    assert ds._filler is not None and ds._filler._layouts
+    copy = pickle.loads(pickle.dumps(ds))
+    served = first + [copy[i] for i in range(10, 30)]  # the copy fills and seals
+    assert copy._filler is not None and copy._filler._layouts  # its own
+    sealed = Optional(30, cache_dir=tmp_path / "c")
+    assert sealed._filler is None
+    for i, sample in enumerate(served):
+        assert sample["x"].tolist() == sealed[i]["x"].tolist() == [i] * 3
         assert sample["note"] == sealed[i]["note"] == (None if i % 3 == 0 else f"n{i}")
 
 

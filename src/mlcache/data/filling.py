@@ -562,6 +562,9 @@ class Filler(RecordWriting):
         state["_mine"] = None
         state["_write_lock"] = None
         state["loaded_here"] = []  # what that process loads: its own probes
+        # a layout's encoding is a function written for it, which no pickle holds:
+        # the worker makes its own from the samples it loads
+        state["_layouts"], state["_made"] = [], 0
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
