@@ -11,10 +11,14 @@ sharing one cache, with the source edited between runs.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
+from mlcache.data import CachedDataset
 from scripts import ScriptFolder
 
 #: every script's dataset: three items, loaded through ``load``, a line each in LOG
@@ -135,3 +139,47 @@ def load(x):
     assert _run(scripts) == (["1", "0", "2"], [])
     scripts.edit("ds.py", '["cat", "dog"]', '["dog", "cat"]')
     assert _run(scripts) == (["0", "1", "2"], ["1", "2", "3"])
+
+
+#: what ``Sized.load_item`` reads: a sweep (or a notebook cell) rebinds it between opens
+SIZE = 2
+
+
+class Sized(CachedDataset):
+    scale = 1  # a class attribute, rebound the same way
+
+    def __init__(self, n: int, **kw: Any) -> None:
+        self.n = n
+        super().__init__(**kw)
+
+    def source_items(self) -> range:
+        return range(self.n)
+
+    def item_fingerprint(self, item: int) -> int:
+        return item
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        return {"x": np.full(SIZE, i * self.scale)}
+
+
+@pytest.mark.parametrize("rebound", ["module", "class"])
+def test_a_value_rebound_in_the_process_is_seen_by_the_next_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rebound: str
+) -> None:
+    """``for s in sizes: SIZE = s; ds = Tiles(...)`` in one script: each open reads
+    the module-level values (and class attributes) as they are now, and a rebound
+    one is another pack (before: the walk of the class's code was kept for the
+    process, and every later open served the first value's samples)."""
+    first = Sized(3, cache_dir=tmp_path, progress=False)
+    assert [first[i]["x"].tolist() for i in range(3)] == [[0, 0], [1, 1], [2, 2]]
+    if rebound == "module":
+        monkeypatch.setattr(sys.modules[__name__], "SIZE", 3)
+        want = [[i] * 3 for i in range(3)]
+    else:
+        monkeypatch.setattr(Sized, "scale", 10)
+        want = [[10 * i] * 2 for i in range(3)]
+    again = Sized(3, cache_dir=tmp_path, progress=False)
+    assert again.pack_path != first.pack_path
+    assert [again[i]["x"].tolist() for i in range(3)] == want
+    monkeypatch.undo()  # back to the first value: its pack again
+    assert Sized(3, cache_dir=tmp_path, progress=False).pack_path == first.pack_path

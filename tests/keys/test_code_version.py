@@ -346,3 +346,21 @@ def test_the_instructions_references_reads_are_those_dis_gives():
         + "]\n    def g():\n        return x.real + np.linalg.norm(y) + p.sep\n    return g\n"
     )  # fmt: skip
     assert sum(walk(compile(src, "<test>", "exec")) for src in sources) > 200
+
+
+#: read by ``_scaled``; rebound by the test below
+_FACTOR = 2
+
+
+def _scaled(x):
+    return x * _FACTOR
+
+
+def test_a_fresh_walk_sees_a_value_rebound_since_the_walk_kept(monkeypatch):
+    """The walk is kept for the process (a hit never pays for it); ``fresh=True``
+    (a dataset's open) walks again and reads the value as it is now."""
+    before = code_version(_scaled).digest
+    monkeypatch.setattr(sys.modules[__name__], "_FACTOR", 3)
+    assert code_version(_scaled).digest == before  # kept: the documented limit
+    assert code_version(_scaled, fresh=True).digest != before
+    assert code_version(_scaled).digest != before  # the fresh walk replaced it

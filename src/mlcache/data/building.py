@@ -203,7 +203,9 @@ class PackBuilder(BuildLearning):
         """The pack's path for the code, attributes and source as they are now:
         ``<folder of the class>/<attributes>-<version>.pack``."""
         cls = type(self)
-        code = code_version(cls, state=self._state)
+        # as the code is now: the open walked it (CachedDataset.__init__); walked
+        # again for learned state, which is another walk
+        code = code_version(cls, state=self._state, fresh=bool(self._state))
         self._watched: tuple[tuple[str, Any], ...] = code.watched  # mutable, module-level
         made_by = (
             f"{cls.__module__}.{cls.__qualname__}",

@@ -259,8 +259,10 @@ class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
         by_item = cls.load_item is not base.load_item and cls.load_source is base.load_source
         self._fill = fill if by_item else ""
         # what builds change is recorded by the code's shape (its version with
-        # mutable values by type): editing the code learns anew
-        self._shape = code_version(cls).shape[:16]
+        # mutable values by type): editing the code learns anew. Walked at each
+        # open, not once a process: a value rebound since (a sweep's SIZE = s, a
+        # notebook cell) is another pack, never the samples of the one before
+        self._shape = code_version(cls, fresh=True).shape[:16]
         self._state = self._read_learned()
         trusted = check_source != "open" and not force_recache and self._remote is None
         recorded = self._record.read() if trusted and not self._fill else None

@@ -112,6 +112,7 @@ def code_version(
     mode: str = "transitive",
     pin: str | None = None,
     state: Mapping[str, str] = types.MappingProxyType({}),
+    fresh: bool = False,
 ) -> CodeVersion:
     """The version of the code behind ``func`` (see the module docstring).
 
@@ -121,7 +122,11 @@ def code_version(
     cleared, whatever the code does). ``pin`` (``cache(version="2")``) is a
     version set by hand: the code is not looked at. ``state`` names the parts of
     module-level values that calls change as bookkeeping (name -> kind, see
-    :mod:`mlcache.keys.state`): they count by their baseline.
+    :mod:`mlcache.keys.state`): they count by their baseline. ``fresh`` walks
+    again though this process walked ``func`` already (the walk kept is replaced):
+    for a caller that asks seldom, as a dataset's open does, a module-level value
+    or class attribute rebound since (``SIZE = s`` in a sweep, a notebook cell)
+    is then a new version, not the one the first walk read.
 
     Raises :class:`CodeWalkError` when reading something the code refers to
     raises (a global whose attribute access fails).
@@ -148,7 +153,7 @@ def code_version(
     # a value a cached call changed as input, or a reset baseline: a new walk
     learned = frozenset(state.items()) if state else ()
     key = (id(code), id(getattr(target, "__globals__", None)), held, learned, epoch())
-    cached = _VERSIONS.get(key)
+    cached = None if fresh else _VERSIONS.get(key)
     if cached is not None and cached[0]() is code:
         return cached[1]
     found = _walk_version(func, state)
