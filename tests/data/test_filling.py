@@ -537,7 +537,10 @@ def test_check_source_background_with_filling(src, tmp_path, caplog):
     cache = tmp_path / "cache"
     check_all(Files(src, cache_dir=cache, check_source="background"), values_of(src))
     edit(src / "003.txt", 33)
-    with caplog.at_level(logging.WARNING, logger="mlcache"):
+    with (
+        caplog.at_level(logging.WARNING, logger="mlcache"),
+        pytest.warns(CacheWarning, match="changed since its pack was built"),
+    ):
         ds = Files(src, cache_dir=cache, check_source="background")
         assert ds.loads == [] and plain(ds[3])["value"] == 3  # the old pack, at once
         ds._record.thread.join(timeout=60)

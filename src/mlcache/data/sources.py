@@ -258,7 +258,9 @@ class SourceRecord:
         """Fingerprint ``dataset``'s source (``fingerprint()``, default its
         ``source_fingerprint()``) in a daemon thread; if it is not ``opened``: set
         its ``is_stale``, record the new fingerprint (the next open rebuilds, or
-        re-reads the changed items) and log a warning."""
+        re-reads the changed items) and warn (a :class:`CacheWarning`: the log record
+        alone is silent where logging is not configured, and this run trains on
+        the old samples)."""
         what = f"{type(dataset).__qualname__} ({dataset.pack_path})"
         fingerprint = fingerprint or dataset.source_fingerprint
 
@@ -271,10 +273,9 @@ class SourceRecord:
             if now != opened:
                 dataset.is_stale = True
                 self.write(now)
-                logger.warning(
-                    "mlcache: the source of %s changed since its pack was built: this open "
-                    "serves the old pack (is_stale is True), the next open rebuilds it",
-                    what,
+                warn(
+                    f"mlcache: the source of {what} changed since its pack was built: this "
+                    "open serves the old pack (is_stale is True), the next open rebuilds it"
                 )
 
         #: the check (tests join it); not sent with the dataset to a worker
