@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import struct
+import threading
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -249,3 +250,74 @@ def test_one_files_fingerprint_is_the_listings():
         assert st.st_mtime_ns == mtime and st.st_ctime_ns == ctime
         assert stat_fingerprint(st) == table[i, 2:].tobytes()
     assert struct.calcsize("<QQ") == 16
+
+
+def test_a_thread_reading_while_another_rechecks_never_gets_the_old_pack(tmp_path):
+    """Threads reading one dataset (a thread pool, MONAI's ThreadDataLoader): one
+    meets an edited item and rechecks every item; another reading meanwhile is
+    served through the check, never the old pack opened again unchecked (before:
+    it opened the old pack, and when its open ended after the recheck, every
+    later read served the edited items' old samples)."""
+    src, cache = make_source(tmp_path / "src", 30), tmp_path / "cache"
+    filled(Declared, src, cache)
+    ds = Declared(src, cache_dir=cache)
+    assert ds._checking is not None
+    edit(src / "003.txt", 33)
+    edit(src / "009.txt", 99)
+    in_recheck, b_moved, a_done = threading.Event(), threading.Event(), threading.Event()
+    recheck, reopen = ds._open_filled, ds._open_again
+
+    def rechecking(*args: Any, **kw: Any) -> Any:  # thread A, once it met item 3
+        in_recheck.set()
+        b_moved.wait(30)  # until the other read is served, or reached the old pack
+        return recheck(*args, **kw)
+
+    def reopening() -> Any:  # the old pack opened again, unchecked (before)
+        opened = reopen()
+        b_moved.set()
+        a_done.wait(30)  # its open ends after the recheck (which sealed anew)
+        return opened
+
+    ds._open_filled, ds._open_again = rechecking, reopening  # type: ignore[method-assign]
+    got: dict[int, int] = {}
+
+    def a() -> None:
+        got[3] = ds[3]["value"]
+        a_done.set()
+
+    thread = threading.Thread(target=a)
+    thread.start()
+    assert in_recheck.wait(30)
+    got[5] = ds[5]["value"]  # unchanged: through the check, while A rechecks
+    b_moved.set()
+    thread.join(30)
+    assert got == {3: 33, 5: 5}
+    assert values(ds) == [*range(3), 33, *range(4, 9), 99, *range(10, 30)]
+
+
+def test_two_threads_first_reading_one_item_count_it_once(tmp_path):
+    """Two threads' first reads of one item both pass its check; it is counted
+    once, so the check is not dropped before every item was checked (before: both
+    counted it, and the other items were then served unchecked)."""
+    src, cache = make_source(tmp_path / "src", 10), tmp_path / "cache"
+    filled(Declared, src, cache)
+    ds = Declared(src, cache_dir=cache)
+    check = ds._checking
+    assert check is not None
+    both = threading.Barrier(2, timeout=30)
+    real = check._fingerprint
+
+    def fingerprint(i: int) -> Any:  # both threads past the "not checked yet" test
+        both.wait()
+        return real(i)
+
+    check._fingerprint = fingerprint  # type: ignore[method-assign]
+    threads = [threading.Thread(target=ds.__getitem__, args=(4,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    check._fingerprint = real  # type: ignore[method-assign]
+    edit(src / "007.txt", 77)
+    assert [ds[i]["value"] for i in (0, 1, 2, 3, 5, 6, 8, 9)] == [0, 1, 2, 3, 5, 6, 8, 9]
+    assert ds[7]["value"] == 77  # the last item not checked yet: checked still

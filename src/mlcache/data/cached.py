@@ -72,6 +72,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -255,6 +256,7 @@ class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
         #: the pack while its items are checked as they are first read (see
         #: mlcache.data.checking), and the items of the open once they were rechecked
         self._checking: ItemCheck | None = None
+        self._recheck_lock = threading.RLock()
         self._pinned: list[Any] | None = None
         by_item = cls.load_item is not base.load_item and cls.load_source is base.load_source
         self._fill = fill if by_item else ""
@@ -473,7 +475,7 @@ class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
         filled, or the pack (the sealed one, once the filling is complete)."""
         checking = self._checking
         if checking is not None:
-            if checking.left:
+            if checking.left > 0 or not checking.done():
                 return checking
             self._pack, self._checking = checking.pack, None
             return self._pack
@@ -548,11 +550,15 @@ class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
         """An item changed since its sample was stored (or the pack is handed out
         whole): check every item of the open now, as an open does, and read from
         the pack of the items as they are (the changed ones loaded again)."""
-        checking, self._checking = self._checking, None
-        if checking is None:
-            return self._reading()
-        self._pinned = checking.items()
-        self._pack = self._open_filled(False, False, "open")
+        with self._recheck_lock:  # threads reading at once: one rechecks
+            checking = self._checking
+            if checking is None:  # another thread rechecked meanwhile
+                return self._reading()
+            self._pinned = checking.items()
+            self._pack = self._open_filled(False, False, "open")
+            # only now: until the new pack (or filler) is in place, the others read
+            # through the check, never the old pack opened again unchecked
+            self._checking = None
         return self._reading()
 
     def _rebuilt(self, exc: PackCorrupted) -> PackedDataset | Filler | ItemCheck:
@@ -582,8 +588,10 @@ class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
         state.pop("_record", None)  # a file and a thread of this process
         state.pop("_listed", None)  # the items of an open going on: listed anew there
         state.pop("_listing_once", None)
+        state.pop("_recheck_lock", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)  # the pack is mapped on first use
+        self._recheck_lock = threading.RLock()
         self._record = SourceRecord(self._root, self._folder, self._args_id_full, self._declared)

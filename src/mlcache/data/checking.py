@@ -340,7 +340,16 @@ class ItemCheck:
         if self._fingerprint(i) != self._fps[16 * i : 16 * i + 16]:
             raise ItemChanged(i)
         self._checked[i] = 1
-        self.left -= 1
+        self.left -= 1  # two threads' first reads of one item may both count it: see done()
+
+    def done(self) -> bool:
+        """Whether every item was checked: ``left`` counted again when it says so
+        (threads reading at once may have counted an item twice, and an item not
+        checked is never served unchecked), kept by the recount otherwise."""
+        if self.left > 0:
+            return False
+        self.left = self._checked.count(0)
+        return not self.left
 
     def __len__(self) -> int:
         return self.n
