@@ -207,14 +207,9 @@ class PackBuilder(BuildLearning):
         # again for learned state, which is another walk
         code = code_version(cls, state=self._state, fresh=bool(self._state))
         self._watched: tuple[tuple[str, Any], ...] = code.watched  # mutable, module-level
-        made_by = (
-            f"{cls.__module__}.{cls.__qualname__}",
-            code.digest,
-            self._args_id_full,
-        )
-        # by their content now (a learned part by its baseline): the walk is cached
-        # per process, and a notebook may have changed one since
-        watched = keyed_digest(code.watched, self._state)
+        made_by = (f"{cls.__module__}.{cls.__qualname__}", code.digest, self._args_id_full)
+        watched = keyed_digest(code.watched, self._state)  # a learned part by its baseline
+        self._code_key = (code.digest, watched)  # a copy unpickled elsewhere: data/copies.py
         version = hash_value((*made_by, self._source, watched))
         #: everything of the name but the source: packs of one code replace each
         #: other as the source changes; packs of other code are kept side by side

@@ -87,6 +87,7 @@ from .attributes import OpenItems
 from .audit import DatasetAuditor, dataset_auditor
 from .building import PackBuilder
 from .checking import ItemChanged, ItemCheck, folder_table, listed_folder
+from .copies import Copies
 from .fetch import is_url
 from .filling import FILLS, Filler
 from .folders import attribute_source
@@ -111,7 +112,7 @@ __all__ = ["UNUSED_PACKS_KEPT_FOR", "CachedDataset", "remove_pack"]
 logger = logging.getLogger("mlcache")
 
 
-class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
+class CachedDataset(OpenItems, PackBuilder, Copies, Sequence[Any]):
     """A dataset whose samples are loaded once from their source, then read from a pack.
 
     Parameters
@@ -587,11 +588,12 @@ class CachedDataset(OpenItems, PackBuilder, Sequence[Any]):
         state.pop("_watched_before", None)  # a snapshot of them
         state.pop("_record", None)  # a file and a thread of this process
         state.pop("_listed", None)  # the items of an open going on: listed anew there
-        state.pop("_listing_once", None)
-        state.pop("_recheck_lock", None)
+        for name in ("_listing_once", "_recheck_lock"):  # this process's
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)  # the pack is mapped on first use
         self._recheck_lock = threading.RLock()
         self._record = SourceRecord(self._root, self._folder, self._args_id_full, self._declared)
+        self._read_elsewhere()  # its code reads other values here: data/copies.py

@@ -1,0 +1,112 @@
+"""A dataset unpickled where its code reads other values than where it was opened
+(a spawned DataLoader worker re-importing the script: a value set under
+``if __name__ == "__main__":`` is not the worker's): the copy loads its samples,
+unstored, and the pack keeps only the samples of the values it is named by."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mlcache import CacheWarning
+from mlcache.data import CachedDataset
+from scripts import ScriptFolder
+
+#: what ``Sized.load_item`` reads
+SIZE = 2
+
+
+class Sized(CachedDataset):
+    def __init__(self, n: int, **kw: Any) -> None:
+        self.n = n
+        super().__init__(progress=False, **kw)
+
+    def source_items(self) -> range:
+        return range(self.n)
+
+    def item_fingerprint(self, item: int) -> int:
+        return item
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        return {"x": np.full(SIZE, i)}
+
+
+def _xs(ds: CachedDataset) -> list[list[int]]:
+    return [ds[i]["x"].tolist() for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_a_copy_whose_code_reads_other_values_loads_unstored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sealed: bool
+) -> None:
+    """Before: the copy served the pack's samples (a sealed pack) or recorded its own
+    in the pack named by the other values (a pack being filled), which the next run
+    with those values then read."""
+    ds = Sized(6, cache_dir=tmp_path)
+    if sealed:
+        assert _xs(ds) == [[i] * 2 for i in range(6)]
+    else:
+        assert ds[0]["x"].tolist() == [0, 0]
+    same = pickle.loads(pickle.dumps(ds))  # the same values: the dataset as it was
+    assert same[1]["x"].tolist() == [1, 1]
+    sent = pickle.dumps(ds)
+    monkeypatch.setattr(sys.modules[__name__], "SIZE", 3)  # as the worker's module has it
+    with pytest.warns(CacheWarning, match="reads other values in this process"):
+        copy = pickle.loads(sent)
+    assert len(copy) == 6 and _xs(copy) == [[i] * 3 for i in range(6)]
+    assert [s["x"].tolist() for s in copy[1:3]] == [[1] * 3, [2] * 3]
+    assert copy.get_batch([0, 1])["x"].tolist() == [[0] * 3, [1] * 3]
+    monkeypatch.undo()
+    again = Sized(6, cache_dir=tmp_path)  # SIZE 2: the pack holds no sample of SIZE 3
+    assert _xs(again) == [[i] * 2 for i in range(6)]
+
+
+def test_a_spawned_worker_under_a_main_guard_stores_nothing_in_the_parents_pack(
+    tmp_path: Path,
+) -> None:
+    """The user's run: ``SIZE`` set under the main guard, the samples read by spawned
+    processes (as DataLoader workers), then a run without workers reads the pack."""
+    scripts = ScriptFolder(tmp_path)
+    scripts.write(
+        "sweep.py",
+        textwrap.dedent(
+            """
+            import multiprocessing, os, sys
+            import numpy as np
+            from mlcache.data import CachedDataset
+
+            SIZE = 2
+
+            class Tiles(CachedDataset):
+                def source_items(self):
+                    return range(4)
+
+                def item_fingerprint(self, i):
+                    return i
+
+                def load_item(self, i):
+                    return {"x": np.full(SIZE, i)}
+
+            def read(ds, i):
+                return len(ds[i]["x"])
+
+            if __name__ == "__main__":
+                SIZE = 3
+                ds = Tiles(cache_dir=os.environ["CACHE"], progress=False)
+                if sys.argv[1] == "spawn":
+                    with multiprocessing.get_context("spawn").Pool(1) as pool:
+                        print(pool.starmap(read, [(ds, i) for i in range(4)]))
+                else:
+                    print([read(ds, i) for i in range(4)])
+            """
+        ),
+    )
+    spawned = scripts.execute("sweep.py", "spawn").stdout.split("\n")[0]
+    assert spawned == "[2, 2, 2, 2]"  # the worker's own values, as without the cache
+    assert scripts.execute("sweep.py", "main").stdout.strip() == "[3, 3, 3, 3]"  # before: 2s
