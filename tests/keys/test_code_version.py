@@ -13,7 +13,7 @@ import pytest
 from mlcache import ConfigError, Memory
 from mlcache.keys.code_version import code_version
 from mlcache.keys.origin import is_user_module, library_version
-from scripts import ALL, Project  # the fresh-interpreter package
+from scripts import ALL, Project, ScriptFolder  # the fresh-interpreter package
 
 
 @pytest.fixture
@@ -285,6 +285,87 @@ def test_more_ways_of_reaching_code():
         assert code_version(one).digest != code_version(two).digest
     finally:
         del sys.modules["depsbody"]
+
+
+HELD = """
+import numpy as np
+
+class Model:
+    def __init__(self, w):
+        self.w = w
+
+    def predict(self, x):
+        return x * self.w
+
+def inner(x):
+    return x + 1
+
+def h(x):
+    return inner(x)
+
+class Config:
+    def __init__(self, loss):
+        self.loss = loss
+
+REG = {"clf": Model(2)}
+MODELS = [Model(3)]
+VH = np.vectorize(h)
+CFG = Config(h)
+
+def f(x):
+    return REG["clf"].predict(x) + MODELS[0].predict(x) + VH(x) + CFG.loss(x)
+"""
+
+
+def test_the_code_a_module_level_value_holds_counts():
+    """A registry of models (a dict, a list: not callable), np.vectorize(h), a
+    config object holding a function: editing the method or a helper the held function
+    reaches is a new version (they were hashed by the held code alone: served stale)."""
+    base = code_version(_define(HELD, module="heldmod")[0]).digest
+    assert code_version(_define(HELD, module="heldmod")[0]).digest == base
+    for old, new in [("x * self.w", "x * self.w + 1"), ("x + 1", "x + 2")]:
+        edited, _ = _define(HELD.replace(old, new), module="heldmod")
+        assert code_version(edited).digest != base, new
+
+
+REG_MODELS = """
+class Model:
+    def __init__(self, w):
+        self.w = w
+
+    def predict(self, x):
+        return x * self.w
+"""
+
+REG_SCRIPT = """
+import os
+from mlcache import Memory
+from models import Model
+
+mem = Memory(os.environ["CACHE"], verbose=0)
+REG = {"clf": Model(2)}
+
+@mem.cache
+def predict(x):
+    with open(os.environ["LOG"], "a") as f:
+        f.write("predict\\n")
+    return REG["clf"].predict(x)
+
+print(predict(3))
+"""
+
+
+def test_a_registered_model_whose_method_is_edited_is_computed_again(tmp_path):
+    """The next run after an edit of the class of a model held in a module-level
+    registry computes again (it printed the old result: 6 for 7)."""
+    runner = ScriptFolder(tmp_path)
+    runner.write("models.py", REG_MODELS)
+    runner.write("reg.py", REG_SCRIPT)
+    assert runner.execute("reg.py").stdout.split() == ["6"]
+    assert runner.execute("reg.py").stdout.split() == ["6"] and runner.logged() == []
+    runner.edit("models.py", "return x * self.w", "return x * self.w + 1")
+    assert runner.execute("reg.py").stdout.split() == ["7"]
+    assert runner.logged() == ["predict"]
 
 
 def test_the_constants_a_code_loads_are_those_dis_finds():

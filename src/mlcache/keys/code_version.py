@@ -79,7 +79,15 @@ import xxhash
 from ._handlers import write_global
 from .bytecode import PY, code_digest
 from .dependencies import CodeWalkError, DependencyWalk, call_target, is_code, library_part
-from .hashing import Hasher, code_walk, handle_exact, handle_family, in_code_walk, typename
+from .hashing import (
+    Hasher,
+    code_walk,
+    handle_exact,
+    handle_family,
+    in_code_walk,
+    meet,
+    typename,
+)
 from .origin import is_user_code, library_version
 from .state import FunctionShell, epoch
 
@@ -232,6 +240,8 @@ def _hash_function(h: Hasher, obj: types.FunctionType, shell: bool = False) -> N
     if h.seen(obj):  # also ends cycles of functions reaching each other
         return
     deep = not in_code_walk()
+    if not deep and is_user_code(obj.__module__ or ""):
+        meet(obj)  # a function a value holds: the walk follows what it reaches
     cached = _FUNCTION_TOKENS.get(obj)
     if cached is None or cached[0] is not obj.__code__:
         # a function's name and code change only if __code__ is replaced: its
@@ -282,6 +292,8 @@ def _hash_class(h: Hasher, cls: type) -> None:
     if not in_code_walk():  # what its methods run (and the helpers they reach)
         h.buf += b"V"
         h.text(_class_version(cls))
+    else:
+        meet(cls)  # the class of a value (a registry's model): the walk follows it
     if not _resolves(cls):
         h.update(cls.__bases__)
         for name, value in sorted(vars(cls).items()):

@@ -156,24 +156,29 @@ class DependencyWalk:
         """A value: by content, and watched for changes when it is mutable. What
         calls are known to change as bookkeeping (``state``: the value itself, or
         some of its parts) counts by its baseline (:func:`keyed_parts`)."""
+        met: list[Any] = []  # the user code the value holds: followed below
+        self._record(name, *self._digest(name, obj, met))
+        for code in met:  # a registry's model, a config's function, np.vectorize(h)
+            self.value(f"{name}<held>", code)
+
+    def _digest(self, name: str, obj: Any, met: list[Any]) -> tuple[str, str | None]:
+        """The digest of the value ``obj`` (see :meth:`_data`) and what stands for
+        it in the code's shape (its type when it is watched, else None)."""
         kind = f"<{type(obj).__qualname__}>"
         if name in self._state or name in self._split_at:
             if watchable(obj):
                 self.watched.append((name, obj))
             kept = keyed_parts(name, obj, self._state, self._split_at)
             self.state_used.update(n for n, _ in kept if n in self._state)
-            self._record(name, value_digest([(n[len(name) :], v) for n, v in kept]), kind)
-            return
+            return value_digest([(n[len(name) :], v) for n, v in kept], met), kind
         if watchable(obj):
             self.watched.append((name, obj))
             parts = state_parts(name, obj)
             if parts is not None:  # counted key by key, or attribute by attribute
                 kept_parts = [(sub[len(name) :], v) for sub, v in parts]
-                self._record(name, value_digest((type(obj).__qualname__, kept_parts)), kind)
-                return
-            self._record(name, value_digest(obj), kind)
-            return
-        self._record(name, value_digest(obj))
+                return value_digest((type(obj).__qualname__, kept_parts), met), kind
+            return value_digest(obj, met), kind
+        return value_digest(obj, met), None
 
     def _container(self, name: str, obj: Any) -> None:
         """A container: the code of the functions and classes in it (a dispatch

@@ -159,24 +159,33 @@ _walk_state = threading.local()
 
 
 @contextlib.contextmanager
-def code_walk() -> Iterator[None]:
+def code_walk(met: list[Any] | None = None) -> Iterator[None]:
     """Mark a code walk in progress on this thread: inside it, functions and
     classes are hashed by identity and their own normalised code only, never by
     :func:`mlcache.keys.code_version.code_version` (the walk hashes constants,
     which may hold functions: so it cannot recurse into itself, and a code
-    version never depends on what was hashed before it).
+    version never depends on what was hashed before it). The user functions and
+    classes hashed inside it are appended to ``met`` (:func:`meet`): the walk
+    follows the code a value holds (a registry's model, a config's function).
 
     Examples
     --------
     >>> with code_walk():
     ...     key = hash_value(len)
     """
-    depth = getattr(_walk_state, "depth", 0)
-    _walk_state.depth = depth + 1
+    depth, outer = getattr(_walk_state, "depth", 0), getattr(_walk_state, "met", None)
+    _walk_state.depth, _walk_state.met = depth + 1, met
     try:
         yield
     finally:
-        _walk_state.depth = depth
+        _walk_state.depth, _walk_state.met = depth, outer
+
+
+def meet(obj: Any) -> None:
+    """Note a user function or class hashed in a :func:`code_walk` given a list."""
+    met = getattr(_walk_state, "met", None)
+    if met is not None:
+        met.append(obj)
 
 
 def in_code_walk() -> bool:

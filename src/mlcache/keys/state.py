@@ -105,19 +105,22 @@ _GROWABLE = (*_SEQUENCES, set, dict)
 
 
 # -- digests ------------------------------------------------------------------------------
-def value_digest(obj: Any) -> str:
+def value_digest(obj: Any, met: list[Any] | None = None) -> str:
     """A value's short digest, as code versions count it (16 hex digits; its type
     when it cannot be hashed). Functions in it count by their own code
-    (:func:`~mlcache.keys.hashing.code_walk`). A container of more than
-    :data:`MAX_ITEMS` items is hashed by value once per process (again when its
-    length changes): a table that big is data the code reads."""
+    (:func:`~mlcache.keys.hashing.code_walk`); the user functions and classes
+    in it are appended to ``met``, for the walk to follow. A container of more
+    than :data:`MAX_ITEMS` items is hashed by value once per process (again when
+    its length changes): a table that big is data the code reads (nothing in it
+    is met, whether it is hashed or not)."""
     try:
         big = isinstance(obj, (list, tuple, dict, set, frozenset)) and len(obj) > MAX_ITEMS
         if big:
+            met = None
             found = _BIG.get(id(obj))
             if found is not None and found[0] is obj and found[1] == len(obj):
                 return found[2]
-        with code_walk():  # functions in it by their own code: no walk inside the walk
+        with code_walk(met):  # functions in it by their own code: no walk inside the walk
             digest = hash_value(obj)[:16]
         if big:
             with _LOCK:
