@@ -328,6 +328,62 @@ def test_the_code_a_module_level_value_holds_counts():
         assert code_version(edited).digest != base, new
 
 
+CARRIED = """
+import functools
+
+class Meta(type):
+    def __call__(cls, *args):
+        return super().__call__(*args) if args else 1
+
+class Made(metaclass=Meta):
+    def __init__(self, x):
+        self.x = x
+
+class Lazy:
+    @functools.cached_property
+    def value(self):
+        return 1
+
+    def scale(self, k, x):
+        return k * x
+
+    double = functools.partialmethod(scale, 2)
+
+def h(x):
+    "one"
+    return x + h.k
+
+h.k = 1
+
+def f(x):
+    return Made() + Lazy().value + Lazy().double(x) + h(x) + len(h.__doc__)
+"""
+
+
+def test_what_a_class_or_a_function_carries_counts():
+    """A cached_property's body, a metaclass's __call__, an attribute set on a
+    helper (h.k) and a docstring the code reads (h.__doc__): each edit is a new
+    version (each served the old result; the cached_property's until 271cede, by
+    luck of the order its lock was hashed in). A partialmethod's arguments: a
+    guard. A docstring nothing reads still never counts."""
+    base = code_version(_define(CARRIED)[0]).digest
+    edits = [
+        ("if args else 1", "if args else 2"),
+        ("return 1", "return 2"),
+        ("partialmethod(scale, 2)", "partialmethod(scale, 3)"),
+        ("h.k = 1", "h.k = 2"),
+        ('"one"', '"two"'),
+    ]
+    for old, new in edits:
+        assert old in CARRIED, old
+        assert code_version(_define(CARRIED.replace(old, new))[0]).digest != base, new
+    quiet = CARRIED.replace(" + len(h.__doc__)", "")
+    assert (
+        code_version(_define(quiet)[0]).digest
+        == code_version(_define(quiet.replace('"one"', '"two"'))[0]).digest
+    )
+
+
 REG_MODELS = """
 class Model:
     def __init__(self, w):

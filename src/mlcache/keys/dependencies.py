@@ -113,8 +113,13 @@ class DependencyWalk:
             if isinstance(obj, functools.partial):
                 self.value(f"{name}.<partial args>", (obj.args, obj.keywords))
             obj = call_target(obj)
+        if isinstance(obj, functools.partialmethod):
+            self.value(f"{name}.<partial args>", (obj.args, obj.keywords))
+            obj = obj.func
         if isinstance(obj, (staticmethod, classmethod)):
             obj = obj.__func__
+        elif isinstance(obj, functools.cached_property):
+            obj = obj.func  # its body is code (and its lock cannot be hashed: 3.11)
         if isinstance(obj, types.FunctionType):
             if root or obj.__module__ is None or is_user_module(obj.__module__):
                 self._function(name if root else _name_of(obj), obj, root=root)
@@ -218,6 +223,9 @@ class DependencyWalk:
         if not self._first_time(cls):
             return
         self._record(name, value_digest(cls.__qualname__))
+        meta = type(cls)
+        if meta is not type and _is_user_class(meta):  # its __call__ makes the instances
+            self._class(_name_of(meta), meta)
         for klass in cls.__mro__:
             if klass is object or not _is_user_class(klass):
                 if klass is not object and klass.__module__ != "builtins":
@@ -268,7 +276,9 @@ class DependencyWalk:
         reading = where
         try:
             for attr in attrs:  # down user modules and classes only
-                if not _walkable(obj):
+                if _function_data(obj, attr):  # h.k, h.__doc__: data a function carries
+                    obj = call_target(obj)
+                elif not _walkable(obj):
                     break
                 reading = f"{where}.{attr}"
                 nxt = getattr(obj, attr, _MISSING)
@@ -361,6 +371,21 @@ def _has_python_code(cls: type) -> bool:
         isinstance(getattr(v, "__func__", v), types.FunctionType)
         for k in cls.__mro__
         for v in vars(k).values()
+    )
+
+
+def _function_data(obj: Any, attr: str) -> bool:
+    """Whether ``attr`` of ``obj`` is data a user function carries: an attribute set
+    on it (``h.k = 1``) or its docstring, which code that reads it uses as data (a
+    docstring is otherwise no part of a version)."""
+    t = type(obj)
+    if t is not types.FunctionType and not hasattr(t, "__mlcache_token__"):
+        return False
+    f = call_target(obj)  # a memoized function: the function it runs
+    return (
+        type(f) is types.FunctionType
+        and is_user_module(f.__module__ or "")
+        and (attr == "__doc__" or attr in vars(f))
     )
 
 
