@@ -424,6 +424,49 @@ def test_a_registered_model_whose_method_is_edited_is_computed_again(tmp_path):
     assert runner.logged() == ["predict"]
 
 
+SHADOW_SCRIPT = """
+import os
+from mlcache import Memory
+from code import features  # a project's package named as a standard module
+
+mem = Memory(os.environ["CACHE"], verbose=0)
+
+def _log(name):
+    with open(os.environ["LOG"], "a") as f:
+        f.write(name + "\\n")
+
+@mem.cache
+def top(x):
+    _log("top")
+    return features.scale(x)
+
+@mem.cache
+def body(x):
+    from code.other import shift  # not imported yet: read from its file
+    _log("body")
+    return shift(x)
+
+print(top(3), body(3))
+"""
+
+
+def test_a_users_package_named_as_a_standard_module_is_walked(tmp_path):
+    """A project's own code/ package (the standard library has a code module) is
+    user code: editing its helpers is a new version, imported or read from its
+    file (it counted as Python's own code: 6 and 4 served after the edits)."""
+    runner = ScriptFolder(tmp_path)
+    runner.write("code/__init__.py", "")
+    runner.write("code/features.py", "def scale(x):\n    return x * 2\n")
+    runner.write("code/other.py", "def shift(x):\n    return x + 1\n")
+    runner.write("run.py", SHADOW_SCRIPT)
+    assert runner.execute("run.py").stdout.split() == ["6", "4"]
+    assert runner.execute("run.py").stdout.split() == ["6", "4"] and runner.logged() == []
+    runner.edit("code/features.py", "x * 2", "x * 3")
+    runner.edit("code/other.py", "x + 1", "x + 2")
+    assert runner.execute("run.py").stdout.split() == ["9", "5"]
+    assert sorted(runner.logged()) == ["body", "top"]
+
+
 def test_the_constants_a_code_loads_are_those_dis_finds():
     """bytecode._loaded_consts reads co_code itself (dis builds an object per
     instruction): the same indices, EXTENDED_ARG prefixes and 3.11's caches included."""

@@ -28,7 +28,7 @@ import numpy as np
 
 from .bytecode import code_digest, references
 from .identity import module_name, target_function
-from .origin import NOT_USER, is_user_file, is_user_module, library_version
+from .origin import is_user_file, is_user_module, library_version
 from .state import MAX_ITEMS, ancestors, keyed_parts, state_parts, value_digest, watchable
 
 __all__ = [
@@ -300,9 +300,11 @@ class DependencyWalk:
         if full in self._static:
             return
         self._static.add(full)
-        if full.split(".")[0] in NOT_USER:
+        if full.split(".")[0] in ("mlcache", "builtins"):
             self._record(full, library_version(full))
             return
+        # found as the import would find it: a user's package named as a standard
+        # module (code/) shadows it, and its file is the user's
         path = module_file(full)
         if path is None:
             return

@@ -88,31 +88,43 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(sorted(os.path.realpath(r) + os.sep for r in roots if r))
 
 
-@functools.lru_cache(maxsize=4096)
 def is_user_module(name: str | None) -> bool:
     """Whether the module ``name`` is the user's own code (walked), not a library.
+    An imported module is judged by its file, so that a user's package named as
+    a standard module (a research repository's ``code/``) is the user's; one not
+    imported by its name.
 
     Examples
     --------
     >>> is_user_module("__main__"), is_user_module("json"), is_user_module("mlcache.keys")
     (True, False, False)
     """
-    if not name:
-        return False
+    return _is_user_module(name, name in sys.modules) if name else False
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_user_module(name: str, imported: bool) -> bool:
     if name in ("__main__", "__mp_main__"):
         return True
     top = name.split(".")[0]
-    if top == "mlcache" or top in sys.stdlib_module_names or top == "builtins":
+    if top == "mlcache" or top == "builtins":
         return False
     module = sys.modules.get(name)
     if module is None:
-        return True  # code made at run time (exec, a notebook's own namespace)
+        # code made at run time (exec, a notebook's own namespace); the standard
+        # library's modules by name until imported (a user's would be judged then)
+        return top not in sys.stdlib_module_names
     # vars(): a module's own __getattr__ (PEP 562) may raise anything
     path = vars(module).get("__file__")
     if not path:
-        # made at run time (types.ModuleType) when it has no import spec; else
-        # builtin, frozen, or a namespace package without files
-        return vars(module).get("__spec__") is None and name not in sys.builtin_module_names
+        # made at run time (types.ModuleType) when it has no import spec, but not
+        # by the standard library (typing.io); else builtin, frozen, or a
+        # namespace package without files
+        return (
+            vars(module).get("__spec__") is None
+            and name not in sys.builtin_module_names
+            and top not in sys.stdlib_module_names
+        )
     return is_user_file(path)
 
 
