@@ -432,6 +432,29 @@ def test_a_memo_dict_helper_is_walked_once_not_at_every_miss(mem, monkeypatch):
     assert len(memo) == 30 and walks[0] <= 2  # the first call, and once learned
 
 
+LABELS_SEEN: list[str] = []  # no other test's function reads it
+
+
+def add_label(label):
+    LABELS_SEEN.append(label)  # add_label's bookkeeping: it only grows the list
+    return len(LABELS_SEEN)
+
+
+def label_index(label):
+    return LABELS_SEEN.index(label) if label in LABELS_SEEN else -1  # input here
+
+
+def test_a_list_one_function_grows_stays_input_of_the_one_that_reads_it(mem):
+    """What one function's calls grow as bookkeeping is read again by the versions
+    of the others that count it by value (label_index served -1 for "b" after
+    add_label("b"): keyed by the list as it was when it was first walked)."""
+    add, index = mem.cache(add_label), mem.cache(label_index)
+    assert index("b") == -1
+    assert add("a") == 1 and add("b") == 2  # learned at the first: then its baseline
+    assert index("b") == 1
+    assert add("c") == 3 and index("c") == 2 and index("b") == 1
+
+
 ENTERED, RELEASE = threading.Event(), threading.Event()
 GATED = {"calls": 0}  # no other test's function changes it
 

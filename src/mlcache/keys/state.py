@@ -416,15 +416,21 @@ def epoch() -> int:
     return EPOCH[0]
 
 
-def touch(objs: Iterable[Any]) -> None:
-    """``objs`` (values code versions count) changed: a new epoch."""
+def touch(
+    objs: Iterable[Any], *, since: int | None = None, watched: Iterable[Any] = ()
+) -> int | None:
+    """``objs`` (values code versions count) changed: a new epoch. With ``since``:
+    that epoch if none of ``watched`` changed after ``since`` before it (the
+    caller, which counts ``objs`` by baseline, is still current), else None."""
     with _LOCK:
+        current = since is not None and not _touched_since(since, watched)
         EPOCH[0] += 1
         for obj in objs:
             _TOUCHED.pop(id(obj), None)  # kept in the order they changed in
             _TOUCHED[id(obj)] = EPOCH[0]
         while len(_TOUCHED) > _BASES_MAX:
             _FORGOTTEN[0] = _TOUCHED.pop(next(iter(_TOUCHED)))
+        return EPOCH[0] if current else None
 
 
 #: the newest epoch of a change no longer in _TOUCHED
@@ -435,9 +441,13 @@ def touched_since(since: int, objs: Iterable[Any]) -> bool:
     """Whether one of ``objs`` changed after epoch ``since`` (a change forgotten
     meanwhile counts)."""
     with _LOCK:
-        if since < _FORGOTTEN[0]:
-            return True
-        return any(_TOUCHED.get(id(obj), 0) > since for obj in objs)
+        return _touched_since(since, objs)
+
+
+def _touched_since(since: int, objs: Iterable[Any]) -> bool:
+    if since < _FORGOTTEN[0]:
+        return True
+    return any(_TOUCHED.get(id(obj), 0) > since for obj in objs)
 
 
 def calls_in_flight(delta: int = 0) -> int:

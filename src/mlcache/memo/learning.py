@@ -90,6 +90,8 @@ class StateLearning:
     _verbose: int
     _lock: threading.RLock
     _watched: tuple[tuple[str, Any], ...]
+    _watched_objs: tuple[Any, ...]
+    epoch: int
     _unhashable_warned: set[str]
     _captured_state: dict[str, str]
     _captured_learned: Learned
@@ -265,6 +267,10 @@ class StateLearning:
         kept_g, changed_g = judge(before.watched, watched, [n for n, _ in self._watched])
         if changed_g:  # changed as input: the versions that count it read it again
             touch(self._roots_of(changed_g))
+        if kept_g:  # this function's bookkeeping is input to the others that read it
+            self._touch_kept(
+                self._roots_of(set(kept_g)), kept_g.keys() <= self._global_state.keys()
+            )
         with self._lock:
             learned_c = self._merge(self._captured_state, kept_c, changed_c)
             learned_g = self._merge(self._global_state, kept_g, changed_g)
@@ -302,6 +308,20 @@ class StateLearning:
         keyer = CallKeyer(self.func, self._params, f"{self.func_id}\0{version}".encode())
         learned = (learned_c, ancestors(learned_c))
         return self._rekey(keyed, keyer, f"{self.folder}/{version}", learned), commit
+
+    def _touch_kept(self, roots: list[Any], learned: bool) -> None:
+        """The module-level values ``roots`` changed as this function's bookkeeping
+        (a label list it grows): the versions of other functions that count them
+        by value read them again (they served results keyed by what they held
+        before). This version, when it counts them by baseline (``learned``),
+        stays current, unless something else it reads changed meanwhile."""
+        if not learned:
+            touch(roots)  # read again by this version too (or learned: walked again)
+            return
+        with self._lock:
+            now = touch(roots, since=self.epoch, watched=self._watched_objs)
+            if now is not None:
+                self.epoch = now
 
     def _rekey(self, keyed: Keyed, keyer: CallKeyer, code_dir: str, learned: Learned) -> Keyed:
         """The entry of the call ``keyed`` under ``keyer`` with ``learned``."""
