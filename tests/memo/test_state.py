@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import threading
 
 import pytest
@@ -453,6 +454,38 @@ def test_a_list_one_function_grows_stays_input_of_the_one_that_reads_it(mem):
     assert add("a") == 1 and add("b") == 2  # learned at the first: then its baseline
     assert index("b") == 1
     assert add("c") == 3 and index("c") == 2 and index("b") == 1
+
+
+class Batches:
+    def __init__(self, data):
+        self.data, self.pos, self.epoch, self.calls = data, 0, 0, 0
+
+    def next(self, n):
+        self.calls += 1  # a counter nothing reads: bookkeeping
+        batch = self.data[self.pos : self.pos + n]  # a cursor the call reads: input
+        self.pos += n
+        return batch
+
+    def noisy(self, x):
+        self.epoch += 1  # a seed: input
+        return x + self._draw()
+
+    def _draw(self):
+        return random.Random(self.epoch).randrange(1000)  # read in another method
+
+
+def test_a_counter_the_code_reads_otherwise_is_input(mem):
+    """An int a call raises and also reads (a cursor, a seed read by another
+    method) may change the next result: it stays in the key, as joblib keys the
+    object (the first batch and the first draw were served again). A counter
+    nothing reads stays bookkeeping."""
+    loader = Batches(list(range(6)))
+    batches = mem.cache(loader.next)
+    assert [batches(2), batches(2), batches(2)] == [[0, 1], [2, 3], [4, 5]]
+    draws = [mem.cache(loader.noisy)(0) for _ in range(3)]
+    truth = Batches([])
+    assert draws == [truth.noisy(0) for _ in range(3)] and len(set(draws)) == 3
+    assert "self.calls (counter)" in batches._code.state_names()  # still learned
 
 
 ENTERED, RELEASE = threading.Event(), threading.Event()

@@ -27,7 +27,7 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["PY", "code_digest", "references"]
+__all__ = ["PY", "attribute_reads", "code_digest", "references"]
 
 #: the Python version that every normalised digest names
 PY = f"py{sys.version_info[0]}.{sys.version_info[1]}"
@@ -220,6 +220,25 @@ def _instructions_dis(code: types.CodeType) -> Iterator[tuple[str, Any]]:
 
 #: the bytecode of other Python versions is read by ``dis`` itself
 _instructions = _instructions_311 if sys.version_info[:2] == (3, 11) else _instructions_dis
+
+
+@functools.lru_cache(maxsize=8192)
+def attribute_reads(code: types.CodeType) -> frozenset[str]:
+    """The attribute names ``code`` (and the code nested in it) reads other than to
+    raise them in place (``self.n += 1`` loads ``n`` right after a ``COPY``, or
+    ``DUP_TOP`` before 3.11), and its string constants (``getattr(self, "n")``):
+    an int a call raises that the code reads otherwise (a cursor, a seed) may
+    change the result, so it is no counter (:mod:`mlcache.keys.state`)."""
+    found: set[str] = set()
+    for c in _all_code(code):
+        before = None
+        for op, arg in _instructions(c):
+            if op in _ATTR_OPS and before not in ("COPY", "DUP_TOP"):
+                found.add(str(arg))
+            elif op == "LOAD_CONST" and isinstance(arg, str):
+                found.add(arg)
+            before = op
+    return frozenset(found)
 
 
 def _all_code(code: types.CodeType) -> Iterator[types.CodeType]:

@@ -113,6 +113,9 @@ class CodeVersion(NamedTuple):
     shape: str = ""
     #: the names of ``state`` the walk met (and so counted by type)
     state_used: frozenset[str] = frozenset()
+    #: the attribute names the walked code reads other than to raise them in place
+    #: (:func:`~mlcache.keys.bytecode.attribute_reads`); None: not walked
+    attr_reads: frozenset[str] | None = None
 
 
 def code_version(
@@ -212,6 +215,7 @@ def _walk_version(
         tuple(walk.watched),
         xxhash.xxh3_128_hexdigest(blob),
         frozenset(walk.state_used),
+        frozenset(walk.attr_reads),
     )
 
 

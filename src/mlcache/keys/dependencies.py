@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .bytecode import code_digest, references
+from .bytecode import attribute_reads, code_digest, references
 from .identity import module_name, target_function
 from .origin import is_user_file, is_user_module, library_version
 from .state import MAX_ITEMS, ancestors, keyed_parts, state_parts, value_digest, watchable
@@ -84,6 +84,8 @@ class DependencyWalk:
         self._static: set[str] = set()  # modules read from their files
         #: mutable values counted by content: (name, value)
         self.watched: list[tuple[str, Any]] = []
+        #: the attribute names the walked code reads other than to raise them
+        self.attr_reads: set[str] = set()
 
     def _first_time(self, obj: Any) -> bool:
         if id(obj) in self._seen:
@@ -200,6 +202,7 @@ class DependencyWalk:
             return
         code = f.__code__
         self._record(name, code_digest(code))
+        self.attr_reads |= attribute_reads(code)
         owner = _owner_class(f)
         if owner is not None:  # a method: self.helper() reaches the rest of its class
             self._class(_name_of(owner), owner)

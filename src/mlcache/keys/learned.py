@@ -37,7 +37,7 @@ from .state import (
     value_digest,
 )
 
-__all__ = ["Watch", "checked_kinds", "keyed_digest", "merge", "roots_of"]
+__all__ = ["Watch", "checked_kinds", "keyed_digest", "merge", "read_counters", "roots_of"]
 
 
 def merge(
@@ -56,6 +56,17 @@ def merge(
             continue  # inside a container that counts by its baseline as a whole
         merged[name] = kind
     return merged
+
+
+def read_counters(kept: Mapping[str, str], reads: frozenset[str] | None) -> set[str]:
+    """The names in ``kept`` (name -> kind) of ints calls raise that the code also
+    reads otherwise (``reads``: :attr:`~mlcache.keys.code_version.CodeVersion.attr_reads`,
+    None when the code was not walked): ``self.pos += n`` beside ``data[self.pos:]``,
+    a seed ``self.epoch += 1`` beside ``default_rng(self.epoch)``. The result may
+    depend on such a counter: it is input, never bookkeeping."""
+    if not reads:
+        return set()
+    return {n for n, k in kept.items() if k == COUNTER and n.rpartition(".")[2] in reads}
 
 
 def checked_kinds(found: Any) -> dict[str, str]:

@@ -30,7 +30,7 @@ from ..keys.call import CallKeyer
 from ..keys.code_version import code_version
 from ..keys.hashing import Hasher
 from ..keys.identity import call_state
-from ..keys.learned import checked_kinds, merge, roots_of
+from ..keys.learned import checked_kinds, merge, read_counters, roots_of
 from ..keys.state import (
     Node,
     ancestors,
@@ -91,6 +91,7 @@ class StateLearning:
     _lock: threading.RLock
     _watched: tuple[tuple[str, Any], ...]
     _watched_objs: tuple[Any, ...]
+    _attr_reads: frozenset[str] | None
     epoch: int
     _unhashable_warned: set[str]
     _captured_state: dict[str, str]
@@ -265,6 +266,10 @@ class StateLearning:
         note_after(watched)
         kept_c, changed_c = judge(before.captured, captured, before.roots)
         kept_g, changed_g = judge(before.watched, watched, [n for n, _ in self._watched])
+        for kept, changed in ((kept_c, changed_c), (kept_g, changed_g)):
+            for name in read_counters(kept, self._attr_reads):  # a cursor, a seed: input
+                del kept[name]
+                changed.add(name)
         if changed_g:  # changed as input: the versions that count it read it again
             touch(self._roots_of(changed_g))
         if kept_g:  # this function's bookkeeping is input to the others that read it
@@ -365,8 +370,10 @@ class StateLearning:
             logger.debug("could not read what %s changes: %s", self.func_id, exc)
         if not captured and not globals_:
             return False
-        captured = {n: k for n, k in captured.items() if n not in self._revoked}
-        globals_ = {n: k for n, k in globals_.items() if n not in self._revoked}
+        # a counter the code reads otherwise is input (learned by an older mlcache)
+        dropped = self._revoked | read_counters({**captured, **globals_}, self._attr_reads)
+        captured = {n: k for n, k in captured.items() if n not in dropped}
+        globals_ = {n: k for n, k in globals_.items() if n not in dropped}
         new = bool(globals_.items() - self._global_state.items())
         self._set_state({**captured, **self._captured_state}, {**globals_, **self._global_state})
         return new

@@ -134,6 +134,8 @@ class FunctionCode(StateLearning):
         self._state_base: str | None = None
         self._watched: tuple[tuple[str, Any], ...] = ()  # mutable values the code reads
         self._watched_objs: tuple[Any, ...] = ()
+        #: what the walked code reads other than to raise it (CodeVersion.attr_reads)
+        self._attr_reads: frozenset[str] | None = None
         #: the epoch (mlcache.keys.state.EPOCH) the version was worked out at: a
         #: value a cached call changed as input since is read again
         self.epoch = -1
@@ -179,6 +181,7 @@ class FunctionCode(StateLearning):
         self.epoch = EPOCH[0]  # before the walk: a change during it walks again
         try:
             code = self._code_version()
+            self._attr_reads = code.attr_reads
             if self._state_base is None:
                 # by the code's shape: every process finds it, whatever the
                 # values calls change held when it started
