@@ -3,6 +3,7 @@ runs of a fresh interpreter, as a user edits files between runs of a pipeline.""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import textwrap
@@ -382,6 +383,80 @@ def test_what_a_class_or_a_function_carries_counts():
         code_version(_define(quiet)[0]).digest
         == code_version(_define(quiet.replace('"one"', '"two"'))[0]).digest
     )
+
+
+WRAPPED = """
+import functools
+import wrapt
+
+class Twice:
+    def __init__(self, fn, k=2):
+        self.fn, self.k = fn, k
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args):
+        return self.fn(*args) * self.k
+
+@wrapt.decorator
+def plus(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs) + 1
+
+@Twice
+def h(x):
+    return x + 1
+
+@plus
+def g(x):
+    return x - 1
+
+@Twice
+def f(x):
+    return h(x) + g(x)
+"""
+
+
+def test_the_code_of_class_based_and_wrapt_decorators_counts():
+    """A class-based decorator (functools.update_wrapper) and a wrapt decorator:
+    the decorator's code, the decorated helper's and, memoized itself, the
+    decorated function's body are each part of the version (each edit served the
+    old result: the function under a class-based decorator joblib computes again)."""
+    base = code_version(_define(WRAPPED)[0]).digest
+    for old, new in [
+        ("* self.k", "* self.k * 2"),  # the decorator's __call__
+        ("x + 1", "x + 2"),  # a helper it decorates
+        ("+ 1\n", "+ 3\n"),  # wrapt's decorator
+        ("x - 1", "x - 2"),  # a helper wrapt decorates
+        ("h(x) + g(x)", "h(x) - g(x)"),  # the memoized function's own body
+    ]:
+        assert old in WRAPPED, old
+        assert code_version(_define(WRAPPED.replace(old, new))[0]).digest != base, new
+
+
+class Scaled:
+    """A class-based decorator with a setting of its own."""
+
+    def __init__(self, fn, k):
+        self.fn, self.k = fn, k
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args):
+        return self.fn(*args) * self.k
+
+
+def _plus_one(x):
+    return x + 1
+
+
+def test_a_class_based_decorators_state_is_in_the_key(tmp_path):
+    """Two instances of a class-based decorator over one function, set apart by
+    their own state: each call has its own key (the second served the first's 8),
+    and passed as arguments they have two keys."""
+    from mlcache.keys.hashing import hash_value
+
+    assert hash_value(Scaled(_plus_one, 2)) != hash_value(Scaled(_plus_one, 5))
+    mem = Memory(tmp_path, verbose=0)
+    assert mem.cache(Scaled(_plus_one, 2))(3) == 8
+    assert mem.cache(Scaled(_plus_one, 5))(3) == 20
 
 
 REG_MODELS = """

@@ -204,7 +204,13 @@ def _walk_version(
         walk.value(
             name + (f" <wrapped {len(seen) - 1}>" if len(seen) > 1 else ""), target, root=True
         )
-        f = getattr(target, "__wrapped__", None)
+        wrapped = getattr(target, "__wrapped__", None)
+        if wrapped is None and target is not f:  # a class-based decorator's instance
+            try:  # holds it (functools.update_wrapper), not its __call__
+                wrapped = getattr(f, "__wrapped__", None)
+            except Exception:  # a proxy's __getattr__ may raise anything
+                wrapped = None
+        f = wrapped
     parts = walk.result()
     digest = xxhash.xxh3_128_hexdigest("\0".join(f"{k}={v}" for k, v in parts.items()).encode())
     shape = walk.result(shape=True)

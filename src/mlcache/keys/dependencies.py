@@ -122,7 +122,7 @@ class DependencyWalk:
             obj = obj.__func__
         elif isinstance(obj, functools.cached_property):
             obj = obj.func  # its body is code (and its lock cannot be hashed: 3.11)
-        if isinstance(obj, types.FunctionType):
+        if type(obj) is types.FunctionType:  # not a proxy posing as one (wrapt's)
             if root or obj.__module__ is None or is_user_module(obj.__module__):
                 self._function(name if root else _name_of(obj), obj, root=root)
             else:
@@ -144,8 +144,16 @@ class DependencyWalk:
             module = getattr(obj, "__module__", None) or type(obj).__module__
             if module != "builtins" or root:
                 self._record(name, library_part(obj))
-        elif callable(obj) and _probe(obj, "__wrapped__") is not None:
+        elif (
+            callable(obj)
+            and _probe(obj, "__wrapped__") is not None
+            # a user's class-based decorator (its __call__ runs too): below
+            and not (_is_user_class(type(obj)) and _has_python_code(type(obj)))
+        ):
             self.value(name, obj.__wrapped__)  # functools.lru_cache and other wrappers
+            wrapper = _probe(obj, "_self_wrapper")  # wrapt's: the decorator's function
+            if isinstance(wrapper, types.FunctionType):
+                self.value(name, wrapper)
         elif isinstance(obj, (list, tuple, dict, set, frozenset)):
             self._container(name, obj)
         elif isinstance(obj, logging.Logger):

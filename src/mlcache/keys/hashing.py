@@ -165,8 +165,7 @@ def code_walk(met: list[Any] | None = None) -> Iterator[None]:
     :func:`mlcache.keys.code_version.code_version` (the walk hashes constants,
     which may hold functions: so it cannot recurse into itself, and a code
     version never depends on what was hashed before it). The user functions and
-    classes hashed inside it are appended to ``met`` (:func:`meet`): the walk
-    follows the code a value holds (a registry's model, a config's function).
+    classes hashed inside it are appended to ``met``, for the walk to follow.
 
     Examples
     --------
@@ -589,10 +588,13 @@ def _is_wrapper(obj: Any, t: type) -> bool:
 
 
 def _wrapper(h: Hasher, obj: Any) -> None:
-    # functools.lru_cache and other wrapper objects: they do what they wrap
+    # lru_cache and other wrappers do what they wrap; a class-based decorator too
     h.buf += b"W"
     h.text(typename(obj))
     h.update(obj.__wrapped__)
+    if isinstance(getattr(type(obj), "__call__", None), types.FunctionType):  # noqa: B004
+        h.buf += b"s"  # Scaled(f, k=2) is not Scaled(f, k=5)
+        h.reduce(obj)
 
 
 def _needs_code_versions(h: Hasher, obj: Any) -> None:

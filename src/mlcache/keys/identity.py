@@ -177,7 +177,10 @@ def call_state(
                 if name not in ignore:
                     state.append((name, value))
         elif hasattr(f, "__wrapped__") and not isinstance(f, type):
-            pass  # a wrapper object (functools.lru_cache): what it wraps, below
+            # a wrapper object: what it wraps, below; a class-based decorator's
+            # instance (its __call__ is Python code) counts too, as an object does
+            if isinstance(getattr(type(f), "__call__", None), types.FunctionType):  # noqa: B004
+                state.append(("object", f))
         elif callable(f) and not isinstance(f, (type, types.BuiltinFunctionType)):
             state.append(("object", f))
             f = type(f).__call__
