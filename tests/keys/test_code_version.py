@@ -459,6 +459,17 @@ def test_a_class_based_decorators_state_is_in_the_key(tmp_path):
     assert mem.cache(Scaled(_plus_one, 5))(3) == 20
 
 
+def test_the_implementations_a_singledispatch_helper_registered_count():
+    """Editing an implementation registered on a functools.singledispatch helper is
+    a new version (it served the old result)."""
+    src = (
+        "import functools\n@functools.singledispatch\ndef h(x):\n    return 0\n"
+        "@h.register\ndef _(x: int):\n    return x + 1\ndef f(x):\n    return h(x)\n"
+    )
+    edited = src.replace("x + 1", "x + 2")
+    assert code_version(_define(src)[0]).digest != code_version(_define(edited)[0]).digest
+
+
 REG_MODELS = """
 class Model:
     def __init__(self, w):

@@ -227,6 +227,9 @@ class DependencyWalk:
                 except ValueError:  # not assigned yet
                     continue
                 self.value(f"{name}.<closure {var}>", held)
+        registry = vars(f).get("registry")  # functools.singledispatch: what it dispatches to
+        if isinstance(registry, types.MappingProxyType) and "dispatch" in vars(f):
+            self.value(f"{name}.<registry>", dict(registry))
         for ref in references(code):
             self._reference(f, ref, root=root)
 
