@@ -79,17 +79,10 @@ import xxhash
 from ._handlers import write_global
 from .bytecode import PY, code_digest
 from .dependencies import CodeWalkError, DependencyWalk, call_target, is_code, library_part
-from .hashing import (
-    Hasher,
-    code_walk,
-    handle_exact,
-    handle_family,
-    in_code_walk,
-    meet,
-    typename,
-)
+from .hashing import Hasher, handle_exact, handle_family, typename
 from .origin import is_user_code, library_version
 from .state import FunctionShell, epoch
+from .walking import code_walk, in_code_walk, meet
 
 __all__ = ["CODE_MODES", "CodeVersion", "CodeWalkError", "code_version"]
 

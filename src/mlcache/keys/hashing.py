@@ -85,9 +85,8 @@ import collections
 import contextlib
 import struct
 import sys
-import threading
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import xxhash
@@ -101,7 +100,6 @@ __all__ = [
     "Handler",
     "Hasher",
     "bytes_hashed",
-    "code_walk",
     "hash_value",
     "register_hasher",
 ]
@@ -153,43 +151,6 @@ def typename(obj: Any) -> str:
 def _unhashable(obj: Any, exc: BaseException) -> TypeError:
     """The ``TypeError`` that says ``obj`` could not be hashed because of ``exc``."""
     return TypeError(f"cannot hash object of type {typename(obj)}: {type(exc).__name__}: {exc}")
-
-
-_walk_state = threading.local()
-
-
-@contextlib.contextmanager
-def code_walk(met: list[Any] | None = None) -> Iterator[None]:
-    """Mark a code walk in progress on this thread: inside it, functions and
-    classes are hashed by identity and their own normalised code only, never by
-    :func:`mlcache.keys.code_version.code_version` (the walk hashes constants,
-    which may hold functions: so it cannot recurse into itself, and a code
-    version never depends on what was hashed before it). The user functions and
-    classes hashed inside it are appended to ``met``, for the walk to follow.
-
-    Examples
-    --------
-    >>> with code_walk():
-    ...     key = hash_value(len)
-    """
-    depth, outer = getattr(_walk_state, "depth", 0), getattr(_walk_state, "met", None)
-    _walk_state.depth, _walk_state.met = depth + 1, met
-    try:
-        yield
-    finally:
-        _walk_state.depth, _walk_state.met = depth, outer
-
-
-def meet(obj: Any) -> None:
-    """Note a user function or class hashed in a :func:`code_walk` given a list."""
-    met = getattr(_walk_state, "met", None)
-    if met is not None:
-        met.append(obj)
-
-
-def in_code_walk() -> bool:
-    """Whether a :func:`code_walk` is in progress on this thread."""
-    return getattr(_walk_state, "depth", 0) > 0
 
 
 #: ``handler(hasher, value)`` writes ``value`` to ``hasher``'s stream

@@ -47,8 +47,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import xxhash
 
-from .hashing import code_walk, hash_value
+from .hashing import hash_value
 from .origin import is_user_code
+from .walking import code_walk
 
 __all__ = [
     "COUNTER",
@@ -109,11 +110,10 @@ _GROWABLE = (*_SEQUENCES, set, dict)
 def value_digest(obj: Any, met: list[Any] | None = None) -> str:
     """A value's short digest, as code versions count it (16 hex digits; its type
     when it cannot be hashed). Functions in it count by their own code
-    (:func:`~mlcache.keys.hashing.code_walk`); the user functions and classes
-    in it are appended to ``met``, for the walk to follow. A container of more
-    than :data:`MAX_ITEMS` items is hashed by value once per process (again when
-    its length changes): a table that big is data the code reads (nothing in it
-    is met, whether it is hashed or not)."""
+    (:func:`~mlcache.keys.walking.code_walk`); the user functions and classes in
+    it are appended to ``met``, for the walk to follow. A container of more than
+    :data:`MAX_ITEMS` items is hashed by value once per process (again when its
+    length changes): a table that big is data the code reads (nothing is met)."""
     try:
         big = isinstance(obj, (list, tuple, dict, set, frozenset)) and len(obj) > MAX_ITEMS
         if big:
