@@ -110,3 +110,49 @@ def test_a_spawned_worker_under_a_main_guard_stores_nothing_in_the_parents_pack(
     spawned = scripts.execute("sweep.py", "spawn").stdout.split("\n")[0]
     assert spawned == "[2, 2, 2, 2]"  # the worker's own values, as without the cache
     assert scripts.execute("sweep.py", "main").stdout.strip() == "[3, 3, 3, 3]"  # before: 2s
+
+
+def test_spawned_build_workers_under_a_main_guard_leave_the_build_to_the_parent(
+    tmp_path: Path,
+) -> None:
+    """An up-front build in parallel spawns its workers when other threads run: a
+    value set under the main guard is not theirs, so they load nothing and the
+    building process loads every item with its own values (before: the workers'
+    samples, of SIZE 2, went into the pack named by SIZE 3)."""
+    scripts = ScriptFolder(tmp_path)
+    scripts.write(
+        "build.py",
+        textwrap.dedent(
+            """
+            import os, threading, time
+            import numpy as np
+            from mlcache.data import CachedDataset, workers
+
+            SIZE = 2
+
+            class Tiles(CachedDataset):
+                def source_items(self):
+                    return range(48)
+
+                def item_fingerprint(self, i):
+                    return i
+
+                def load_item(self, i):
+                    time.sleep(0.02)  # pays for workers even on a busy machine
+                    return {"x": np.full(SIZE, i)}
+
+            if __name__ == "__main__":
+                SIZE = 3
+                workers._START_SECONDS["spawn"] = 0.0  # whatever this machine's start costs
+                stop = threading.Event()  # another thread: fork is unsafe, workers spawn
+                threading.Thread(target=stop.wait, daemon=True).start()
+                ds = Tiles(cache_dir=os.environ["CACHE"], progress=False, fill="up-front",
+                           num_workers=2)
+                print(sorted({len(ds[i]["x"]) for i in range(len(ds))}))
+                stop.set()
+            """
+        ),
+    )
+    res = scripts.execute("build.py")
+    assert res.stdout.strip() == "[3]", res.stdout + res.stderr  # before: [2, 3]
+    assert "loading the remaining" in res.stderr  # the workers stood down, said here

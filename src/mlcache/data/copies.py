@@ -54,6 +54,9 @@ class Copies:
     _checking: ItemCheck | None
     _filler: Filler | None
     _audit: DatasetAuditor | None
+    #: set on a copy whose code reads other values (a build's worker then loads
+    #: nothing: :mod:`mlcache.data.workers`)
+    elsewhere = False
 
     def source_items(self) -> Iterable[Any]:
         raise NotImplementedError  # CachedDataset's
@@ -73,6 +76,7 @@ class Copies:
             now = ("", "")
         if now == named:
             return
+        self.elsewhere = True
         checking, filler = self._checking, self._filler
         items = (
             self._pinned

@@ -334,6 +334,12 @@ _WORKER_DATASET: Any = None
 
 def _worker_start(dataset: Any, parent: int) -> None:
     global _WORKER_DATASET
+    if getattr(dataset, "elsewhere", False):
+        # a spawned worker whose copy reads other values than the building process
+        # (a value set under the main guard: mlcache.data.copies said so): its
+        # samples are not the pack's. It ends; the pool breaks, and the building
+        # process, whose values name the pack, loads the rest itself
+        os._exit(1)
     _WORKER_DATASET = dataset
     _exit_with(parent)
     torch = sys.modules.get("torch")
