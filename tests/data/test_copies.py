@@ -118,17 +118,20 @@ def test_spawned_build_workers_under_a_main_guard_leave_the_build_to_the_parent(
     """An up-front build in parallel spawns its workers when other threads run: a
     value set under the main guard is not theirs, so they load nothing and the
     building process loads every item with its own values (before: the workers'
-    samples, of SIZE 2, went into the pack named by SIZE 3)."""
+    samples, of SIZE 2, went into the pack named by SIZE 3). The building process
+    waits, once its workers are starting, for one to hold its copy: whatever the machine's
+    speed, the workers are there before the build is done."""
     scripts = ScriptFolder(tmp_path)
     scripts.write(
         "build.py",
         textwrap.dedent(
             """
-            import os, threading, time
+            import multiprocessing, os, threading, time
             import numpy as np
             from mlcache.data import CachedDataset, workers
 
             SIZE = 2
+            HELD = os.environ["CACHE"] + ".held"  # a worker holds its copy
 
             class Tiles(CachedDataset):
                 def source_items(self):
@@ -138,8 +141,17 @@ def test_spawned_build_workers_under_a_main_guard_leave_the_build_to_the_parent(
                     return i
 
                 def load_item(self, i):
-                    time.sleep(0.02)  # pays for workers even on a busy machine
+                    if __name__ == "__main__" and multiprocessing.active_children():
+                        for _ in range(1200):  # the workers are starting: at most 60 s
+                            if os.path.exists(HELD):
+                                break
+                            time.sleep(0.05)
+                    time.sleep(0.02)
                     return {"x": np.full(SIZE, i)}
+
+                def __setstate__(self, state):
+                    super().__setstate__(state)
+                    open(HELD, "w").close()
 
             if __name__ == "__main__":
                 SIZE = 3
