@@ -82,7 +82,16 @@ def test_every_benchmark_has_its_smoke_test():
     assert sorted(run_all.SCRIPTS) == sorted(TARGETS)
 
 
-@pytest.mark.parametrize("script", sorted(TARGETS))
+#: the longest smoke runs (a SeaweedFS server and a Dask cluster; datasets opened in
+#: fresh processes; memory budgets measured): `make test-all` runs them, so that `make
+#: test` stays under 15 minutes on a busy machine
+SLOW_SMOKES = {"bench_remote.py", "bench_cached_open.py", "bench_data_memory.py"}
+
+
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKES else s for s in sorted(TARGETS)],
+)
 def test_quick_benchmark_runs_and_reports_its_targets(script, tmp_path):
     """Each script once, through run_all (as `mlcache bench` runs it): a row in the
     summary for every target, every row a ratio."""
