@@ -168,3 +168,57 @@ def test_spawned_build_workers_under_a_main_guard_leave_the_build_to_the_parent(
     res = scripts.execute("build.py")
     assert res.stdout.strip() == "[3]", res.stdout + res.stderr  # before: [2, 3]
     assert "loading the remaining" in res.stderr  # the workers stood down, said here
+
+
+def test_a_spawned_worker_whose_values_are_the_same_reads_the_pack(tmp_path: Path) -> None:
+    """The script's own classes and functions held by the values its code reads (a
+    dataclass config, an enum, a registry of functions) are ``__mp_main__``'s in a
+    spawned worker: they are the same values, so the copy reads the pack, without a
+    warning (before: every read of every epoch was loaded again, unstored)."""
+    scripts = ScriptFolder(tmp_path)
+    scripts.write(
+        "same.py",
+        textwrap.dedent(
+            """
+            import dataclasses, enum, multiprocessing, os, sys
+            import numpy as np
+            from mlcache.data import CachedDataset
+
+            @dataclasses.dataclass
+            class Cfg:
+                size: int = 2
+
+            class Mode(enum.Enum):
+                A = 1
+
+            def shift(i):
+                return i + 1
+
+            CFG, MODE, REG = Cfg(), Mode.A, {"shift": shift}
+
+            class Tiles(CachedDataset):
+                def source_items(self):
+                    return range(4)
+
+                def item_fingerprint(self, i):
+                    return i
+
+                def load_item(self, i):
+                    x = REG["shift"](i) * MODE.value
+                    return {"x": np.full(CFG.size, x), "pid": os.getpid()}
+
+            def read(ds, i):
+                return ds.elsewhere, int(ds[i]["pid"])
+
+            if __name__ == "__main__":
+                ds = Tiles(cache_dir=os.environ["CACHE"], progress=False)
+                [ds[i] for i in range(4)]  # the pack, filled here
+                with multiprocessing.get_context("spawn").Pool(1) as pool:
+                    read_there = pool.starmap(read, [(ds, i) for i in range(4)])
+                print(read_there == [(False, os.getpid())] * 4, read_there)
+            """
+        ),
+    )
+    res = scripts.execute("same.py")
+    assert res.stdout.startswith("True"), res.stdout + res.stderr  # before: (True, <its pid>)
+    assert "reads other values" not in res.stderr

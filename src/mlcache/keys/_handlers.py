@@ -530,6 +530,7 @@ def write_global(h: Hasher, obj: Any) -> bool:
     for a library's, the library's version. Returns whether it is the user's
     (whose code then counts too: see :mod:`mlcache.keys.code_version`)."""
     module = str(getattr(obj, "__module__", None) or "")
+    module = "__main__" if module == "__mp_main__" else module  # as a spawned worker runs it
     qualname = str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", ""))
     h.buf += b"G"
     h.text(module)

@@ -274,6 +274,7 @@ def _function_token(f: types.FunctionType, deep: bool) -> bytes:
     function; ``Fn`` module, name and own normalised code for a user function in a
     code walk; ``Fv`` module, name and code version (what it reaches) otherwise."""
     module = f.__module__ or ""
+    module = "__main__" if module == "__mp_main__" else module  # as a spawned worker runs it
     if not is_user_code(module):
         tag, version = b"Fl", library_version(module)
     elif deep:

@@ -143,9 +143,11 @@ def hash_value(obj: Any) -> str:
 
 def typename(obj: Any) -> str:
     """``module.qualname`` of ``obj``'s type, read from the type (never from the
-    instance: its ``__class__`` may be a property that raises)."""
+    instance: its ``__class__`` may be a property that raises); the script's own
+    module is ``__main__`` in a spawned worker too (there ``__mp_main__``)."""
     t = type(obj)
-    return f"{t.__module__}.{t.__qualname__}"
+    module = "__main__" if t.__module__ == "__mp_main__" else t.__module__
+    return f"{module}.{t.__qualname__}"
 
 
 def _unhashable(obj: Any, exc: BaseException) -> TypeError:
