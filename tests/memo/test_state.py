@@ -12,7 +12,6 @@ import logging
 import random
 import threading
 
-import numpy as np
 import pytest
 
 from mlcache import Memory
@@ -487,32 +486,6 @@ def test_a_counter_the_code_reads_otherwise_is_input(mem):
     truth = Batches([])
     assert draws == [truth.noisy(0) for _ in range(3)] and len(set(draws)) == 3
     assert "self.calls (counter)" in batches._code.state_names()  # still learned
-
-
-SEED = {"epoch": 0}  # no other test's function changes them
-TALLY = {"calls": 0}
-
-
-def seeded_draw(n):
-    SEED["epoch"] += 1
-    return np.random.default_rng(SEED["epoch"]).integers(0, 1000, n).tolist()
-
-
-def tallied(x):
-    TALLY["calls"] += 1
-    return x * 2
-
-
-def test_a_dict_counter_the_code_reads_otherwise_is_input(mem):
-    """A seed kept in a dict (``SEED["epoch"] += 1`` then ``default_rng(SEED["epoch"])``)
-    is input, as the attribute form is (before: the first draw was served 4 times);
-    a key only raised in place (``TALLY["calls"] += 1``) stays bookkeeping."""
-    draw = mem.cache(seeded_draw)
-    draws = [draw(2) for _ in range(4)]
-    assert len({tuple(d) for d in draws}) == 4
-    counted = mem.cache(tallied)
-    assert [counted(3) for _ in range(3)] == [6, 6, 6] and TALLY["calls"] == 1
-    assert any("(counter)" in n for n in counted._code.state_names())
 
 
 ENTERED, RELEASE = threading.Event(), threading.Event()

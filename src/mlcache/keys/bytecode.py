@@ -226,22 +226,18 @@ _instructions = _instructions_311 if sys.version_info[:2] == (3, 11) else _instr
 def attribute_reads(code: types.CodeType) -> frozenset[str]:
     """The attribute names ``code`` (and the code nested in it) reads other than to
     raise them in place (``self.n += 1`` loads ``n`` right after a ``COPY``, or
-    ``DUP_TOP`` before 3.11), and its string constants (``getattr(self, "n")``,
-    ``STATE["n"]``; not a key raised in place, ``STATE["n"] += 1``, a ``COPY`` next):
+    ``DUP_TOP`` before 3.11), and its string constants (``getattr(self, "n")``):
     an int a call raises that the code reads otherwise (a cursor, a seed) may
     change the result, so it is no counter (:mod:`mlcache.keys.state`)."""
     found: set[str] = set()
     for c in _all_code(code):
-        before, text = None, None  # a string constant: read unless a COPY follows
+        before = None
         for op, arg in _instructions(c):
-            if text is not None and op not in ("COPY", "DUP_TOP_TWO"):  # STATS["n"] += 1
-                found.add(text)
-            text = arg if op == "LOAD_CONST" and isinstance(arg, str) else None
             if op in _ATTR_OPS and before not in ("COPY", "DUP_TOP"):
                 found.add(str(arg))
+            elif op == "LOAD_CONST" and isinstance(arg, str):
+                found.add(arg)
             before = op
-        if text is not None:
-            found.add(text)
     return frozenset(found)
 
 

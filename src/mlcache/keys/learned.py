@@ -26,7 +26,6 @@ from .state import (
     COUNTER,
     GROWN,
     Node,
-    _key_digest,  # a dict key's name in a part: its digest
     ancestors,
     calls_in_flight,
     judge,
@@ -63,17 +62,11 @@ def read_counters(kept: Mapping[str, str], reads: frozenset[str] | None) -> set[
     """The names in ``kept`` (name -> kind) of ints calls raise that the code also
     reads otherwise (``reads``: :attr:`~mlcache.keys.code_version.CodeVersion.attr_reads`,
     None when the code was not walked): ``self.pos += n`` beside ``data[self.pos:]``,
-    a seed ``self.epoch += 1`` beside ``default_rng(self.epoch)``, or a dict's key
-    (``STATE["epoch"]``, named by its digest). The result may depend on such a
-    counter: it is input, never bookkeeping."""
+    a seed ``self.epoch += 1`` beside ``default_rng(self.epoch)``. The result may
+    depend on such a counter: it is input, never bookkeeping."""
     if not reads:
         return set()
-    keys = {f"[{_key_digest(text)}]" for text in reads}
-
-    def read(name: str) -> bool:
-        return name.rpartition(".")[2] in reads or name[name.rfind("[") :] in keys
-
-    return {n for n, k in kept.items() if k == COUNTER and read(n)}
+    return {n for n, k in kept.items() if k == COUNTER and n.rpartition(".")[2] in reads}
 
 
 def checked_kinds(found: Any) -> dict[str, str]:
