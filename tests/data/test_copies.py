@@ -67,6 +67,26 @@ def test_a_copy_whose_code_reads_other_values_loads_unstored(
     assert _xs(again) == [[i] * 2 for i in range(6)]
 
 
+def test_a_copy_whose_code_cannot_be_walked_loads_unstored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not sure: a copy whose code walk fails where it is unpickled cannot show that
+    it reads the pack's values, so it loads its samples, unstored, and says so."""
+    from mlcache.data import copies
+
+    ds = Sized(4, cache_dir=tmp_path)
+    assert _xs(ds) == [[i] * 2 for i in range(4)]
+    sent = pickle.dumps(ds)
+
+    def fails(cls: type, state: dict[str, str]) -> tuple[str, str]:
+        raise RuntimeError("a global whose attribute access fails")
+
+    monkeypatch.setattr(copies, "code_key", fails)
+    with pytest.warns(CacheWarning, match="reads other values in this process"):
+        copy = pickle.loads(sent)
+    assert copy.elsewhere and _xs(copy) == [[i] * 2 for i in range(4)]
+
+
 def test_a_spawned_worker_under_a_main_guard_stores_nothing_in_the_parents_pack(
     tmp_path: Path,
 ) -> None:
