@@ -109,6 +109,10 @@ class CodeVersion(NamedTuple):
     #: the attribute names the walked code reads other than to raise them in place
     #: (:func:`~mlcache.keys.bytecode.attribute_reads`); None: not walked
     attr_reads: frozenset[str] | None = None
+    #: each module-level name the walked code reads, and what it named then
+    #: (namespace, name, value): :func:`~mlcache.keys.dependencies.rebound` tells
+    #: when one names another value (the version is then no longer the code's)
+    bindings: tuple[tuple[dict[str, Any], str, Any], ...] = ()
 
 
 def code_version(
@@ -215,6 +219,7 @@ def _walk_version(
         xxhash.xxh3_128_hexdigest(blob),
         frozenset(walk.state_used),
         frozenset(walk.attr_reads),
+        tuple(walk.bindings.values()),
     )
 
 

@@ -53,6 +53,24 @@ class CodeWalkError(Exception):
         self.where = where
 
 
+def rebound(bindings: tuple[tuple[dict[str, Any], str, Any], ...]) -> bool:
+    """Whether a module-level name of ``bindings`` (a walk's: namespace, name,
+    value) names another value now, or none: identities only, ~40 ns a name."""
+    missing = _MISSING
+    for namespace, name, obj in bindings:  # noqa: SIM110 (a loop: any() of a generator is slower)
+        if namespace.get(name, missing) is not obj:
+            return True
+    return False
+
+
+def rebound_names(
+    bindings: tuple[tuple[dict[str, Any], str, Any], ...],
+) -> set[tuple[int, str]]:
+    """The (namespace id, name) of each name of ``bindings`` that :func:`rebound`
+    finds rebound."""
+    return {(id(ns), name) for ns, name, obj in bindings if ns.get(name, _MISSING) is not obj}
+
+
 def call_target(func: Any) -> Any:
     """The function whose code runs when ``func`` is called (a memoized function
     used as a helper: the function it memoizes)."""
@@ -86,6 +104,9 @@ class DependencyWalk:
         self.watched: list[tuple[str, Any]] = []
         #: the attribute names the walked code reads other than to raise them
         self.attr_reads: set[str] = set()
+        #: each module-level name the code reads, and what it named: (id of the
+        #: namespace, name) -> (namespace, name, value or MISSING)
+        self.bindings: dict[tuple[int, str], tuple[dict[str, Any], str, Any]] = {}
 
     def _first_time(self, obj: Any) -> bool:
         if id(obj) in self._seen:
@@ -268,6 +289,7 @@ class DependencyWalk:
         elif ref[0] == "g":
             head, attrs = ref[1], ref[2:]
             obj = f.__globals__.get(head, _MISSING)
+            self._bind(f.__globals__, head, obj)
             if obj is _MISSING:
                 return  # a builtin (Python's version counts) or not defined yet
             if head == "__name__" and isinstance(obj, str):
@@ -296,6 +318,8 @@ class DependencyWalk:
                     break
                 reading = f"{where}.{attr}"
                 nxt = getattr(obj, attr, _MISSING)
+                if isinstance(obj, types.ModuleType):  # config.SIZE: a module's name
+                    self._bind(vars(obj), attr, nxt)
                 if nxt is _MISSING:
                     if isinstance(obj, types.ModuleType):  # a submodule not imported yet
                         self._static_module(f"{obj.__name__}.{attr}")
@@ -306,6 +330,12 @@ class DependencyWalk:
             raise
         except Exception as exc:  # a global whose attribute access raises (a proxy)
             raise CodeWalkError(reading, exc) from exc
+
+    def _bind(self, namespace: dict[str, Any], name: str, obj: Any) -> None:
+        """``name`` of the module ``namespace`` named ``obj`` when the code was
+        walked: rebound later (``SIZE = 3`` in a notebook cell, a helper defined
+        again), the version is no longer the code's (see :func:`rebound`)."""
+        self.bindings.setdefault((id(namespace), name), (namespace, name, obj))
 
     def _static_module(self, full: str) -> None:
         """Record the module ``full`` from its file without running it: the

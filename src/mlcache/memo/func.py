@@ -36,6 +36,7 @@ from ..errors import (
     warn,
 )
 from ..keys.call import CallKeyer
+from ..keys.dependencies import rebound
 from ..keys.identity import call_state, func_identity
 from ..keys.state import EPOCH as _EPOCH
 from .audit import auditor
@@ -190,6 +191,7 @@ class MemorizedFunc(Generic[P, R]):
             keyed_by is None
             or code.epoch != _EPOCH[0]  # a value the code reads was changed by a call
             or (code.target is not None and not code.same_code())
+            or rebound(code.bindings)  # a name it reads was rebound (SIZE = 3)
         ):
             if code.current() is None:
                 return None
@@ -393,6 +395,7 @@ class MemorizedFunc(Generic[P, R]):
         """Store the result of a computed call; (value, metadata or None when not
         stored, the entry's name)."""
         duration = time.perf_counter() - t0
+        self._code.note_rebound()  # a name the call itself rebound: its own state
         try:
             keyed, learned = self._code.learn(before, keyed)
         except Exception as exc:  # learning is an optimisation: never fail the call

@@ -30,6 +30,7 @@ from .._util import slug
 from ..errors import EntryNotFound
 from ..keys.call import CallKeyer
 from ..keys.code_version import CodeVersion, code_version
+from ..keys.dependencies import rebound, rebound_names
 from ..keys.identity import call_state, target_function
 from ..keys.state import EPOCH, calls_in_flight, touched_since
 from ..store import EntryStat
@@ -136,6 +137,13 @@ class FunctionCode(StateLearning):
         self._watched_objs: tuple[Any, ...] = ()
         #: what the walked code reads other than to raise it (CodeVersion.attr_reads)
         self._attr_reads: frozenset[str] | None = None
+        #: the module-level names the code reads, and what they named when it was
+        #: walked (namespace, name, value): checked at every call, a name rebound
+        #: since by other code (``SIZE = 3`` in a notebook cell) walks again
+        self.bindings: tuple[tuple[dict[str, Any], str, Any], ...] = ()
+        #: (namespace id, name) of the names this function's own computed calls
+        #: rebind (``global CALLS; CALLS += 1``): its state, not checked (as before)
+        self._own_bindings: set[tuple[int, str]] = set()
         #: the epoch (mlcache.keys.state.EPOCH) the version was worked out at: a
         #: value a cached call changed as input since is read again
         self.epoch = -1
@@ -149,14 +157,27 @@ class FunctionCode(StateLearning):
         with self._lock:  # one walk at a time: a thread arriving meanwhile uses it
             if self.walk_failed and (self.target is None or self.same_code()):
                 return None  # warned: the code walk fails until the code changes
-            if self.keyer is not None and (self.target is None or self.same_code()):
+            fresh = rebound(self.bindings)  # other code rebound a name it reads
+            if self.keyer is not None and not fresh and (self.target is None or self.same_code()):
                 now = EPOCH[0]  # some value changed: one this code reads?
                 if not touched_since(self.epoch, self._watched_objs):
                     self.epoch = now
                     return self.keyer
                 if calls_in_flight():  # read again once no call is halfway through
                     return self.keyer
-            return self.prepare()
+            return self.prepare(fresh)
+
+    def note_rebound(self) -> None:
+        """After a computed call: a name the code reads that names another value now
+        was rebound by the call itself (``global CALLS; CALLS += 1``): this
+        function's own state, never checked again (its version stays the one the
+        call was keyed under, as the value was before calls changed it)."""
+        if rebound(self.bindings):
+            with self._lock:
+                self._own_bindings |= rebound_names(self.bindings)
+                self.bindings = tuple(
+                    b for b in self.bindings if (id(b[0]), b[1]) not in self._own_bindings
+                )
 
     # -- the code version -------------------------------------------------------------------
     def _code_ids(self) -> tuple[Any, ...]:
@@ -170,17 +191,20 @@ class FunctionCode(StateLearning):
             t.__code__ is code and t.__defaults__ is defaults and t.__kwdefaults__ is kwdefaults  # type: ignore[union-attr]
         )
 
-    def prepare(self) -> CallKeyer | None:
+    def prepare(self, fresh: bool = False) -> CallKeyer | None:
         """Fingerprint the code (once per process, again if it is replaced, and when
-        a call turns out to change a value the code reads), note the function's
-        other versions; None (warned once) when the code cannot be walked."""
+        a call turns out to change a value the code reads; ``fresh``: walked again,
+        not the walk kept, when other code rebound a name it reads), note the
+        function's other versions; None (warned once) when the code cannot be
+        walked."""
         seen = self._code_ids()
         if self.keyer is not None and not self.same_code():  # new code: learn anew
             self._set_state({}, {})
             self._state_base = None
+            self._own_bindings = set()
         self.epoch = EPOCH[0]  # before the walk: a change during it walks again
         try:
-            code = self._code_version()
+            code = self._code_version(fresh)
             self._attr_reads = code.attr_reads
             if self._state_base is None:
                 # by the code's shape: every process finds it, whatever the
@@ -204,8 +228,10 @@ class FunctionCode(StateLearning):
         self.generation += 1
         return keyer
 
-    def _code_version(self) -> CodeVersion:
-        return code_version(self.func, self._ctx.code, self.version, self._global_state)
+    def _code_version(self, fresh: bool = False) -> CodeVersion:
+        return code_version(
+            self.func, self._ctx.code, self.version, self._global_state, fresh=fresh
+        )
 
     def _use_version(self, code: CodeVersion) -> None:
         version = code.digest[:16]
@@ -216,6 +242,8 @@ class FunctionCode(StateLearning):
             self.code_prefix = os.path.join(self.code_path, "")
         self._watched = code.watched
         self._watched_objs = tuple(v for _, v in code.watched)
+        own = self._own_bindings
+        self.bindings = tuple(b for b in code.bindings if (id(b[0]), b[1]) not in own)
         self._note_other_versions(version, code.parts)
         self._manifest = code.parts
 
