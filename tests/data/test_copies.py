@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mlcache import CacheWarning
-from mlcache.data import CachedDataset
+from mlcache.data import CachedDataset, PackedDataset
 from scripts import ScriptFolder
 
 #: what ``Sized.load_item`` reads
@@ -99,7 +99,7 @@ def test_a_spawned_worker_under_a_main_guard_stores_nothing_in_the_parents_pack(
             """
             import multiprocessing, os, sys
             import numpy as np
-            from mlcache.data import CachedDataset
+            from mlcache.data import CachedDataset, PackedDataset
 
             SIZE = 2
 
@@ -202,7 +202,7 @@ def test_a_spawned_worker_whose_values_are_the_same_reads_the_pack(tmp_path: Pat
             """
             import dataclasses, enum, multiprocessing, os, sys
             import numpy as np
-            from mlcache.data import CachedDataset
+            from mlcache.data import CachedDataset, PackedDataset
 
             @dataclasses.dataclass
             class Cfg:
@@ -242,3 +242,42 @@ def test_a_spawned_worker_whose_values_are_the_same_reads_the_pack(tmp_path: Pat
     res = scripts.execute("same.py")
     assert res.stdout.startswith("True"), res.stdout + res.stderr  # before: (True, <its pid>)
     assert "reads other values" not in res.stderr
+
+
+def test_a_value_rebound_after_the_open_is_never_recorded_in_the_old_values_pack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SIZE = 3`` while the pack of ``SIZE = 2`` is being filled (a notebook cell,
+    a script's loop). Before: the samples loaded after it were recorded in the pack
+    of ``SIZE = 2``, and the next open with ``SIZE = 2`` served them ([3, 3, 3] for
+    items 3 to 5)."""
+    ds = Sized(6, cache_dir=tmp_path)
+    assert [ds[i]["x"].tolist() for i in range(3)] == [[0, 0], [1, 1], [2, 2]]
+    monkeypatch.setattr(sys.modules[__name__], "SIZE", 3)
+    with pytest.warns(CacheWarning, match=r"\(SIZE rebound since\)"):
+        assert ds[3]["x"].tolist() == [3, 3, 3]
+    assert _xs(ds) == [[i] * 3 for i in range(6)]  # loaded as the code reads now
+    monkeypatch.setattr(sys.modules[__name__], "SIZE", 2)
+    assert _xs(Sized(6, cache_dir=tmp_path)) == [[i] * 2 for i in range(6)]
+
+
+#: raised by ``Counting.load_item`` itself, at each load
+LOADS = 0
+
+
+class Counting(Sized):
+    def load_item(self, i: int) -> dict[str, Any]:
+        global LOADS
+        LOADS += 1
+        return {"x": np.full(SIZE, i)}
+
+
+def test_a_name_load_item_rebinds_itself_is_its_state(tmp_path: Path) -> None:
+    """``global LOADS; LOADS += 1`` in ``load_item``: not a rebinding by other code;
+    the pack fills and seals (a warning would fail the test)."""
+    before = LOADS
+    ds = Counting(5, cache_dir=tmp_path)
+    assert _xs(ds) == [[i] * 2 for i in range(5)]
+    assert _xs(ds) == [[i] * 2 for i in range(5)]  # the second epoch reads the pack
+    assert before + 5 == LOADS
+    assert isinstance(ds.packed, PackedDataset)  # sealed, not unstored loads

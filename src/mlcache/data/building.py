@@ -207,6 +207,7 @@ class PackBuilder(BuildLearning):
         # again for learned state, which is another walk
         code = code_version(cls, state=self._state, fresh=bool(self._state))
         self._watched: tuple[tuple[str, Any], ...] = code.watched  # mutable, module-level
+        self._bindings = code.bindings  # a name rebound since: data/filling.Rebound
         made_by = (f"{cls.__module__}.{cls.__qualname__}", code.digest, self._args_id_full)
         watched = keyed_digest(code.watched, self._state)  # a learned part by its baseline
         self._code_key = (code.digest, watched)  # a copy unpickled elsewhere: data/copies.py
@@ -550,6 +551,7 @@ class PackBuilder(BuildLearning):
             self._learn_while_filling,
             ignore=ignore,
             moved=self._filled_beside,
+            bindings=getattr(self, "_bindings", ()),  # (none in a spawned worker)
         )
 
     def _filled_beside(self, path: str) -> None:

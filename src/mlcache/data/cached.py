@@ -89,7 +89,7 @@ from .building import PackBuilder
 from .checking import ItemChanged, ItemCheck, folder_table, listed_folder
 from .copies import Copies
 from .fetch import is_url
-from .filling import FILLS, Filler
+from .filling import FILLS, Filler, Rebound
 from .folders import attribute_source
 from .items import default_fingerprint, item_table, say_unfingerprinted
 from .names import Named, names_of
@@ -305,10 +305,8 @@ class CachedDataset(OpenItems, PackBuilder, Copies, Sequence[Any]):
         """Yield the samples, one dict of fields each. Override this, or both
         ``source_items()`` and ``load_item()`` (which can run in several processes)."""
         if type(self).load_item is CachedDataset.load_item:
-            raise NotImplementedError(
-                f"{type(self).__qualname__} must define load_source(), or source_items() "
-                "and load_item()"
-            )
+            what = f"{type(self).__qualname__} must define load_source()"
+            raise NotImplementedError(f"{what}, or source_items() and load_item()")
         items = self._open_items()[0]
         # in this process when workers would not pay (or cannot: a DataLoader's daemon)
         return Counted(load_in_workers(self, items, self._num_workers), len(items))
@@ -495,6 +493,8 @@ class CachedDataset(OpenItems, PackBuilder, Copies, Sequence[Any]):
             sample = self._rebuilt(exc)[i]
         except ItemChanged:  # since the pack was filled: the samples that changed are loaded
             sample = self._rechecked()[i]
+        except Rebound as exc:  # a name the code reads, since the open: unstored loads
+            sample = self._rebound(exc.args[0])[i]
         audit = self._audit
         if audit is not None:  # a countdown and a comparison (see mlcache.data.audit)
             audit.left -= 1
@@ -588,7 +588,7 @@ class CachedDataset(OpenItems, PackBuilder, Copies, Sequence[Any]):
         state.pop("_watched_before", None)  # a snapshot of them
         state.pop("_record", None)  # a file and a thread of this process
         state.pop("_listed", None)  # the items of an open going on: listed anew there
-        for name in ("_listing_once", "_recheck_lock"):  # this process's
+        for name in ("_listing_once", "_recheck_lock", "_bindings"):  # this process's
             state.pop(name, None)
         return state
 

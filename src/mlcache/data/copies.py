@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import warn
-from ..keys.code_version import code_version
+from ..keys.code_version import CodeVersion, code_version
 from ..keys.learned import keyed_digest
 from .audit import DatasetAuditor
 from .checking import ItemCheck
@@ -32,12 +32,12 @@ from .values import read_back
 __all__ = ["Copies", "Unstored", "code_key"]
 
 
-def code_key(cls: type, state: dict[str, str]) -> tuple[str, str]:
+def code_key(cls: type, state: dict[str, str]) -> tuple[tuple[str, str], CodeVersion]:
     """What names a pack of ``cls`` of its code: the version of the code as it is now
     and the digest of the mutable values it reads (``state``: those learned to be
-    bookkeeping, counted by their baseline)."""
+    bookkeeping, counted by their baseline); and that version."""
     code = code_version(cls, state=state, fresh=True)
-    return code.digest, keyed_digest(code.watched, state)
+    return (code.digest, keyed_digest(code.watched, state)), code
 
 
 class Copies:
@@ -71,11 +71,33 @@ class Copies:
         if named is None or not self._fill:  # a whole build: no item to load alone
             return
         try:
-            now = code_key(type(self), self._state)
+            now, code = code_key(type(self), self._state)
         except Exception:  # a walk that fails here: nothing says the values are the same
-            now = ("", "")
-        if now == named:
+            now, code = ("", ""), None
+        if now == named and code is not None:
+            if self._filler is not None:  # what a rebinding here is told by
+                self._filler.bindings = code.bindings
             return
+        self._unstore(
+            now,
+            "(a spawned DataLoader worker?) than in the one that opened it: a module-level "
+            "value set under `if __name__ == '__main__':`, which a spawned worker does not "
+            "run, or a class attribute set at run time",
+        )
+
+    def _rebound(self, names: list[str]) -> Unstored:
+        """A name the code reads was rebound since the open (``SIZE = 3``): reads become
+        unstored loads (one warning); what ``ds[i]`` reads now."""
+        try:
+            now = code_key(type(self), self._state)[0]
+        except Exception:  # a walk that fails: keyed by no version (see __mlcache_token__)
+            now = ("", "")
+        self._unstore(now, f"than when it was opened ({', '.join(names)} rebound since)")
+        return self._pack  # type: ignore[return-value]
+
+    def _unstore(self, now: tuple[str, str], where: str) -> None:
+        """``ds[i]``, ``len(ds)`` and ``ds.packed`` read neither the pack nor its
+        records: each sample is loaded, unstored (one warning saying ``where``)."""
         self.elsewhere = True
         checking, filler = self._checking, self._filler
         items = (
@@ -86,13 +108,10 @@ class Copies:
         )
         warn(
             f"mlcache: {type(self).__qualname__}'s code reads other values in this process "
-            "(a spawned DataLoader worker?) than in the one that opened it: a module-level "
-            "value set under `if __name__ == '__main__':`, which a spawned worker does not "
-            "run, or a class attribute set at run time. Its samples here are loaded, not "
-            "read from nor stored in the pack named by the other values: set such a value "
-            "at the module's top level, or pass it to the dataset as an attribute"
+            f"{where}. Its samples here are loaded, not read from nor stored in the pack "
+            "named by the other values: set such a value at the module's top level, pass "
+            "it to the dataset as an attribute, or open the dataset again"
         )
-        # what ds[i], len(ds) and ds.packed read: neither the pack nor its records
         unstored = Unstored(self.load_item, list(items), self._allow_pickle, now)
         self._pack = unstored  # type: ignore[assignment]
         self._checking = self._filler = self._audit = None

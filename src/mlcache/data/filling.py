@@ -65,6 +65,7 @@ import numpy as np
 import xxhash
 
 from ..errors import EntryCorrupted, NewerFormat, PackCorrupted, UnknownFormat, warn_at_user
+from ..keys.dependencies import rebound, rebound_names
 from .format import is_newer_pack
 from .reader import PackedDataset
 from .recording import _PID, RecordWriting
@@ -83,7 +84,7 @@ from .sequence import sample_index, sample_indices
 from .values import as_sealed
 from .writer import not_fields
 
-__all__ = ["FILLS", "RECORD", "Filler"]
+__all__ = ["FILLS", "RECORD", "Filler", "Rebound"]
 
 logger = logging.getLogger("mlcache")
 
@@ -99,6 +100,12 @@ _SCAN_CHUNK = 1 << 20
 #: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
 #: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
 FILLS = ("auto", "as-read", "up-front")
+
+
+class Rebound(Exception):
+    """A module-level name the dataset's code reads names another value than when
+    its pack was named (internal: the dataset's reads become unstored loads, see
+    :mod:`mlcache.data.copies`); ``args[0]``: the names."""
 
 
 # -- the filler --------------------------------------------------------------------------
@@ -133,6 +140,12 @@ class Filler(RecordWriting):
         Called with the pack's new path when a newer mlcache's pack took ``path``
         (a cache shared mid-upgrade): that pack is kept, this one is sealed beside
         it (:func:`~mlcache.data.replaced.own_beside`).
+    bindings:
+        The module-level names the dataset's code reads and what they named when
+        the pack was named (:attr:`~mlcache.keys.code_version.CodeVersion.bindings`):
+        one rebound since (``SIZE = 3`` after the open) raises :class:`Rebound` at
+        the next read, so that no sample of the new value is recorded in the pack
+        of the old (those ``load_item`` rebinds itself are left out after the first).
     """
 
     def __init__(
@@ -148,9 +161,10 @@ class Filler(RecordWriting):
         first_load: Callable[[], str | None] | None = None,
         ignore: tuple[int, int] | None = None,
         moved: Callable[[str], None] | None = None,
+        bindings: tuple[tuple[dict[str, Any], str, Any], ...] = (),
     ) -> None:
         self.path, self.folder = path, path + ".fill"
-        self._first_load, self._on_move = first_load, moved
+        self._first_load, self._on_move, self.bindings = first_load, moved, bindings
         self.items, self.table, self.n = list(items), table, len(items)
         self.load_item, self._lock, self._seal, self.allow_pickle = load, lock, seal, allow_pickle
         #: where each item's sample is: _MISSING, _BASE (pos: its index in the base)
@@ -366,6 +380,8 @@ class Filler(RecordWriting):
         recorded."""
         if self.sealed is not None:
             return self.sealed[i]
+        if self.bindings and rebound(self.bindings):  # SIZE = 3 since the open
+            raise Rebound(sorted(n for _, n in rebound_names(self.bindings)))
         src = int(self.src[i])
         if self._recorded_since_look and src != _MISSING and self._sealed_now():
             assert self.sealed is not None
@@ -394,6 +410,8 @@ class Filler(RecordWriting):
         loaded = self.load_item(self.items[i])
         self.loaded += 1
         if self._first_load is not None:
+            own = rebound_names(self.bindings)  # rebound by load_item itself: its state
+            self.bindings = tuple(b for b in self.bindings if (id(b[0]), b[1]) not in own)
             first, self._first_load = self._first_load, None
             moved = first()
             if moved is not None:
@@ -565,6 +583,7 @@ class Filler(RecordWriting):
         # a layout's encoding is a function written for it, which no pickle holds:
         # the worker makes its own from the samples it loads
         state["_layouts"], state["_made"] = [], 0
+        state["bindings"] = ()  # namespaces: the worker's are set there (data/copies.py)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
