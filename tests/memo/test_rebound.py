@@ -113,3 +113,42 @@ def test_a_result_computed_after_a_rebinding_is_not_served_to_the_old_value(tmp_
     res = folder.execute("sweep.py", "again")
     assert res.stdout.split() == ["4"]
     assert folder.logged() == ["computed2"]
+
+
+CONFIG = """
+SIZE = 2
+
+def __getattr__(name):  # a lazy attribute: a new object at each access
+    if name == "extra":
+        return [1, 2]
+    raise AttributeError(name)
+"""
+
+MAIN = """
+import os
+import config
+from mlcache import Memory
+
+mem = Memory(os.environ["CACHE"], verbose=0)
+
+@mem.cache
+def scaled(x):
+    with open(os.environ["LOG"], "a") as log:
+        log.write(f"computed{x} ")
+    return x * config.SIZE + len(config.extra)
+
+print(scaled(1), scaled(1))
+config.SIZE = 3
+print(scaled(1))
+"""
+
+
+def test_a_module_attribute_rebound_keys_the_next_call(tmp_path):
+    """``config.SIZE = 3``: the module's name, rebound. A lazy module attribute (a
+    module ``__getattr__``, a new object at each access) is no rebinding: the
+    second call hits."""
+    folder = ScriptFolder(tmp_path)
+    folder.write("config.py", CONFIG)
+    folder.write("main.py", MAIN)
+    assert folder.execute("main.py").stdout.split() == ["4", "4", "5"]
+    assert folder.logged() == ["computed1", "computed1"]

@@ -319,7 +319,8 @@ class DependencyWalk:
                 reading = f"{where}.{attr}"
                 nxt = getattr(obj, attr, _MISSING)
                 if isinstance(obj, types.ModuleType):  # config.SIZE: a module's name
-                    self._bind(vars(obj), attr, nxt)
+                    # (as its namespace holds it: a module __getattr__'s is no binding)
+                    self._bind(vars(obj), attr, vars(obj).get(attr, _MISSING))
                 if nxt is _MISSING:
                     if isinstance(obj, types.ModuleType):  # a submodule not imported yet
                         self._static_module(f"{obj.__name__}.{attr}")
