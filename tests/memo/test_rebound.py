@@ -152,3 +152,29 @@ def test_a_module_attribute_rebound_keys_the_next_call(tmp_path):
     folder.write("main.py", MAIN)
     assert folder.execute("main.py").stdout.split() == ["4", "4", "5"]
     assert folder.logged() == ["computed1", "computed1"]
+
+
+class _Base:
+    SCALE = 2
+
+
+class _Model(_Base):
+    pass
+
+
+def _class_scaled(x):
+    RAN.append(("class", x))
+    return x * _Model.SCALE
+
+
+def test_a_class_attribute_rebound_keys_the_next_call(tmp_path, monkeypatch):
+    """``Model.SCALE = 3`` on the class that holds it, or on a subclass that
+    inherited it (which then shadows the base's)."""
+    RAN.clear()
+    f = Memory(tmp_path, verbose=0).cache(_class_scaled)
+    assert [f(1), f(1)] == [2, 2]
+    monkeypatch.setattr(_Base, "SCALE", 3)
+    assert f(1) == 3
+    monkeypatch.setattr(_Model, "SCALE", 5, raising=False)
+    assert f(1) == 5
+    assert len(RAN) == 3

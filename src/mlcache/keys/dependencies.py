@@ -321,6 +321,8 @@ class DependencyWalk:
                 if isinstance(obj, types.ModuleType):  # config.SIZE: a module's name
                     # (as its namespace holds it: a module __getattr__'s is no binding)
                     self._bind(vars(obj), attr, vars(obj).get(attr, _MISSING))
+                elif isinstance(obj, type):  # Model.SCALE: the class that holds it
+                    self._bind_class(obj, attr)
                 if nxt is _MISSING:
                     if isinstance(obj, types.ModuleType):  # a submodule not imported yet
                         self._static_module(f"{obj.__name__}.{attr}")
@@ -337,6 +339,16 @@ class DependencyWalk:
         walked: rebound later (``SIZE = 3`` in a notebook cell, a helper defined
         again), the version is no longer the code's (see :func:`rebound`)."""
         self.bindings.setdefault((id(namespace), name), (namespace, name, obj))
+
+    def _bind_class(self, cls: type, name: str) -> None:
+        """``cls.name``: bound where the MRO finds it, and as missing in the classes
+        before that (``Model.SCALE = 3`` on a subclass shadows a base's)."""
+        for klass in cls.__mro__:
+            namespace = vars(klass)  # a live view of the class's dict
+            found = namespace.get(name, _MISSING)
+            self._bind(namespace, name, found)  # type: ignore[arg-type]
+            if found is not _MISSING:
+                return
 
     def _static_module(self, full: str) -> None:
         """Record the module ``full`` from its file without running it: the
