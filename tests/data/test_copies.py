@@ -244,18 +244,25 @@ def test_a_spawned_worker_whose_values_are_the_same_reads_the_pack(tmp_path: Pat
     assert "reads other values" not in res.stderr
 
 
+@pytest.mark.parametrize("then", ["read", "packed", "get_batch"])
 def test_a_value_rebound_after_the_open_is_never_recorded_in_the_old_values_pack(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
 ) -> None:
     """``SIZE = 3`` while the pack of ``SIZE = 2`` is being filled (a notebook cell,
-    a script's loop). Before: the samples loaded after it were recorded in the pack
-    of ``SIZE = 2``, and the next open with ``SIZE = 2`` served them ([3, 3, 3] for
+    a script's loop), then a read, or the pack completed (``ds.packed``,
+    ``get_batch``). Before: the samples loaded after it were recorded in the pack of
+    ``SIZE = 2``, and the next open with ``SIZE = 2`` served them ([3, 3, 3] for
     items 3 to 5)."""
     ds = Sized(6, cache_dir=tmp_path)
     assert [ds[i]["x"].tolist() for i in range(3)] == [[0, 0], [1, 1], [2, 2]]
     monkeypatch.setattr(sys.modules[__name__], "SIZE", 3)
     with pytest.warns(CacheWarning, match=r"\(SIZE rebound since\)"):
-        assert ds[3]["x"].tolist() == [3, 3, 3]
+        if then == "read":
+            assert ds[3]["x"].tolist() == [3, 3, 3]
+        elif then == "packed":
+            assert ds.packed[3]["x"].tolist() == [3, 3, 3]
+        else:
+            assert ds.get_batch([3])["x"].tolist() == [[3, 3, 3]]
     assert _xs(ds) == [[i] * 3 for i in range(6)]  # loaded as the code reads now
     monkeypatch.setattr(sys.modules[__name__], "SIZE", 2)
     assert _xs(Sized(6, cache_dir=tmp_path)) == [[i] * 2 for i in range(6)]

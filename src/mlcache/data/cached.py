@@ -449,12 +449,13 @@ class CachedDataset(OpenItems, PackBuilder, Copies, Sequence[Any]):
             self._rechecked()
         filler = self._filler
         if self._pack is None and filler is not None:
-            sealed = filler.sealed or self._fill_now(filler, False)
+            try:
+                sealed = filler.sealed or self._fill_now(filler, False)
+            except Rebound as exc:  # SIZE = 3 since the open: unstored loads
+                return self._rebound(exc.args[0])  # type: ignore[return-value]
             if sealed is None:
-                raise OSError(
-                    f"mlcache: the pack {self.pack_path} cannot be written (see the warning), "
-                    "so there is no pack file to hand out; ds[i] still reads every sample"
-                )
+                why = "cannot be written (see the warning), so there is no pack file to hand out"
+                raise OSError(f"mlcache: the pack {self.pack_path} {why}; ds[i] reads every sample")
             self._pack, self._filler = sealed, None
         if self._pack is None:  # a copy sent to another process (pickled)
             self._pack = self._open_again()
@@ -470,8 +471,8 @@ class CachedDataset(OpenItems, PackBuilder, Copies, Sequence[Any]):
 
     def _reading(self) -> PackedDataset | Filler | ItemCheck:
         """What ``ds[i]`` reads when the pack is not open: the pack whose items are
-        checked as they are read (the pack itself, once all are), the pack being
-        filled, or the pack (the sealed one, once the filling is complete)."""
+        checked as they are read (the pack, once all are), or the pack being filled
+        (the sealed one, once complete)."""
         checking = self._checking
         if checking is not None:
             if checking.left > 0 or not checking.done():

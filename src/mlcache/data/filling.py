@@ -381,7 +381,7 @@ class Filler(RecordWriting):
         if self.sealed is not None:
             return self.sealed[i]
         if self.bindings and rebound(self.bindings):  # SIZE = 3 since the open
-            raise Rebound(sorted(n for _, n in rebound_names(self.bindings)))
+            self.check_bound()
         src = int(self.src[i])
         if self._recorded_since_look and src != _MISSING and self._sealed_now():
             assert self.sealed is not None
@@ -427,6 +427,13 @@ class Filler(RecordWriting):
         if self.present == self.n and self.sealed is None:
             self.try_seal()
         return served
+
+    def check_bound(self) -> None:
+        """Raise :class:`Rebound` when a name the code reads was rebound since the
+        open (see ``bindings``): no sample loaded now is the pack's."""
+        names = rebound_names(self.bindings)
+        if names:
+            raise Rebound(sorted(name for _, name in names))
 
     def _sealed_now(self) -> bool:
         """The first read of a present sample since this process recorded one: look
