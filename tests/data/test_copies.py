@@ -288,3 +288,26 @@ def test_a_name_load_item_rebinds_itself_is_its_state(tmp_path: Path) -> None:
     assert _xs(ds) == [[i] * 2 for i in range(5)]  # the second epoch reads the pack
     assert before + 5 == LOADS
     assert isinstance(ds.packed, PackedDataset)  # sealed, not unstored loads
+
+
+#: set by ``Flagging.load_item`` at one item only (a warn-once flag)
+FLAGGED = False
+
+
+class Flagging(Sized):
+    def load_item(self, i: int) -> dict[str, Any]:
+        global FLAGGED
+        if i == 3 and not FLAGGED:
+            FLAGGED = True
+        return {"x": np.full(SIZE, i)}
+
+
+def test_a_name_load_item_rebinds_later_in_the_epoch_is_its_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flag ``load_item`` sets at the fourth item, not the first: still its own
+    state (a warning would fail the test), and the pack seals."""
+    monkeypatch.setattr(sys.modules[__name__], "FLAGGED", False)
+    ds = Flagging(6, cache_dir=tmp_path)
+    assert _xs(ds) == [[i] * 2 for i in range(6)]
+    assert isinstance(ds.packed, PackedDataset)

@@ -511,6 +511,7 @@ class PackBuilder(BuildLearning):
             shown = _progress(samples, desc, total=len(items), unit=" samples", enabled=progress)
             t0 = time.perf_counter()  # in workers: per item, less than a load (audits fewer)
             filler.fill(zip(missing, shown, strict=True))
+            filler.own_rebound()  # by load_item itself, in this process
             self._timed_load().add(time.perf_counter() - t0, len(items))
         sealed = filler.try_seal()
         if sealed is None:

@@ -145,7 +145,7 @@ class Filler(RecordWriting):
         the pack was named (:attr:`~mlcache.keys.code_version.CodeVersion.bindings`):
         one rebound since (``SIZE = 3`` after the open) raises :class:`Rebound` at
         the next read, so that no sample of the new value is recorded in the pack
-        of the old (those ``load_item`` rebinds itself are left out after the first).
+        of the old (those ``load_item`` rebinds itself are left out: :meth:`own_rebound`).
     """
 
     def __init__(
@@ -409,9 +409,9 @@ class Filler(RecordWriting):
                 return self.get(i)
         loaded = self.load_item(self.items[i])
         self.loaded += 1
+        if self.bindings and rebound(self.bindings):
+            self.own_rebound()
         if self._first_load is not None:
-            own = rebound_names(self.bindings)  # rebound by load_item itself: its state
-            self.bindings = tuple(b for b in self.bindings if (id(b[0]), b[1]) not in own)
             first, self._first_load = self._first_load, None
             moved = first()
             if moved is not None:
@@ -434,6 +434,13 @@ class Filler(RecordWriting):
         names = rebound_names(self.bindings)
         if names:
             raise Rebound(sorted(name for _, name in names))
+
+    def own_rebound(self) -> None:
+        """After loads: a name that names another value now was rebound by
+        ``load_item`` itself (``global LOADS; LOADS += 1``, a warn-once flag): its
+        state, not checked from now on."""
+        own = rebound_names(self.bindings)
+        self.bindings = tuple(b for b in self.bindings if (id(b[0]), b[1]) not in own)
 
     def _sealed_now(self) -> bool:
         """The first read of a present sample since this process recorded one: look
