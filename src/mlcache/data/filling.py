@@ -65,10 +65,10 @@ import numpy as np
 import xxhash
 
 from ..errors import EntryCorrupted, NewerFormat, PackCorrupted, UnknownFormat, warn_at_user
-from ..keys.dependencies import rebound, rebound_names
+from ..keys.dependencies import Binding, rebound
 from .format import is_newer_pack
 from .reader import PackedDataset
-from .recording import _PID, RecordWriting
+from .recording import _PID, RecordWriting, Rebound
 from .records import (
     MAGIC,
     RECORD,
@@ -100,12 +100,6 @@ _SCAN_CHUNK = 1 << 20
 #: the values of ``CachedDataset(fill=...)``: ``"auto"`` fills as read, or up
 #: front with ``num_workers``; ``"as-read"``; ``"up-front"`` (at the open)
 FILLS = ("auto", "as-read", "up-front")
-
-
-class Rebound(Exception):
-    """A module-level name the dataset's code reads names another value than when
-    its pack was named (internal: the dataset's reads become unstored loads, see
-    :mod:`mlcache.data.copies`); ``args[0]``: the names."""
 
 
 # -- the filler --------------------------------------------------------------------------
@@ -143,9 +137,10 @@ class Filler(RecordWriting):
     bindings:
         The module-level names the dataset's code reads and what they named when
         the pack was named (:attr:`~mlcache.keys.code_version.CodeVersion.bindings`):
-        one rebound since (``SIZE = 3`` after the open) raises :class:`Rebound` at
-        the next read, so that no sample of the new value is recorded in the pack
-        of the old (those ``load_item`` rebinds itself are left out: :meth:`own_rebound`).
+        one rebound since (``SIZE = 3`` after the open) raises
+        :class:`~mlcache.data.recording.Rebound` at the next read, so that no sample
+        of the new value is recorded in the pack of the old (those ``load_item``
+        rebinds itself are left out: :meth:`own_rebound`).
     """
 
     def __init__(
@@ -161,7 +156,7 @@ class Filler(RecordWriting):
         first_load: Callable[[], str | None] | None = None,
         ignore: tuple[int, int] | None = None,
         moved: Callable[[str], None] | None = None,
-        bindings: tuple[tuple[dict[str, Any], str, Any], ...] = (),
+        bindings: tuple[Binding, ...] = (),
     ) -> None:
         self.path, self.folder = path, path + ".fill"
         self._first_load, self._on_move, self.bindings = first_load, moved, bindings
@@ -427,20 +422,6 @@ class Filler(RecordWriting):
         if self.present == self.n and self.sealed is None:
             self.try_seal()
         return served
-
-    def check_bound(self) -> None:
-        """Raise :class:`Rebound` when a name the code reads was rebound since the
-        open (see ``bindings``): no sample loaded now is the pack's."""
-        names = rebound_names(self.bindings)
-        if names:
-            raise Rebound(sorted(name for _, name in names))
-
-    def own_rebound(self) -> None:
-        """After loads: a name that names another value now was rebound by
-        ``load_item`` itself (``global LOADS; LOADS += 1``, a warn-once flag): its
-        state, not checked from now on."""
-        own = rebound_names(self.bindings)
-        self.bindings = tuple(b for b in self.bindings if (id(b[0]), b[1]) not in own)
 
     def _sealed_now(self) -> bool:
         """The first read of a present sample since this process recorded one: look

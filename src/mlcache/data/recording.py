@@ -25,13 +25,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import warn_at_user
+from ..keys.dependencies import Binding, rebound_names
 from .layouts import SampleLayout
 from .records import NoRoom, Segment, encode_sample, record_head
 from .sealing import MISSING as _MISSING
 from .values import as_sealed, other_fields, read_back
 from .writer import not_fields
 
-__all__ = ["RecordWriting"]
+__all__ = ["RecordWriting", "Rebound"]
 
 #: after a record could not be written (a full disk), the next try waits this long
 #: (seconds): the samples are served meanwhile, unrecorded
@@ -67,6 +68,12 @@ def _forked() -> None:
 os.register_at_fork(after_in_parent=_forked)
 
 
+class Rebound(Exception):
+    """A module-level name the dataset's code reads names another value than when
+    its pack was named (internal: the dataset's reads become unstored loads, see
+    :mod:`mlcache.data.copies`); ``args[0]``: the names."""
+
+
 class RecordWriting:
     """The recording half of a filler; ``Filler.__init__`` sets the attributes
     below, and :meth:`_found` notes where a record landed."""
@@ -94,6 +101,22 @@ class RecordWriting:
     #: filler: it looks for the others' records at most every few milliseconds),
     #: or 0 once another process may record samples of it
     _alone: int
+    #: the module-level names the dataset's code reads (``Filler``'s ``bindings``)
+    bindings: tuple[Binding, ...]
+
+    def check_bound(self) -> None:
+        """Raise :class:`Rebound` when a name the code reads was rebound since the
+        open (see ``bindings``): no sample loaded now is the pack's."""
+        names = rebound_names(self.bindings)
+        if names:
+            raise Rebound(sorted(name for _, name in names))
+
+    def own_rebound(self) -> None:
+        """After loads: a name that names another value now was rebound by
+        ``load_item`` itself (``global LOADS; LOADS += 1``, a warn-once flag): its
+        state, not checked from now on."""
+        own = rebound_names(self.bindings)
+        self.bindings = tuple(b for b in self.bindings if (id(b[0]), b[1]) not in own)
 
     def _found(self, key: bytes, fp: bytes, segment: int, offset: int) -> None:
         raise NotImplementedError

@@ -78,7 +78,14 @@ import xxhash
 
 from ._handlers import write_global
 from .bytecode import PY, code_digest
-from .dependencies import CodeWalkError, DependencyWalk, call_target, is_code, library_part
+from .dependencies import (
+    Binding,
+    CodeWalkError,
+    DependencyWalk,
+    call_target,
+    is_code,
+    library_part,
+)
 from .hashing import Hasher, handle_exact, handle_family, typename
 from .origin import is_user_code, library_version
 from .state import FunctionShell, epoch
@@ -112,7 +119,7 @@ class CodeVersion(NamedTuple):
     #: each module-level name the walked code reads, and what it named then
     #: (namespace, name, value): :func:`~mlcache.keys.dependencies.rebound` tells
     #: when one names another value (the version is then no longer the code's)
-    bindings: tuple[tuple[dict[str, Any], str, Any], ...] = ()
+    bindings: tuple[Binding, ...] = ()
 
 
 def code_version(

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import types
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ from .origin import is_user_file, is_user_module, library_version
 from .state import MAX_ITEMS, ancestors, keyed_parts, state_parts, value_digest, watchable
 
 __all__ = [
+    "Binding",
     "CodeWalkError",
     "DependencyWalk",
     "call_target",
@@ -42,6 +44,12 @@ __all__ = [
 ]
 
 _MISSING = object()
+#: a module-level name the walked code reads: its namespace (a module's dict, a
+#: class's view), the name, and what it named then (or ``_MISSING``)
+Binding = tuple[Mapping[str, Any], str, Any]
+#: each class's namespace (a live view), the same object at every walk: a name of
+#: it that a call rebinds is told by it (``(id(namespace), name)``)
+_VIEWS: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
 
 
 class CodeWalkError(Exception):
@@ -53,7 +61,7 @@ class CodeWalkError(Exception):
         self.where = where
 
 
-def rebound(bindings: tuple[tuple[dict[str, Any], str, Any], ...]) -> bool:
+def rebound(bindings: tuple[Binding, ...]) -> bool:
     """Whether a module-level name of ``bindings`` (a walk's: namespace, name,
     value) names another value now, or none: identities only, ~40 ns a name."""
     missing = _MISSING
@@ -64,7 +72,7 @@ def rebound(bindings: tuple[tuple[dict[str, Any], str, Any], ...]) -> bool:
 
 
 def rebound_names(
-    bindings: tuple[tuple[dict[str, Any], str, Any], ...],
+    bindings: tuple[Binding, ...],
 ) -> set[tuple[int, str]]:
     """The (namespace id, name) of each name of ``bindings`` that :func:`rebound`
     finds rebound."""
@@ -106,7 +114,7 @@ class DependencyWalk:
         self.attr_reads: set[str] = set()
         #: each module-level name the code reads, and what it named: (id of the
         #: namespace, name) -> (namespace, name, value or MISSING)
-        self.bindings: dict[tuple[int, str], tuple[dict[str, Any], str, Any]] = {}
+        self.bindings: dict[tuple[int, str], Binding] = {}
 
     def _first_time(self, obj: Any) -> bool:
         if id(obj) in self._seen:
@@ -334,7 +342,7 @@ class DependencyWalk:
         except Exception as exc:  # a global whose attribute access raises (a proxy)
             raise CodeWalkError(reading, exc) from exc
 
-    def _bind(self, namespace: dict[str, Any], name: str, obj: Any) -> None:
+    def _bind(self, namespace: Mapping[str, Any], name: str, obj: Any) -> None:
         """``name`` of the module ``namespace`` named ``obj`` when the code was
         walked: rebound later (``SIZE = 3`` in a notebook cell, a helper defined
         again), the version is no longer the code's (see :func:`rebound`)."""
@@ -344,9 +352,11 @@ class DependencyWalk:
         """``cls.name``: bound where the MRO finds it, and as missing in the classes
         before that (``Model.SCALE = 3`` on a subclass shadows a base's)."""
         for klass in cls.__mro__:
-            namespace = vars(klass)  # a live view of the class's dict
+            namespace = _VIEWS.get(klass)
+            if namespace is None:  # a live view of the class's dict, one per class
+                namespace = _VIEWS[klass] = vars(klass)
             found = namespace.get(name, _MISSING)
-            self._bind(namespace, name, found)  # type: ignore[arg-type]
+            self._bind(namespace, name, found)
             if found is not _MISSING:
                 return
 

@@ -30,7 +30,7 @@ from .._util import slug
 from ..errors import EntryNotFound
 from ..keys.call import CallKeyer
 from ..keys.code_version import CodeVersion, code_version
-from ..keys.dependencies import rebound, rebound_names
+from ..keys.dependencies import Binding, rebound, rebound_names
 from ..keys.identity import call_state, target_function
 from ..keys.state import EPOCH, calls_in_flight, touched_since
 from ..store import EntryStat
@@ -140,7 +140,7 @@ class FunctionCode(StateLearning):
         #: the module-level names the code reads, and what they named when it was
         #: walked (namespace, name, value): checked at every call, a name rebound
         #: since by other code (``SIZE = 3`` in a notebook cell) walks again
-        self.bindings: tuple[tuple[dict[str, Any], str, Any], ...] = ()
+        self.bindings: tuple[Binding, ...] = ()
         #: (namespace id, name) of the names this function's own computed calls
         #: rebind (``global CALLS; CALLS += 1``): its state, not checked (as before)
         self._own_bindings: set[tuple[int, str]] = set()
