@@ -68,7 +68,7 @@ from ..errors import EntryCorrupted, NewerFormat, PackCorrupted, UnknownFormat, 
 from ..keys.dependencies import Binding, rebound
 from .format import is_newer_pack
 from .reader import PackedDataset
-from .recording import _PID, RecordWriting, Rebound
+from .recording import _PID, Rebound, RecordWriting
 from .records import (
     MAGIC,
     RECORD,

@@ -32,7 +32,7 @@ from .sealing import MISSING as _MISSING
 from .values import as_sealed, other_fields, read_back
 from .writer import not_fields
 
-__all__ = ["RecordWriting", "Rebound"]
+__all__ = ["Rebound", "RecordWriting"]
 
 #: after a record could not be written (a full disk), the next try waits this long
 #: (seconds): the samples are served meanwhile, unrecorded
