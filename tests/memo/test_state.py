@@ -12,6 +12,7 @@ import logging
 import random
 import threading
 
+import numpy as np
 import pytest
 
 from mlcache import Memory
@@ -486,6 +487,170 @@ def test_a_counter_the_code_reads_otherwise_is_input(mem):
     truth = Batches([])
     assert draws == [truth.noisy(0) for _ in range(3)] and len(set(draws)) == 3
     assert "self.calls (counter)" in batches._code.state_names()  # still learned
+
+
+# -- a counter kept in a dict: a key the code reads is input --------------------------------
+SEED = {"epoch": 0}  # no other test's function reads or changes these
+CURSOR = {"pos": 0}
+FEED = list(range(20))
+
+
+def seeded_draw(n):
+    SEED["epoch"] += 1
+    return np.random.default_rng(SEED["epoch"]).integers(0, 1000, n).tolist()
+
+
+def next_rows(n):
+    rows = FEED[CURSOR["pos"] : CURSOR["pos"] + n]  # a cursor: read, then moved
+    CURSOR["pos"] += n
+    return rows
+
+
+class Sampler:
+    def __init__(self):
+        self.state = {"epoch": 0, "calls": 0}
+
+    def draw(self, n):
+        self.state["calls"] += 1  # only raised: bookkeeping
+        self.state["epoch"] += 1
+        return random.Random(self.state["epoch"]).sample(range(1000), n)
+
+
+SAMPLER = Sampler()
+
+
+def sampled(n):
+    return SAMPLER.draw(n)  # a helper's object holds the dict
+
+
+def _truth(f, state, calls):
+    """What plain calls of ``f`` return from ``state`` as it is (restored after)."""
+    saved = {k: dict(v) for k, v in state.items()}
+    try:
+        return [f(*args) for args in calls]
+    finally:
+        for k, v in saved.items():
+            state[k].clear()
+            state[k].update(v)
+
+
+def test_a_seed_or_cursor_kept_in_a_dict_is_input(mem):
+    """A key of a dict a call raises and reads (a seed ``SEED["epoch"] += 1``
+    then ``default_rng(SEED["epoch"])``, a cursor ``FEED[CURSOR["pos"]:]``, a
+    seed in the dict of an object a helper holds) may change the next result:
+    it stays in the key (the first draw was served four times, [[473, 511]] * 4).
+    A key the same code only raises stays bookkeeping."""
+    cases = [
+        (seeded_draw, {"seed": SEED}),
+        (next_rows, {"cursor": CURSOR}),
+        (sampled, {"sampler": SAMPLER.state}),
+    ]
+    for f, state in cases:
+        truth = _truth(f, state, [(2,)] * 4)
+        assert len({repr(t) for t in truth}) == 4
+        cached = mem.cache(f)
+        assert [cached(2) for _ in range(4)] == truth, f.__name__
+    names = cached._code.state_names()  # sampled's: "calls" learned, not "epoch"
+    assert len(names) == 1 and names[0].startswith("test_state.SAMPLER.state[")
+
+
+NOT_SURE = {"whole": 0, "items": 0, "kwargs": 0, "computed": 0}
+EPOCH_KEY = "computed"  # a key the code does not spell out
+
+
+def _seed_of(state, name):
+    return state[name]
+
+
+def _seed_of_kwargs(kwargs=0, **_):
+    return kwargs
+
+
+def passed_whole(x):
+    NOT_SURE["whole"] += 1
+    return x + _seed_of(NOT_SURE, "whole")  # the dict passed to a helper whole
+
+
+def by_items(x):
+    NOT_SURE["items"] += 1
+    return x + sum(v for k, v in NOT_SURE.items() if k == "items")
+
+
+def by_kwargs(x):
+    NOT_SURE["kwargs"] += 1
+    return x + _seed_of_kwargs(**NOT_SURE)
+
+
+def by_computed_key(x):
+    NOT_SURE[EPOCH_KEY] += 1
+    return x + NOT_SURE[EPOCH_KEY]
+
+
+def test_a_dict_key_the_code_may_read_is_input(mem):
+    """Not sure the code does not read the key a call raises: a dict passed whole
+    to a helper, iterated (``.items()``), spread (``**``), or a key held in a
+    name: the key stays input, each call computes (a miss is cheap)."""
+    for f in (passed_whole, by_items, by_kwargs, by_computed_key):
+        truth = _truth(f, {"s": NOT_SURE}, [(0,)] * 3)
+        assert len(set(truth)) == 3
+        assert [mem.cache(f)(0) for _ in range(3)] == truth, f.__name__
+
+
+TALLY = {"n": 0, "calls": 0}
+
+
+def _summary(x):
+    shape = {"n": x, "calls": x + 1}  # the same keys, of another dict
+    return [shape["n"], shape.get("calls")]
+
+
+def tallied(x):
+    TALLY["n"] += 1
+    TALLY["calls"] += 1
+    return _summary(x)
+
+
+def test_a_dict_key_only_raised_stays_bookkeeping(mem):
+    """The documented bookkeeping keeps hitting: ``TALLY["n"] += 1`` while other
+    code reads the key ``"n"`` of another dict (the reverted rule took any ``"n"``
+    for a read: every call missed)."""
+    TALLY.update(n=0, calls=0)
+    counted = mem.cache(tallied)
+    assert [counted(3) for _ in range(3)] == [[3, 4]] * 3
+    assert TALLY == {"n": 1, "calls": 1}
+    assert len([n for n in counted._code.state_names() if "(counter)" in n]) == 2
+
+
+DRAWS = (
+    HEADER
+    + """
+import numpy as np
+STATE = {"epoch": 0, "calls": 0}
+
+@mem.cache
+def draw(n):
+    STATE["calls"] += 1
+    STATE["epoch"] += 1
+    _log("draw")
+    return np.random.default_rng(STATE["epoch"]).integers(0, 1000, n).tolist()
+
+out = []
+for _ in range(3):  # what a plain call returns from the seed as it is now
+    seed = STATE["epoch"] + 1
+    out.append(draw(2) == np.random.default_rng(seed).integers(0, 1000, 2).tolist())
+print(out, STATE["epoch"])
+"""
+)
+
+
+def test_a_seed_in_a_dict_is_input_in_the_next_run_too(runner):
+    """Each call returns what a plain call returns from the seed as it is then,
+    in the run that learns and in the next (which reads what the first learned:
+    its hits are the first run's draws, under their own seeds; a hit raises no
+    seed, as joblib's does not)."""
+    runner.write("draws.py", DRAWS)
+    assert runner.run("draws.py") == (["draw"] * 3, "[True, True, True] 3")
+    assert runner.run("draws.py")[1].startswith("[True, True, True]")
 
 
 ENTERED, RELEASE = threading.Event(), threading.Event()

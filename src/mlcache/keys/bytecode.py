@@ -1,5 +1,7 @@
 """What a code object says, read from its bytecode: the normalised digest of what
-it runs (:func:`code_digest`) and the names it reads (:func:`references`).
+it runs (:func:`code_digest`), the names it reads (:func:`references`), and how
+it uses attributes and containers' keys (:func:`attribute_reads`,
+:func:`subscript_uses`).
 
 *Normalised code* is the bytecode without line numbers: instructions, names,
 constants (recursively through nested functions, lambdas and comprehensions),
@@ -27,7 +29,16 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["PY", "attribute_reads", "code_digest", "references"]
+__all__ = [
+    "PY",
+    "RAISED",
+    "READ",
+    "WHOLE",
+    "attribute_reads",
+    "code_digest",
+    "references",
+    "subscript_uses",
+]
 
 #: the Python version that every normalised digest names
 PY = f"py{sys.version_info[0]}.{sys.version_info[1]}"
@@ -239,6 +250,80 @@ def attribute_reads(code: types.CodeType) -> frozenset[str]:
                 found.add(arg)
             before = op
     return frozenset(found)
+
+
+#: how code uses a container's key (:func:`subscript_uses`): raised in place
+#: (``STATE["n"] += 1``), read otherwise (``STATE["n"]``, ``STATE.get("n")``), or
+#: the container used some other way (passed on, iterated, ``**STATE``, a computed
+#: key), so that which of its keys it reads cannot be told
+RAISED, READ, WHOLE = "raised", "read", "whole"
+#: the instructions that load a value under a name a part of state can carry:
+#: a global, a closure variable, a local (``self``), an attribute
+_LABEL_OPS = _GLOBAL_OPS | _DEREF_OPS | {"LOAD_FAST", "LOAD_ATTR"}
+#: a constant key: the instructions that load one, and the types it is told by
+_KEY_OPS = frozenset({"LOAD_CONST", "LOAD_SMALL_INT"})  # LOAD_SMALL_INT: 3.14
+_KEY_TYPES = (str, int, bool, float, type(None))
+#: methods that read one key (``STATE.get("n")``)
+_KEY_METHODS = frozenset({"get", "pop", "setdefault"})
+_NB_SUBSCR = 26  # BINARY_OP's argument for ``x[k]`` on 3.14 (BINARY_SUBSCR before)
+
+
+def _subscript(op: str, arg: Any) -> bool:
+    return op == "BINARY_SUBSCR" or (op == "BINARY_OP" and arg == _NB_SUBSCR)
+
+
+@functools.lru_cache(maxsize=8192)
+def subscript_uses(code: types.CodeType) -> frozenset[tuple[str, Any, Any]]:
+    """How ``code`` (and the code nested in it) uses the keys of containers, as
+    ``(how, label, key)``: ``how`` is :data:`RAISED`, :data:`READ` or
+    :data:`WHOLE` (``key`` None); ``label`` names the container as a part of
+    state ends (``STATE``, the attribute ``state`` of ``self.state``, a closure
+    variable), or is ``(k,)`` for the value under the constant key ``k`` of
+    another (``STATE["a"]["b"]``).
+
+    A key raised in place (``STATE["n"] += 1``: the container and key loaded, two
+    ``COPY`` and the subscript; ``DUP_TOP_TWO`` before 3.11) is told from a read
+    (``STATE["n"]``), and both from any other use of the container, after which
+    any of its keys may be read: an int calls raise is a counter only when its key
+    is raised and neither read nor its container used otherwise
+    (:func:`mlcache.keys.learned.read_counters`)."""
+    found: set[tuple[str, Any, Any]] = set()
+    for c in _all_code(code):
+        ins = list(_instructions(c))
+        for i, (op, arg) in enumerate(ins):
+            if op in _LABEL_OPS:
+                label: Any = str(arg)
+            elif _subscript(op, arg) and i >= 1 and ins[i - 1][0] in _KEY_OPS:
+                label = (ins[i - 1][1],)  # the value under a constant key
+            else:
+                continue
+            use = _key_use(label, ins, i + 1)
+            if use is not None:
+                found.add(use)
+    return frozenset(found)
+
+
+def _key_use(label: Any, ins: list[tuple[str, Any]], i: int) -> tuple[str, Any, Any] | None:
+    """How the container ``label``, loaded just before ``ins[i]``, is used (None: a
+    key set, removed or tested, ``"n" in STATE``: what it held is not read)."""
+    op, key = ins[i] if i < len(ins) else ("", None)
+    after = ins[i + 1 : i + 4]
+    ops = [o for o, _ in after]
+    if op in _KEY_OPS and type(key) in _KEY_TYPES:
+        if ops[:2] == ["COPY", "COPY"] and len(after) == 3 and _subscript(*after[2]):
+            return RAISED, label, key
+        if ops[:2] == ["DUP_TOP_TWO", "BINARY_SUBSCR"]:  # before 3.11
+            return RAISED, label, key
+        if after and _subscript(*after[0]):
+            return READ, label, key
+        if ops[:1] in (["STORE_SUBSCR"], ["DELETE_SUBSCR"]):
+            return None
+    elif op in _ATTR_OPS and key in _KEY_METHODS and after:
+        if ops[0] in _KEY_OPS and type(after[0][1]) in _KEY_TYPES:
+            return READ, label, after[0][1]
+    elif op == "CONTAINS_OP" and i >= 2 and ins[i - 2][0] in _KEY_OPS:
+        return None
+    return WHOLE, label, None
 
 
 def _all_code(code: types.CodeType) -> Iterator[types.CodeType]:

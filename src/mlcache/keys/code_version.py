@@ -116,6 +116,9 @@ class CodeVersion(NamedTuple):
     #: the attribute names the walked code reads other than to raise them in place
     #: (:func:`~mlcache.keys.bytecode.attribute_reads`); None: not walked
     attr_reads: frozenset[str] | None = None
+    #: how the walked code uses containers' keys
+    #: (:func:`~mlcache.keys.bytecode.subscript_uses`); None: not walked
+    subscripts: frozenset[tuple[str, Any, Any]] | None = None
     #: each module-level name the walked code reads, and what it named then
     #: (namespace, name, value): :func:`~mlcache.keys.dependencies.rebound` tells
     #: when one names another value (the version is then no longer the code's)
@@ -226,6 +229,7 @@ def _walk_version(
         xxhash.xxh3_128_hexdigest(blob),
         frozenset(walk.state_used),
         frozenset(walk.attr_reads),
+        frozenset(walk.subscripts),
         tuple(walk.bindings.values()),
     )
 

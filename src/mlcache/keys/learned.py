@@ -22,10 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .bytecode import RAISED, WHOLE
 from .state import (
     COUNTER,
     GROWN,
     Node,
+    _key_digest,  # how a part names a dict's key
     ancestors,
     calls_in_flight,
     judge,
@@ -58,15 +60,65 @@ def merge(
     return merged
 
 
-def read_counters(kept: Mapping[str, str], reads: frozenset[str] | None) -> set[str]:
+def read_counters(
+    kept: Mapping[str, str],
+    reads: frozenset[str] | None,
+    subscripts: frozenset[tuple[str, Any, Any]] | None = None,
+) -> set[str]:
     """The names in ``kept`` (name -> kind) of ints calls raise that the code also
-    reads otherwise (``reads``: :attr:`~mlcache.keys.code_version.CodeVersion.attr_reads`,
-    None when the code was not walked): ``self.pos += n`` beside ``data[self.pos:]``,
-    a seed ``self.epoch += 1`` beside ``default_rng(self.epoch)``. The result may
-    depend on such a counter: it is input, never bookkeeping."""
-    if not reads:
+    reads otherwise, or may: the result may depend on such a counter (a cursor, a
+    seed), so it is input, never bookkeeping.
+
+    - an attribute the code reads other than to raise it (``reads``:
+      :attr:`~mlcache.keys.code_version.CodeVersion.attr_reads`, None when the code
+      was not walked): ``self.pos += n`` beside ``data[self.pos:]``, a seed
+      ``self.epoch += 1`` beside ``default_rng(self.epoch)``;
+    - a dict's key unless the code is seen raising it in place and never reading it
+      nor using its container otherwise (``subscripts``:
+      :attr:`~mlcache.keys.code_version.CodeVersion.subscripts`):
+      ``STATE["epoch"] += 1`` beside ``default_rng(STATE["epoch"])`` is input, and
+      so is a key of a dict passed whole to a helper; ``STATS["calls"] += 1``
+      alone is a counter."""
+    counters = [n for n, k in kept.items() if k == COUNTER]
+    if not counters:
         return set()
-    return {n for n, k in kept.items() if k == COUNTER and n.rpartition(".")[2] in reads}
+    keys = _key_uses(subscripts or frozenset())
+    found: set[str] = set()
+    for name in counters:
+        if name.endswith("]"):  # a dict's key: a counter only when proven one
+            container, _, key = name[:-1].rpartition("[")
+            label = _label(container)
+            if keys.get((label, key)) != {RAISED} or (label, None) in keys:
+                found.add(name)
+        elif reads and name.rpartition(".")[2] in reads:
+            found.add(name)
+    return found
+
+
+def _label(container: str) -> str:
+    """The label :func:`~mlcache.keys.bytecode.subscript_uses` gives the container
+    of a part named ``container``: the key digest of the value under a key
+    (``[<digest>]``), a closure variable's name, else the last name
+    (``STATE`` of ``mod.STATE``, ``state`` of ``self.state``)."""
+    if container.endswith("]"):
+        return container[container.rfind("[") :]
+    last = container.rpartition(".")[2]
+    if last.startswith("<closure ") and last.endswith(">"):
+        return last[len("<closure ") : -1]
+    return last
+
+
+def _key_uses(
+    subscripts: frozenset[tuple[str, Any, Any]],
+) -> dict[tuple[str, str | None], set[str]]:
+    """(label, key digest) -> how the code uses that key; (label, None) for a
+    container used whole. A label or key is named as parts of state are."""
+    uses: dict[tuple[str, str | None], set[str]] = {}
+    for how, label, key in subscripts:
+        name = label if isinstance(label, str) else f"[{_key_digest(label[0])}]"
+        digest = None if how == WHOLE else _key_digest(key)
+        uses.setdefault((name, digest), set()).add(how)
+    return uses
 
 
 def checked_kinds(found: Any) -> dict[str, str]:

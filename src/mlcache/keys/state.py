@@ -11,8 +11,8 @@ attribute, a user function by its closure cells and defaults, down to
 bookkeeping:
 
 - :data:`COUNTER`: an ``int`` the call raised (``self.calls += 1``,
-  ``STATS["calls"] += 1``, ``stats.n += 1``), but not an attribute the code
-  also reads otherwise (:func:`mlcache.keys.learned.read_counters`);
+  ``STATS["calls"] += 1``, ``stats.n += 1``), but not one the code also reads
+  (:func:`mlcache.keys.learned.read_counters`): an attribute, a dict's key;
 - :data:`GROWN`: a list, deque, bytearray, set or dict the call only grew (items
   appended, new keys) while what it held stays as it was (``seen.append(x)``, a
   memo dict the call fills); and a short list of ints (at most

@@ -92,6 +92,7 @@ class StateLearning:
     _watched: tuple[tuple[str, Any], ...]
     _watched_objs: tuple[Any, ...]
     _attr_reads: frozenset[str] | None
+    _subscripts: frozenset[tuple[str, Any, Any]] | None
     epoch: int
     _unhashable_warned: set[str]
     _captured_state: dict[str, str]
@@ -267,7 +268,9 @@ class StateLearning:
         kept_c, changed_c = judge(before.captured, captured, before.roots)
         kept_g, changed_g = judge(before.watched, watched, [n for n, _ in self._watched])
         for kept, changed in ((kept_c, changed_c), (kept_g, changed_g)):
-            for name in read_counters(kept, self._attr_reads):  # a cursor, a seed: input
+            for name in read_counters(
+                kept, self._attr_reads, self._subscripts
+            ):  # a cursor, a seed: input
                 del kept[name]
                 changed.add(name)
         if changed_g:  # changed as input: the versions that count it read it again
@@ -371,7 +374,8 @@ class StateLearning:
         if not captured and not globals_:
             return False
         # a counter the code reads otherwise is input (learned by an older mlcache)
-        dropped = self._revoked | read_counters({**captured, **globals_}, self._attr_reads)
+        found = {**captured, **globals_}
+        dropped = self._revoked | read_counters(found, self._attr_reads, self._subscripts)
         captured = {n: k for n, k in captured.items() if n not in dropped}
         globals_ = {n: k for n, k in globals_.items() if n not in dropped}
         new = bool(globals_.items() - self._global_state.items())

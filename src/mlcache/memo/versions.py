@@ -144,6 +144,8 @@ class FunctionCode(StateLearning):
         #: (namespace id, name) of the names this function's own computed calls
         #: rebind (``global CALLS; CALLS += 1``): its state, not checked (as before)
         self._own_bindings: set[tuple[int, str]] = set()
+        #: how it uses containers' keys (CodeVersion.subscripts)
+        self._subscripts: frozenset[tuple[str, Any, Any]] | None = None
         #: the epoch (mlcache.keys.state.EPOCH) the version was worked out at: a
         #: value a cached call changed as input since is read again
         self.epoch = -1
@@ -205,7 +207,7 @@ class FunctionCode(StateLearning):
         self.epoch = EPOCH[0]  # before the walk: a change during it walks again
         try:
             code = self._code_version(fresh)
-            self._attr_reads = code.attr_reads
+            self._attr_reads, self._subscripts = code.attr_reads, code.subscripts
             if self._state_base is None:
                 # by the code's shape: every process finds it, whatever the
                 # values calls change held when it started
