@@ -621,6 +621,59 @@ def test_a_dict_key_only_raised_stays_bookkeeping(mem):
     assert len([n for n in counted._code.state_names() if "(counter)" in n]) == 2
 
 
+ROWS_AT = [0]  # no other test's function reads or changes these
+CALLED = [0]
+
+
+def rows_by_list(n):
+    CALLED[0] += 1  # only raised: bookkeeping
+    rows = FEED[ROWS_AT[0] : ROWS_AT[0] + n]  # a cursor in a list, read by index
+    ROWS_AT[0] += n
+    return rows
+
+
+def _closure_rows():
+    pos, calls = 0, 0
+
+    def rows(n):
+        nonlocal pos, calls
+        calls += 1  # only raised: bookkeeping
+        pos += n
+        return FEED[pos : pos + n]  # a nonlocal cursor, read
+
+    return rows
+
+
+def _closure_counted():
+    calls = 0
+
+    def double(x):
+        nonlocal calls
+        calls += 1
+        return x * 2
+
+    return double
+
+
+def test_a_cursor_in_a_list_or_a_closure_is_input(mem):
+    """A cursor raised and read by index in a short list (``ROWS_AT[0] += n``
+    beside ``FEED[ROWS_AT[0]:]``) or in a closure (``nonlocal pos``) stays in the
+    key: the first rows were served again. An int only raised, in a list or a
+    closure, stays bookkeeping."""
+    ROWS_AT[0] = CALLED[0] = 0
+    by_list = mem.cache(rows_by_list)
+    assert [by_list(2) for _ in range(3)] == [[0, 1], [2, 3], [4, 5]]
+    plain = _closure_rows()
+    truth = [plain(2) for _ in range(3)]
+    by_closure = mem.cache(_closure_rows())
+    assert [by_closure(2) for _ in range(3)] == truth == [[2, 3], [4, 5], [6, 7]]
+    assert CALLED == [3]  # the cursor made each call compute
+    f = _closure_counted()
+    double = mem.cache(f)
+    assert [double(3) for _ in range(3)] == [6, 6, 6]
+    assert f.__closure__[0].cell_contents == 1  # computed once
+
+
 DRAWS = (
     HEADER
     + """

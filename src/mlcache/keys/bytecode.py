@@ -181,7 +181,7 @@ def references(code: types.CodeType) -> list[tuple[str, ...]]:
 #: how the argument of the instructions :func:`references` reads becomes their value
 #: on CPython 3.11 (``dis``'s rules: LOAD_GLOBAL's name index is shifted by one bit)
 _NAMES_311 = {"LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME", "IMPORT_NAME", "IMPORT_FROM"}
-_LOCALS_311 = {"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST", "STORE_FAST"}
+_LOCALS_311 = {"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST", "STORE_FAST", "STORE_DEREF"}
 _CACHE = dis.opmap.get("CACHE", -1)
 
 
@@ -220,6 +220,8 @@ def _instructions_311(code: types.CodeType) -> Iterator[tuple[str, Any]]:
             yield name, localsplus[arg]
         elif name == "LOAD_CONST":
             yield name, consts[arg]
+        elif name == "BINARY_OP":  # which operator: += is an in-place one
+            yield name, arg
         else:
             yield name, None
 
@@ -239,17 +241,36 @@ def attribute_reads(code: types.CodeType) -> frozenset[str]:
     raise them in place (``self.n += 1`` loads ``n`` right after a ``COPY``, or
     ``DUP_TOP`` before 3.11), and its string constants (``getattr(self, "n")``):
     an int a call raises that the code reads otherwise (a cursor, a seed) may
-    change the result, so it is no counter (:mod:`mlcache.keys.state`)."""
+    change the result, so it is no counter (:mod:`mlcache.keys.state`).
+
+    A closure variable is read when the code loads it more often than it raises
+    it in place (``nonlocal pos; pos += n`` loads it once, for the ``+=``; a
+    cursor ``data[pos:]`` once more): found as ``pos`` and ``<closure pos>``, as
+    the parts of state name it."""
     found: set[str] = set()
     for c in _all_code(code):
-        before = None
+        before: tuple[str, Any] = ("", None)
+        cells: dict[str, int] = {}  # closure variable -> loads not for a raise in place
         for op, arg in _instructions(c):
-            if op in _ATTR_OPS and before not in ("COPY", "DUP_TOP"):
+            if op in _ATTR_OPS and before[0] not in ("COPY", "DUP_TOP"):
                 found.add(str(arg))
             elif op == "LOAD_CONST" and isinstance(arg, str):
                 found.add(arg)
-            before = op
+            elif op in _DEREF_OPS:
+                cells[str(arg)] = cells.get(str(arg), 0) + 1
+            elif op == "STORE_DEREF" and _in_place(*before):
+                cells[str(arg)] = cells.get(str(arg), 0) - 1
+            before = (op, arg)
+        found.update(n for v, k in cells.items() if k > 0 for n in (v, f"<closure {v}>"))
     return frozenset(found)
+
+
+#: BINARY_OP's arguments of the in-place operators (``+=`` ... ``^=``; 3.11+)
+_NB_INPLACE = range(13, 26)
+
+
+def _in_place(op: str, arg: Any) -> bool:
+    return (op == "BINARY_OP" and arg in _NB_INPLACE) or op.startswith("INPLACE_")
 
 
 #: how code uses a container's key (:func:`subscript_uses`): raised in place

@@ -79,13 +79,19 @@ def read_counters(
       ``STATE["epoch"] += 1`` beside ``default_rng(STATE["epoch"])`` is input, and
       so is a key of a dict passed whole to a helper; ``STATS["calls"] += 1``
       alone is a counter."""
-    counters = [n for n, k in kept.items() if k == COUNTER]
-    if not counters:
+    if not kept:
         return set()
     keys = _key_uses(subscripts or frozenset())
     found: set[str] = set()
-    for name in counters:
-        if name.endswith("]"):  # a dict's key: a counter only when proven one
+    for name, kind in kept.items():
+        if kind == GROWN:  # a list whose ints the code raises by index, and reads
+            label = _label(name)
+            uses = [h for (lb, _), h in keys.items() if lb == label]
+            if any(RAISED in h for h in uses) and any(h != {RAISED} for h in uses):
+                found.add(name)
+        elif kind != COUNTER:
+            continue
+        elif name.endswith("]"):  # a dict's key: a counter only when proven one
             container, _, key = name[:-1].rpartition("[")
             label = _label(container)
             if keys.get((label, key)) != {RAISED} or (label, None) in keys:
