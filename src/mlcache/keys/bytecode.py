@@ -36,6 +36,7 @@ __all__ = [
     "WHOLE",
     "attribute_reads",
     "code_digest",
+    "global_stores",
     "references",
     "subscript_uses",
 ]
@@ -181,6 +182,7 @@ def references(code: types.CodeType) -> list[tuple[str, ...]]:
 #: how the argument of the instructions :func:`references` reads becomes their value
 #: on CPython 3.11 (``dis``'s rules: LOAD_GLOBAL's name index is shifted by one bit)
 _NAMES_311 = {"LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME", "IMPORT_NAME", "IMPORT_FROM"}
+_NAMES_311 |= {"STORE_GLOBAL", "DELETE_GLOBAL"}
 _LOCALS_311 = {"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST", "STORE_FAST", "STORE_DEREF"}
 _CACHE = dis.opmap.get("CACHE", -1)
 
@@ -263,6 +265,19 @@ def attribute_reads(code: types.CodeType) -> frozenset[str]:
             before = (op, arg)
         found.update(n for v, k in cells.items() if k > 0 for n in (v, f"<closure {v}>"))
     return frozenset(found)
+
+
+@functools.lru_cache(maxsize=8192)
+def global_stores(code: types.CodeType) -> frozenset[str]:
+    """The globals ``code`` (and the code nested in it) binds or deletes
+    (``global G; G += 1``): a call may change what they hold, which an ``int``'s
+    digest in the code version does not show (:mod:`mlcache.memo.learning`)."""
+    return frozenset(
+        str(arg)
+        for c in _all_code(code)
+        for op, arg in _instructions(c)
+        if op in ("STORE_GLOBAL", "DELETE_GLOBAL")
+    )
 
 
 #: BINARY_OP's arguments of the in-place operators (``+=`` ... ``^=``; 3.11+)
