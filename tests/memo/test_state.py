@@ -674,6 +674,75 @@ def test_a_cursor_in_a_list_or_a_closure_is_input(mem):
     assert f.__closure__[0].cell_contents == 1  # computed once
 
 
+LEVEL = 0  # no other test's function reads or binds it
+
+
+def raise_level(n):
+    global LEVEL
+    LEVEL += n
+    return FEED[LEVEL : LEVEL + 2]  # a cursor in a global the call binds
+
+
+def at_level(x):
+    return x + LEVEL  # read here, bound by raise_level
+
+
+def test_a_global_a_call_binds_is_read_again(mem):
+    """A global a cached call binds (``global LEVEL; LEVEL += n``) counted by
+    value in the code version is read again, by this function and by the others
+    that read it: the first rows were served again, and ``at_level`` kept the
+    level it first saw."""
+    global LEVEL
+    LEVEL = 0
+    rows, level = mem.cache(raise_level), mem.cache(at_level)
+    assert level(0) == 0
+    assert [rows(1) for _ in range(3)] == [[1, 2], [2, 3], [3, 4]]
+    assert level(0) == 3
+
+
+class Seeded:
+    def __init__(self, **settings):
+        self.__dict__.update(settings)  # sets them: not a read
+        self.epoch = 0
+
+    def by_vars(self, n):
+        self.epoch += 1
+        return random.Random(sum(vars(self).values())).sample(range(1000), n)
+
+    def by_dict(self, n):
+        self.epoch += 1
+        return random.Random(str(self.__dict__)).sample(range(1000), n)
+
+
+class Configured:
+    def __init__(self, **settings):
+        self.__dict__.update(settings)  # sets them: not a read
+        self.calls = 0
+
+    def counted(self, n):
+        self.calls += 1  # only raised: bookkeeping
+        return [n] * n
+
+
+SEEDED = Seeded(scale=1)
+
+
+def test_an_object_whose_attributes_the_code_reads_whole_is_input(mem):
+    """A seed raised in place and read through ``vars(self)`` or ``self.__dict__``
+    (no attribute name to see) is input: the first draw was served again.
+    ``self.__dict__.update(...)`` sets attributes, and a counter beside it stays
+    bookkeeping."""
+    for method in (Seeded.by_vars, Seeded.by_dict):
+        SEEDED.epoch = 0
+        truth = [method(SEEDED, 2) for _ in range(3)]
+        SEEDED.epoch = 0
+        drawn = mem.cache(getattr(SEEDED, method.__name__))
+        assert [drawn(2) for _ in range(3)] == truth and len({str(t) for t in truth}) == 3
+    plain = Configured(scale=1)
+    counted = mem.cache(plain.counted)
+    assert [counted(2) for _ in range(3)] == [[2, 2]] * 3 and plain.calls == 1
+
+
 DRAWS = (
     HEADER
     + """

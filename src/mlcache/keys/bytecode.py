@@ -30,6 +30,7 @@ from typing import Any
 import xxhash
 
 __all__ = [
+    "EVERY_ATTRIBUTE",
     "PY",
     "RAISED",
     "READ",
@@ -248,12 +249,17 @@ def attribute_reads(code: types.CodeType) -> frozenset[str]:
     A closure variable is read when the code loads it more often than it raises
     it in place (``nonlocal pos; pos += n`` loads it once, for the ``+=``; a
     cursor ``data[pos:]`` once more): found as ``pos`` and ``<closure pos>``, as
-    the parts of state name it."""
+    the parts of state name it. An object's attributes read whole (``vars(self)``,
+    ``self.__dict__``; not to ``update`` them) may be any of them: found as
+    :data:`EVERY_ATTRIBUTE`."""
     found: set[str] = set()
     for c in _all_code(code):
         before: tuple[str, Any] = ("", None)
         cells: dict[str, int] = {}  # closure variable -> loads not for a raise in place
-        for op, arg in _instructions(c):
+        ins = list(_instructions(c))
+        for i, (op, arg) in enumerate(ins):
+            if _all_attributes(op, arg, ins[i + 1 : i + 6]):
+                found.add(EVERY_ATTRIBUTE)
             if op in _ATTR_OPS and before[0] not in ("COPY", "DUP_TOP"):
                 found.add(str(arg))
             elif op == "LOAD_CONST" and isinstance(arg, str):
@@ -265,6 +271,26 @@ def attribute_reads(code: types.CodeType) -> frozenset[str]:
             before = (op, arg)
         found.update(n for v, k in cells.items() if k > 0 for n in (v, f"<closure {v}>"))
     return frozenset(found)
+
+
+#: in :func:`attribute_reads`: the code reads an object's attributes whole
+EVERY_ATTRIBUTE = "<every attribute>"
+
+
+def _all_attributes(op: str, arg: Any, after: list[tuple[str, Any]]) -> bool:
+    """Whether the instruction (``op``, ``arg``), followed by ``after``, reads an
+    object's attributes whole: ``vars(obj)``, ``obj.__dict__``, other than to
+    set them (``self.__dict__.update(kwargs)``, ``vars(self)["n"] = 0``)."""
+    if op in _ATTR_OPS and arg == "__dict__":
+        rest = after
+    elif op in _GLOBAL_OPS and arg == "vars":
+        calls = [j for j, (o, _) in enumerate(after) if o.startswith("CALL")]
+        rest = after[calls[0] + 1 :] if calls else []
+    else:
+        return False
+    if rest and rest[0][0] in _ATTR_OPS and rest[0][1] == "update":
+        return False
+    return not (len(rest) >= 2 and rest[0][0] in _KEY_OPS and rest[1][0] == "STORE_SUBSCR")
 
 
 @functools.lru_cache(maxsize=8192)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .bytecode import RAISED, WHOLE
+from .bytecode import EVERY_ATTRIBUTE, RAISED, WHOLE
 from .state import (
     COUNTER,
     GROWN,
@@ -72,7 +72,8 @@ def read_counters(
     - an attribute the code reads other than to raise it (``reads``:
       :attr:`~mlcache.keys.code_version.CodeVersion.attr_reads`, None when the code
       was not walked): ``self.pos += n`` beside ``data[self.pos:]``, a seed
-      ``self.epoch += 1`` beside ``default_rng(self.epoch)``;
+      ``self.epoch += 1`` beside ``default_rng(self.epoch)``, and any attribute
+      when the code reads an object's attributes whole (``vars(self)``);
     - a dict's key unless the code is seen raising it in place and never reading it
       nor using its container otherwise (``subscripts``:
       :attr:`~mlcache.keys.code_version.CodeVersion.subscripts`):
@@ -96,7 +97,7 @@ def read_counters(
             label = _label(container)
             if keys.get((label, key)) != {RAISED} or (label, None) in keys:
                 found.add(name)
-        elif reads and name.rpartition(".")[2] in reads:
+        elif reads and (name.rpartition(".")[2] in reads or EVERY_ATTRIBUTE in reads):
             found.add(name)
     return found
 
