@@ -7,6 +7,7 @@ across runs run in fresh interpreters; each failed before these rules held."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import random
@@ -741,6 +742,36 @@ def test_an_object_whose_attributes_the_code_reads_whole_is_input(mem):
     plain = Configured(scale=1)
     counted = mem.cache(plain.counted)
     assert [counted(2) for _ in range(3)] == [[2, 2]] * 3 and plain.calls == 1
+
+
+WORDS: collections.Counter = collections.Counter()  # no other test's function reads these
+TALLIES: collections.Counter = collections.Counter()
+UPPERED: list[str] = []
+
+
+def times_seen(word):
+    WORDS[word] += 1
+    return WORDS[word]  # what the call raised, read
+
+
+def uppered(word):
+    TALLIES[word] += 1  # only raised: bookkeeping
+    UPPERED.append(word)
+    return word.upper()
+
+
+def test_a_counter_dict_whose_counts_the_code_reads_is_input(mem):
+    """A dict whose items the code raises in place by a computed key and also
+    reads (``WORDS[word] += 1; return WORDS[word]``) is no grown bookkeeping: the
+    count a call read was served again ([1, 1, 1, 1] for "abab"). One only raised
+    stays bookkeeping: each word computed once."""
+    WORDS.clear()
+    seen = mem.cache(times_seen)
+    assert [seen(w) for w in "abab"] == [1, 1, 2, 2]
+    TALLIES.clear()
+    UPPERED.clear()
+    upper = mem.cache(uppered)
+    assert [upper(w) for w in "abab"] == ["A", "B", "A", "B"] and UPPERED == ["a", "b"]
 
 
 DRAWS = (

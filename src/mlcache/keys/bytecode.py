@@ -30,6 +30,7 @@ from typing import Any
 import xxhash
 
 __all__ = [
+    "COMPUTED",
     "EVERY_ATTRIBUTE",
     "PY",
     "RAISED",
@@ -319,6 +320,8 @@ def _in_place(op: str, arg: Any) -> bool:
 #: the container used some other way (passed on, iterated, ``**STATE``, a computed
 #: key), so that which of its keys it reads cannot be told
 RAISED, READ, WHOLE = "raised", "read", "whole"
+#: the key of a raise in place whose key is a name (``COUNTS[word] += 1``)
+COMPUTED = ("<computed key>",)
 #: the instructions that load a value under a name a part of state can carry:
 #: a global, a closure variable, a local (``self``), an attribute
 _LABEL_OPS = _GLOBAL_OPS | _DEREF_OPS | {"LOAD_FAST", "LOAD_ATTR"}
@@ -371,6 +374,13 @@ def _key_use(label: Any, ins: list[tuple[str, Any]], i: int) -> tuple[str, Any, 
     op, key = ins[i] if i < len(ins) else ("", None)
     after = ins[i + 1 : i + 4]
     ops = [o for o, _ in after]
+    if (
+        op in _LABEL_OPS
+        and ops[:2] == ["COPY", "COPY"]
+        and len(after) == 3
+        and _subscript(*after[2])
+    ):
+        return RAISED, label, COMPUTED  # COUNTS[word] += 1: some key raised in place
     if op in _KEY_OPS and type(key) in _KEY_TYPES:
         if ops[:2] == ["COPY", "COPY"] and len(after) == 3 and _subscript(*after[2]):
             return RAISED, label, key

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .bytecode import EVERY_ATTRIBUTE, RAISED, WHOLE
+from .bytecode import COMPUTED, EVERY_ATTRIBUTE, RAISED, WHOLE
 from .state import (
     COUNTER,
     GROWN,
@@ -85,7 +85,7 @@ def read_counters(
     keys = _key_uses(subscripts or frozenset())
     found: set[str] = set()
     for name, kind in kept.items():
-        if kind == GROWN:  # a list whose ints the code raises by index, and reads
+        if kind == GROWN:  # a list or dict whose items the code raises in place, and reads
             label = _label(name)
             uses = [h for (lb, _), h in keys.items() if lb == label]
             if any(RAISED in h for h in uses) and any(h != {RAISED} for h in uses):
@@ -123,7 +123,7 @@ def _key_uses(
     uses: dict[tuple[str, str | None], set[str]] = {}
     for how, label, key in subscripts:
         name = label if isinstance(label, str) else f"[{_key_digest(label[0])}]"
-        digest = None if how == WHOLE else _key_digest(key)
+        digest = None if how == WHOLE else "*" if key == COMPUTED else _key_digest(key)
         uses.setdefault((name, digest), set()).add(how)
     return uses
 
