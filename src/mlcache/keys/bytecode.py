@@ -24,7 +24,7 @@ import dis
 import functools
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import xxhash
@@ -144,7 +144,7 @@ def references(code: types.CodeType) -> list[tuple[str, ...]]:
         consts: list[object] = []
         imported: dict[str, tuple[str, ...]] = {}  # local name -> ("i", module, level, *names)
         pending: tuple[str, ...] | None = None  # what the next STORE_FAST binds
-        for op, argval in _instructions(c):
+        for op, argval in _listed(c):
             if op in _ATTR_OPS and chain is not None:
                 chain.append(str(argval))
                 continue
@@ -239,6 +239,14 @@ def _instructions_dis(code: types.CodeType) -> Iterator[tuple[str, Any]]:
 _instructions = _instructions_311 if sys.version_info[:2] == (3, 11) else _instructions_dis
 
 
+@functools.lru_cache(maxsize=1024)
+def _listed(code: types.CodeType) -> tuple[tuple[str, Any], ...]:
+    """:func:`_instructions` of ``code`` (not nested), kept a while: a walk reads
+    each code object four times, one after the other (:func:`references`,
+    :func:`attribute_reads`, :func:`subscript_uses`, :func:`global_stores`)."""
+    return tuple(_instructions(code))
+
+
 @functools.lru_cache(maxsize=8192)
 def attribute_reads(code: types.CodeType) -> frozenset[str]:
     """The attribute names ``code`` (and the code nested in it) reads other than to
@@ -257,9 +265,9 @@ def attribute_reads(code: types.CodeType) -> frozenset[str]:
     for c in _all_code(code):
         before: tuple[str, Any] = ("", None)
         cells: dict[str, int] = {}  # closure variable -> loads not for a raise in place
-        ins = list(_instructions(c))
+        ins = _listed(c)
         for i, (op, arg) in enumerate(ins):
-            if _all_attributes(op, arg, ins[i + 1 : i + 6]):
+            if arg in _WHOLE_NAMES and _all_attributes(op, arg, ins[i + 1 : i + 6]):
                 found.add(EVERY_ATTRIBUTE)
             if op in _ATTR_OPS and before[0] not in ("COPY", "DUP_TOP"):
                 found.add(str(arg))
@@ -276,9 +284,10 @@ def attribute_reads(code: types.CodeType) -> frozenset[str]:
 
 #: in :func:`attribute_reads`: the code reads an object's attributes whole
 EVERY_ATTRIBUTE = "<every attribute>"
+_WHOLE_NAMES = frozenset({"__dict__", "vars"})
 
 
-def _all_attributes(op: str, arg: Any, after: list[tuple[str, Any]]) -> bool:
+def _all_attributes(op: str, arg: Any, after: Sequence[tuple[str, Any]]) -> bool:
     """Whether the instruction (``op``, ``arg``), followed by ``after``, reads an
     object's attributes whole: ``vars(obj)``, ``obj.__dict__``, other than to
     set them (``self.__dict__.update(kwargs)``, ``vars(self)["n"] = 0``)."""
@@ -302,7 +311,7 @@ def global_stores(code: types.CodeType) -> frozenset[str]:
     return frozenset(
         str(arg)
         for c in _all_code(code)
-        for op, arg in _instructions(c)
+        for op, arg in _listed(c)
         if op in ("STORE_GLOBAL", "DELETE_GLOBAL")
     )
 
@@ -354,7 +363,7 @@ def subscript_uses(code: types.CodeType) -> frozenset[tuple[str, Any, Any]]:
     (:func:`mlcache.keys.learned.read_counters`)."""
     found: set[tuple[str, Any, Any]] = set()
     for c in _all_code(code):
-        ins = list(_instructions(c))
+        ins = _listed(c)
         for i, (op, arg) in enumerate(ins):
             if op in _LABEL_OPS:
                 label: Any = str(arg)
@@ -368,7 +377,7 @@ def subscript_uses(code: types.CodeType) -> frozenset[tuple[str, Any, Any]]:
     return frozenset(found)
 
 
-def _key_use(label: Any, ins: list[tuple[str, Any]], i: int) -> tuple[str, Any, Any] | None:
+def _key_use(label: Any, ins: Sequence[tuple[str, Any]], i: int) -> tuple[str, Any, Any] | None:
     """How the container ``label``, loaded just before ``ins[i]``, is used (None: a
     key set, removed or tested, ``"n" in STATE``: what it held is not read)."""
     op, key = ins[i] if i < len(ins) else ("", None)
