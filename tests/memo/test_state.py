@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 
-from mlcache import Memory
+from mlcache import CacheWarning, Memory
 from mlcache.memo.versions import FunctionCode
 from scripts import ScriptFolder
 
@@ -772,6 +772,23 @@ def test_a_counter_dict_whose_counts_the_code_reads_is_input(mem):
     UPPERED.clear()
     upper = mem.cache(uppered)
     assert [upper(w) for w in "abab"] == ["A", "B", "A", "B"] and UPPERED == ["a", "b"]
+
+
+STREAM = (i for i in range(100))  # no other test's function reads it
+
+
+def from_stream(n):
+    return [next(STREAM) for _ in range(n)]
+
+
+def test_a_generator_the_code_reads_is_never_keyed_by_its_type(mem):
+    """A module-level generator cannot be hashed, and a call consuming it is not
+    seen changing it: it counted by its type, and the first items were served
+    again. The function runs uncached, with one warning naming it."""
+    cached = mem.cache(from_stream)
+    with pytest.warns(CacheWarning, match="STREAM.*generator") as caught:
+        assert [cached(2) for _ in range(3)] == [[0, 1], [2, 3], [4, 5]]
+    assert len(caught) == 1
 
 
 DRAWS = (

@@ -52,6 +52,10 @@ Binding = tuple[Mapping[str, Any], str, Any]
 _VIEWS: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
 
 
+#: values a call consumes that no key can hold (what they yield next)
+_CONSUMED = (types.GeneratorType, types.AsyncGeneratorType, types.CoroutineType)
+
+
 class CodeWalkError(Exception):
     """Reading something a function's code refers to raised: ``where`` is its
     name (a global, an attribute chain)."""
@@ -201,7 +205,11 @@ class DependencyWalk:
     def _data(self, name: str, obj: Any) -> None:
         """A value: by content, and watched for changes when it is mutable. What
         calls are known to change as bookkeeping (``state``: the value itself, or
-        some of its parts) counts by its baseline (:func:`keyed_parts`)."""
+        some of its parts) counts by its baseline (:func:`keyed_parts`). A
+        generator cannot count: what it yields next is neither hashed nor seen
+        changing (it would count by its type), so the walk fails on it."""
+        if isinstance(obj, _CONSUMED):
+            raise CodeWalkError(name, TypeError("a generator: what it yields next is no key"))
         met: list[Any] = []  # the user code the value holds: followed below
         self._record(name, *self._digest(name, obj, met))
         for code in met:  # a registry's model, a config's function, np.vectorize(h)
