@@ -715,6 +715,18 @@ class Seeded:
         return random.Random(str(self.__dict__)).sample(range(1000), n)
 
 
+class Named:  # apart: Seeded's vars(self) makes any of its attributes read
+    def __init__(self):
+        self.epoch = 0
+
+    def by_name(self, n):
+        self.epoch += 1
+        return random.Random(getattr(self, SEED_FIELD)).sample(range(1000), n)
+
+
+SEED_FIELD = "epoch"  # an attribute named by a value
+
+
 class Configured:
     def __init__(self, **settings):
         self.__dict__.update(settings)  # sets them: not a read
@@ -729,15 +741,20 @@ SEEDED = Seeded(scale=1)
 
 
 def test_an_object_whose_attributes_the_code_reads_whole_is_input(mem):
-    """A seed raised in place and read through ``vars(self)`` or ``self.__dict__``
-    (no attribute name to see) is input: the first draw was served again.
+    """A seed raised in place and read through ``vars(self)``, ``self.__dict__`` or
+    ``getattr(self, SEED_FIELD)`` (no attribute name to see) is input: the first
+    draw was served again.
     ``self.__dict__.update(...)`` sets attributes, and a counter beside it stays
     bookkeeping."""
-    for method in (Seeded.by_vars, Seeded.by_dict):
-        SEEDED.epoch = 0
-        truth = [method(SEEDED, 2) for _ in range(3)]
-        SEEDED.epoch = 0
-        drawn = mem.cache(getattr(SEEDED, method.__name__))
+    for obj, method in (
+        (SEEDED, Seeded.by_vars),
+        (SEEDED, Seeded.by_dict),
+        (Named(), Named.by_name),
+    ):
+        obj.epoch = 0
+        truth = [method(obj, 2) for _ in range(3)]
+        obj.epoch = 0
+        drawn = mem.cache(getattr(obj, method.__name__))
         assert [drawn(2) for _ in range(3)] == truth and len({str(t) for t in truth}) == 3
     plain = Configured(scale=1)
     counted = mem.cache(plain.counted)

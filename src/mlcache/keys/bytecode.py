@@ -284,13 +284,18 @@ def attribute_reads(code: types.CodeType) -> frozenset[str]:
 
 #: in :func:`attribute_reads`: the code reads an object's attributes whole
 EVERY_ATTRIBUTE = "<every attribute>"
-_WHOLE_NAMES = frozenset({"__dict__", "vars"})
+_WHOLE_NAMES = frozenset({"__dict__", "vars", "getattr"})
 
 
 def _all_attributes(op: str, arg: Any, after: Sequence[tuple[str, Any]]) -> bool:
     """Whether the instruction (``op``, ``arg``), followed by ``after``, reads an
     object's attributes whole: ``vars(obj)``, ``obj.__dict__``, other than to
-    set them (``self.__dict__.update(kwargs)``, ``vars(self)["n"] = 0``)."""
+    set them (``self.__dict__.update(kwargs)``, ``vars(self)["n"] = 0``), or one
+    named by a value (``getattr(self, FIELD)``: no string constant before the call)."""
+    if op in _GLOBAL_OPS and arg == "getattr":
+        calls = [j for j, (o, _) in enumerate(after) if o.startswith(("CALL", "PRECALL"))]
+        args = after[: calls[0]] if calls else after
+        return not any(o in _KEY_OPS and isinstance(a, str) for o, a in args)
     if op in _ATTR_OPS and arg == "__dict__":
         rest = after
     elif op in _GLOBAL_OPS and arg == "vars":
