@@ -38,7 +38,7 @@ __all__ = [
     "WHOLE",
     "attribute_reads",
     "code_digest",
-    "global_stores",
+    "global_reads",
     "references",
     "subscript_uses",
 ]
@@ -243,7 +243,7 @@ _instructions = _instructions_311 if sys.version_info[:2] == (3, 11) else _instr
 def _listed(code: types.CodeType) -> tuple[tuple[str, Any], ...]:
     """:func:`_instructions` of ``code`` (not nested), kept a while: a walk reads
     each code object four times, one after the other (:func:`references`,
-    :func:`attribute_reads`, :func:`subscript_uses`, :func:`global_stores`)."""
+    :func:`attribute_reads`, :func:`subscript_uses`, :func:`global_reads`)."""
     return tuple(_instructions(code))
 
 
@@ -309,16 +309,24 @@ def _all_attributes(op: str, arg: Any, after: Sequence[tuple[str, Any]]) -> bool
 
 
 @functools.lru_cache(maxsize=8192)
-def global_stores(code: types.CodeType) -> frozenset[str]:
-    """The globals ``code`` (and the code nested in it) binds or deletes
-    (``global G; G += 1``): a call may change what they hold, which an ``int``'s
-    digest in the code version does not show (:mod:`mlcache.memo.learning`)."""
-    return frozenset(
-        str(arg)
-        for c in _all_code(code)
-        for op, arg in _listed(c)
-        if op in ("STORE_GLOBAL", "DELETE_GLOBAL")
-    )
+def global_reads(code: types.CodeType) -> frozenset[str]:
+    """The globals ``code`` (and the code nested in it) loads other than to raise
+    them in place: ``global CALLS; CALLS += 1`` loads ``CALLS`` once, for the
+    ``+=``; a cursor ``data[LEVEL:]`` once more. A global a call rebinds that the
+    code reads so may change the next result: input, not the call's own state
+    (:meth:`mlcache.memo.versions.FunctionCode.note_rebound`)."""
+    found: set[str] = set()
+    for c in _all_code(code):
+        before: tuple[str, Any] = ("", None)
+        loads: dict[str, int] = {}  # global -> loads not for a raise in place
+        for op, arg in _listed(c):
+            if op in ("LOAD_GLOBAL", "LOAD_NAME"):
+                loads[str(arg)] = loads.get(str(arg), 0) + 1
+            elif op == "STORE_GLOBAL" and _in_place(*before):
+                loads[str(arg)] = loads.get(str(arg), 0) - 1
+            before = (op, arg)
+        found.update(name for name, k in loads.items() if k > 0)
+    return frozenset(found)
 
 
 #: BINARY_OP's arguments of the in-place operators (``+=`` ... ``^=``; 3.11+)

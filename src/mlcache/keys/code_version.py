@@ -123,6 +123,9 @@ class CodeVersion(NamedTuple):
     #: (namespace, name, value): :func:`~mlcache.keys.dependencies.rebound` tells
     #: when one names another value (the version is then no longer the code's)
     bindings: tuple[Binding, ...] = ()
+    #: the globals the walked code loads other than to raise them in place
+    #: (:func:`~mlcache.keys.bytecode.global_reads`)
+    global_reads: frozenset[str] = frozenset()
 
 
 def code_version(
@@ -231,6 +234,7 @@ def _walk_version(
         frozenset(walk.attr_reads),
         frozenset(walk.subscripts),
         tuple(walk.bindings.values()),
+        frozenset(walk.global_reads),
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .bytecode import attribute_reads, code_digest, references, subscript_uses
+from .bytecode import attribute_reads, code_digest, global_reads, references, subscript_uses
 from .identity import module_name, target_function
 from .origin import is_user_file, is_user_module, library_version
 from .state import MAX_ITEMS, ancestors, keyed_parts, state_parts, value_digest, watchable
@@ -119,6 +119,8 @@ class DependencyWalk:
         #: each module-level name the code reads, and what it named: (id of the
         #: namespace, name) -> (namespace, name, value or MISSING)
         self.bindings: dict[tuple[int, str], Binding] = {}
+        #: the globals the walked code loads other than to raise them in place
+        self.global_reads: set[str] = set()
         #: how the walked code uses containers' keys (raised, read, the container whole)
         self.subscripts: set[tuple[str, Any, Any]] = set()
 
@@ -250,6 +252,7 @@ class DependencyWalk:
         code = f.__code__
         self._record(name, code_digest(code))
         self.attr_reads |= attribute_reads(code)
+        self.global_reads |= global_reads(code)
         self.subscripts |= subscript_uses(code)
         owner = _owner_class(f)
         if owner is not None:  # a method: self.helper() reaches the rest of its class

@@ -142,8 +142,11 @@ class FunctionCode(StateLearning):
         #: since by other code (``SIZE = 3`` in a notebook cell) walks again
         self.bindings: tuple[Binding, ...] = ()
         #: (namespace id, name) of the names this function's own computed calls
-        #: rebind (``global CALLS; CALLS += 1``): its state, not checked (as before)
+        #: rebind and its code only raises (``global CALLS; CALLS += 1``): its
+        #: state, not checked (as before)
         self._own_bindings: set[tuple[int, str]] = set()
+        #: the globals the code loads other than to raise them (CodeVersion.global_reads)
+        self._global_reads: frozenset[str] = frozenset()
         #: how it uses containers' keys (CodeVersion.subscripts)
         self._subscripts: frozenset[tuple[str, Any, Any]] | None = None
         #: the epoch (mlcache.keys.state.EPOCH) the version was worked out at: a
@@ -171,12 +174,16 @@ class FunctionCode(StateLearning):
 
     def note_rebound(self) -> None:
         """After a computed call: a name the code reads that names another value now
-        was rebound by the call itself (``global CALLS; CALLS += 1``): this
-        function's own state, never checked again (its version stays the one the
-        call was keyed under, as the value was before calls changed it)."""
+        was rebound by the call itself. One the code only raises (``global CALLS;
+        CALLS += 1``) is this function's own state, never checked again (its
+        version stays the one the call was keyed under, as the value was before
+        calls changed it); one it reads otherwise (a cursor, ``data[LEVEL:]``) is
+        input: the next call walks again and is keyed by it."""
         if rebound(self.bindings):
             with self._lock:
-                self._own_bindings |= rebound_names(self.bindings)
+                reads = self._global_reads
+                own = {(ns, name) for ns, name in rebound_names(self.bindings) if name not in reads}
+                self._own_bindings |= own
                 self.bindings = tuple(
                     b for b in self.bindings if (id(b[0]), b[1]) not in self._own_bindings
                 )
@@ -246,6 +253,7 @@ class FunctionCode(StateLearning):
         self._watched_objs = tuple(v for _, v in code.watched)
         own = self._own_bindings
         self.bindings = tuple(b for b in code.bindings if (id(b[0]), b[1]) not in own)
+        self._global_reads = code.global_reads
         self._note_other_versions(version, code.parts)
         self._manifest = code.parts
 
