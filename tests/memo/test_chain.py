@@ -3,6 +3,11 @@ came from, not hashed again; anything that can change is hashed by content."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 
@@ -163,3 +168,42 @@ def test_a_tagged_map_reshaped_in_place_is_another_key(tmp_path):
     a.shape = (8,)
     a.dtype = np.int64  # the same bytes read as other numbers
     assert hash_value(a) != before
+
+
+def test_a_read_only_map_edited_through_a_writable_map_is_hashed_by_contents(tmp_path):
+    """An ``"r+"`` map of the same entry shares the read-only map's pages: once it
+    writes, the read-only map no longer holds what its entry's name says, so the
+    next step computes from what it holds (before: the step's old result)."""
+    mem = Memory(tmp_path, verbose=0)
+    held = mem.cache(load, mmap_mode="r")(1000)
+    step = mem.cache(scale)
+    assert step(held)[1] == 2.0
+    writable = mem.cache(load, mmap_mode="r+")(1000)  # the same entry
+    writable[:] = 7.0
+    assert held[1] == 7.0  # one file, shared pages
+    assert step(held)[1] == 14.0
+    del writable
+
+
+def test_a_read_only_map_edited_by_another_process_is_hashed_by_contents(tmp_path):
+    """Another process writing through a shared map of the entry file changes what
+    this process's read-only map holds (and the file's times): the next step
+    computes from what it holds (before: the step's old result)."""
+    mem = Memory(tmp_path, verbose=0, mmap_mode="r")
+    first = mem.cache(load)(1000)
+    hour_ago = time.time() - 3600  # a change later than this shows in the file's times
+    os.utime(first.filename, (hour_ago, hour_ago))
+    held = mem.cache(load)(1000)  # a hit, mapped as the file is now
+    step = mem.cache(scale)
+    before = bytes_hashed()
+    assert step(held)[1] == 2.0
+    assert bytes_hashed() - before < 1024  # still keyed by its entry's name
+    edit = (
+        "import sys, numpy as np; "
+        "w = np.memmap(sys.argv[1], dtype='<f8', mode='r+', "
+        "offset=int(sys.argv[2]), shape=(1000,)); "
+        "w[:] = 7.0; w.flush()"
+    )
+    subprocess.run([sys.executable, "-c", edit, held.filename, str(held.offset)], check=True)
+    assert held[1] == 7.0
+    assert step(held)[1] == 14.0

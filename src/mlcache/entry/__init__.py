@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 from .format import BLOCK_SUMS, CODE_SIGNED, FORMAT_VERSION, HEADER, MAGIC, SIGNED
+from .marks import map_holds
 from .reader import (
     REF_ATTR,
     EntryReader,
@@ -57,6 +58,7 @@ __all__ = [
     "forget_verified",
     "keep_verified",
     "local_file",
+    "map_holds",
     "open_entry",
     "read_entry_info",
     "read_info",

@@ -25,7 +25,9 @@ When the payload is checked
     they are not checked; handing one out drops the file's mark, and while one
     is alive in this process the file's other mapped reads are checked every
     time (writes through a shared map need not change the mtime at once).
-    ``"c"`` maps are private: nothing reaches the file. A mismatch raises
+    A read-only map is keyed by its entry's name while its file is as it was
+    checked (:mod:`mlcache.entry.marks`). ``"c"`` maps are private: nothing
+    reaches the file. A mismatch raises
     :class:`EntryCorrupted`: a miss, recomputed. :func:`verify_file`
     (``Memory.verify()``) reads and checks every byte.
 
@@ -49,7 +51,6 @@ import math
 import mmap
 import os
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, BinaryIO, Literal
 
@@ -75,6 +76,19 @@ from .format import (
     pack_sums,
     signed_message,
 )
+from .marks import (
+    COARSE_SETTLED_NS,
+    HELD_ATTR,
+    SETTLED_NS,
+    checked,
+    forget_verified,
+    handed_writable,
+    has_writable,
+    identity,
+    is_verified,
+    keep_verified,
+    settled,
+)
 from .payload import read_payload
 from .signing import KEY_ID_SIZE, MAC_SIZE, Signer
 
@@ -95,14 +109,6 @@ __all__ = [
     "verify_file",
 ]
 
-#: a mapped file is remembered as verified only when its last change (mtime,
-#: ctime) is at least this old: file times are coarse (a clock tick, 1 to 10 ms
-#: on Linux), and a change made within the same tick as the check would not show
-#: in them. Files whose times are whole seconds (FAT, HFS+, some network file
-#: systems) need COARSE_SETTLED_NS.
-SETTLED_NS = 50_000_000
-COARSE_SETTLED_NS = 2_000_000_000
-_VERIFIED_MAX = 1 << 16
 #: the attribute a read-only mapped array carries: ``"<entry name>#<segment>@<payload
 #: xxh3-64 hex>"``, what it holds; :mod:`mlcache.keys` keys such an array by it
 #: instead of hashing its bytes again (the keys import it from here: entries are
@@ -271,22 +277,17 @@ class EntryReader:
         (``"c"``) never reach the file: they are checked and marked as ``"r"``."""
         now = time.time_ns()
         st = os.fstat(fd)
-        ident = _identity(st)
-        inode = ident[:2]
+        ident = self._ident = identity(st)
         if self._mode == "r+":
-            _verified.pop(ident, None)
             assert self._mm is not None
-            _writable.setdefault(inode, weakref.WeakSet()).add(self._mm)
+            handed_writable(ident, self._mm)
             return
-        live = _writable.get(inode)
-        if live is not None and not live:  # its writable maps are all gone
-            _writable.pop(inode, None)
-            live = None
-        if live is None and ident in _verified:
+        live = has_writable(ident[:2])
+        if not live and is_verified(ident):
+            checked(ident, verified=False)
             return
         self._check(self._payload)
-        if live is None and settled(st, now):
-            _remember(ident)
+        checked(ident, verified=not live and settled(st, now))
 
     def _check_signable(self, codec: str) -> None:
         """Refuse, before reading the payload, an entry that cannot carry a valid
@@ -409,6 +410,9 @@ class EntryReader:
                 # other contents under the same key is another value.
                 ref = f"{self._name}#{index}@{self._h.payload_sum:016x}"
                 setattr(mm_arr, REF_ATTR, ref)
+                # ... while its file is as it was checked: an "r+" map of the same
+                # file (here or in another process) writes into these pages too
+                setattr(mm_arr, HELD_ATTR, self._ident)
             return mm_arr
         if self._mode == "c":
             # copy-on-write: private to this process, so it must not look shareable
@@ -431,62 +435,6 @@ class EntryReader:
 
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-#: identities of the mapped files this process has checked (see _check_mapped)
-_verified: dict[tuple[int, int, int, int, int], None] = {}
-#: (device, inode) -> the "r+" maps of that file this process has handed out
-_writable: dict[tuple[int, int], weakref.WeakSet[mmap.mmap]] = {}
-
-
-def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def settled(st: os.stat_result, now: int) -> bool:
-    """The file's last change was old enough at ``now`` (ns, a time taken before
-    ``st`` was) that a new one would show in its times: a thread held up between
-    the stat and this judgement must not count a change made meanwhile as old."""
-    coarse = not (st.st_mtime_ns % 1_000_000_000 or st.st_ctime_ns % 1_000_000_000)
-    margin = COARSE_SETTLED_NS if coarse else SETTLED_NS
-    return now - max(st.st_mtime_ns, st.st_ctime_ns) >= margin
-
-
-def _remember(ident: tuple[int, int, int, int, int]) -> None:
-    if len(_verified) >= _VERIFIED_MAX:
-        _verified.clear()
-    _verified[ident] = None
-
-
-def keep_verified(paths: list[str], change: Callable[[], Any]) -> None:
-    """Run ``change()``, which changes only the times of the entry files ``paths``
-    (mlcache's last-use touch sets their mtime), keeping the marks of those this
-    process has verified, so that recording use does not make the next mapped
-    hit check the payload again. A file whose device, inode or size differs
-    afterwards is not carried over."""
-    if not _verified:  # no mapped read checked here: nothing to carry (no stats)
-        change()
-        return
-    before = {}
-    for path in paths:
-        try:
-            ident = _identity(os.stat(path, follow_symlinks=False))
-        except (OSError, ValueError):
-            continue
-        if ident in _verified:
-            before[path] = ident
-    change()
-    for path, old in before.items():
-        try:
-            new = _identity(os.stat(path, follow_symlinks=False))
-        except (OSError, ValueError):
-            continue
-        if new[:3] == old[:3] and not _writable.get(new[:2]):
-            _remember(new)
-
-
-def forget_verified() -> None:
-    """Forget which files this process has verified: the next mapped read of each
-    checks its payload again (tests, benchmarks of a first hit)."""
-    _verified.clear()
 
 
 def read_info(path: str) -> dict[str, Any]:

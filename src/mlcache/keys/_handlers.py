@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..entry import REF_ATTR  # what a cached read-only map carries: entries set it
+from ..entry import REF_ATTR, map_holds  # a cached read-only map's name: entries set it
 from .hashing import Handler, Hasher, handle_exact, handle_family, handle_library, typename
 from .origin import is_user_code, library_version
 
@@ -177,9 +177,9 @@ def _ndarray(h: Hasher, a: np.ndarray[Any, Any]) -> None:
 def _ndarray_subclass(h: Hasher, obj: np.ndarray[Any, Any]) -> None:
     if isinstance(obj, np.memmap):
         ref = obj.__dict__.get(REF_ATTR)
-        if ref is not None and not obj.flags.writeable:
-            # a cached result, mapped read-only: its entry names its contents; its
-            # dtype, shape and strides are read now (they can be set in place)
+        if ref is not None and not obj.flags.writeable and map_holds(obj):
+            # a cached result mapped read-only, its file as checked (entry.marks): its
+            # entry names its contents; dtype, shape, strides are read now (settable)
             h.buf += b"R"
             h.text(ref)
             h.text(obj.dtype.str)
