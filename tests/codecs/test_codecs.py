@@ -233,6 +233,32 @@ def test_select_codec_prefers_the_safe_codec():
     assert select_codec(Thing(1), allow_pickle=True).name == "pickle"
 
 
+def test_a_result_holding_one_list_or_dict_twice_keeps_the_sharing(tmp_path):
+    """A cached result that holds one list or dict in two places comes back holding
+    one object there, as the function returned it (and as joblib's pickle keeps
+    it): an edit of one shows in the other (before: two copies, [1] for [1, 2])."""
+    from mlcache import Memory
+
+    def shared(n):
+        log, cfg = [n], {"lr": 0.1}
+        return {"train": (log, cfg), "all": [log, {"cfg": cfg}]}
+
+    mem = Memory(tmp_path, verbose=0)
+    f = mem.cache(shared)
+    f(1)
+    hit = f(1)
+    assert f.check_call_in_cache(1)
+    hit["train"][0].append(2)
+    hit["train"][1]["lr"] = 0.5
+    assert hit["all"][0] == [1, 2] and hit["all"][1]["cfg"] == {"lr": 0.5}
+    assert select_codec(shared(1), allow_pickle=True).name == "pickle"
+    looped: list[Any] = [1]
+    looped.append(looped)
+    assert select_codec(looped, allow_pickle=True).name == "pickle"
+    assert select_codec({"a": [1], "b": [1]}, allow_pickle=False).name == "npy"  # equal, not one
+    assert select_codec((np.zeros(2),) * 2, allow_pickle=False).name == "npy"
+
+
 @pytest.mark.parametrize(
     ("value", "typename"),
     [

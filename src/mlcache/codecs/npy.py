@@ -38,9 +38,9 @@ class NumpyCodec:
     safe = True
 
     def can_encode(self, value: Any) -> bool:
-        return self._ok(value, 0)
+        return self._ok(value, 0, set())
 
-    def _ok(self, v: Any, depth: int) -> bool:
+    def _ok(self, v: Any, depth: int, seen: set[int]) -> bool:
         t = type(v)
         if t in _SCALARS or t is bytes or t is complex:
             return True
@@ -50,10 +50,23 @@ class NumpyCodec:
             return not v.dtype.hasobject and v.dtype.fields is None
         if depth > _MAX_DEPTH:
             return False
-        if t is list or t is tuple:
-            return all(self._ok(x, depth + 1) for x in v)
+        if t is tuple:
+            return all(self._ok(x, depth + 1, seen) for x in v)
+        if id(v) in seen:
+            # a list, dict or leaf the value holds twice ((l, l), {"a": cfg, "b":
+            # cfg}): the tree would come back as two copies, and an edit of one
+            # would not show in the other as it does in what the function
+            # returned. Pickle keeps the sharing, as joblib does. (Arrays are
+            # stored by their bytes: one array held twice comes back as two, as
+            # from joblib, each mapped from its segment.)
+            return False
+        seen.add(id(v))
+        if t is list:
+            return all(self._ok(x, depth + 1, seen) for x in v)
         if t is dict:
-            return all(self._ok(k, depth + 1) and self._ok(x, depth + 1) for k, x in v.items())
+            return all(
+                self._ok(k, depth + 1, seen) and self._ok(x, depth + 1, seen) for k, x in v.items()
+            )
         leaf = leaf_for(t)
         return leaf is not None and leaf.can_encode(v) is True
 
