@@ -207,3 +207,16 @@ def test_a_read_only_map_edited_by_another_process_is_hashed_by_contents(tmp_pat
     subprocess.run([sys.executable, "-c", edit, held.filename, str(held.offset)], check=True)
     assert held[1] == 7.0
     assert step(held)[1] == 14.0
+
+
+def test_a_read_only_map_is_hashed_by_contents_once_an_edit_map_is_gone(tmp_path):
+    """The edit through an ``"r+"`` map may fall in the clock tick of the entry's
+    writing (no change of its times): a file this process mapped ``"r+"`` keys
+    its read-only maps by their contents, even once that map is gone."""
+    mem = Memory(tmp_path, verbose=0)
+    held = mem.cache(load, mmap_mode="r")(1000)
+    step = mem.cache(scale)
+    writable = mem.cache(load, mmap_mode="r+")(1000)
+    writable[:] = 7.0
+    del writable
+    assert step(held)[1] == 14.0

@@ -8,8 +8,9 @@ ctime_ns), kept by :class:`~mlcache.entry.reader.EntryReader`:
   the same identity skips the check (O(1) in the array size).
 - *writable*: the ``"r+"`` maps of a file this process has handed out. While
   one is alive, the file's other mapped reads are checked every time (writes
-  through a shared map need not change the file's times at once), and a
-  read-only map of it is not keyed by its entry's name.
+  through a shared map need not change the file's times at once); a read-only
+  map of a file this process ever mapped ``"r+"`` is not keyed by its entry's
+  name.
 - *checked*: the last identity under which this process checked the file's
   mapped payload (or found it verified). A read-only map is keyed by its
   entry's name (:data:`~mlcache.entry.reader.REF_ATTR`) only while its file
@@ -70,6 +71,9 @@ _verified: dict[Ident, None] = {}
 _writable: dict[tuple[int, int], weakref.WeakSet[mmap.mmap]] = {}
 #: (device, inode) -> the identity its mapped payload was last checked under
 _checked: dict[tuple[int, int], Ident] = {}
+#: files this process has handed an "r+" map of: a write within the clock tick of
+#: the file's last change does not show in its times, even once the map is gone
+_ever_writable: set[tuple[int, int]] = set()
 
 
 def identity(st: os.stat_result) -> Ident:
@@ -112,6 +116,9 @@ def handed_writable(ident: Ident, mm: mmap.mmap) -> None:
     the file's marks go."""
     _verified.pop(ident, None)
     _checked.pop(ident[:2], None)
+    if len(_ever_writable) >= _MARKS_MAX:
+        _ever_writable.clear()
+    _ever_writable.add(ident[:2])
     _writable.setdefault(ident[:2], weakref.WeakSet()).add(mm)
 
 
@@ -126,11 +133,11 @@ def has_writable(inode: tuple[int, int]) -> bool:
 
 def map_holds(arr: Any) -> bool:
     """The read-only map ``arr`` still holds what it held when its file's payload
-    was checked: no ``"r+"`` map of the file is alive here, and the file has the
-    identity of that check, or one this process checked since (one ``stat``).
+    was checked: this process never mapped the file ``"r+"``, and the file has
+    the identity of that check, or one this process checked since (one ``stat``).
     A file replaced under its path (a new entry) or changed in place does not."""
     held = arr.__dict__.get(HELD_ATTR)
-    if held is None or has_writable(held[:2]):
+    if held is None or held[:2] in _ever_writable:
         return False
     try:
         now = identity(os.stat(arr.filename))
