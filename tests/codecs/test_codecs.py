@@ -233,6 +233,40 @@ def test_select_codec_prefers_the_safe_codec():
     assert select_codec(Thing(1), allow_pickle=True).name == "pickle"
 
 
+def test_a_step_returning_part_of_a_mapped_input_is_stored_without_pickle(tmp_path):
+    """A memoized step of a mapped pipeline that returns arrays of its input (each
+    a numpy.memmap) is stored as arrays: before, only pickle could store it, so
+    with allow_pickle=False it was never stored and warned of a dict at every
+    call."""
+    from mlcache import Memory
+
+    calls = []
+
+    def load(n):
+        return {"X": np.arange(n, dtype=np.float64), "y": np.ones(n)}
+
+    def select(d):
+        calls.append(1)
+        return {"X": d["X"], "y": d["y"][:5]}
+
+    mem = Memory(tmp_path, verbose=0, mmap_mode="r", allow_pickle=False)
+    data = mem.cache(load)(100)
+    assert type(data["X"]) is np.memmap
+    assert select_codec(select(data), allow_pickle=False).name == "npy"
+    step = mem.cache(select)
+    step(data)
+    hit = step(data)
+    assert len(calls) == 2  # one computation, one hit
+    np.testing.assert_array_equal(hit["X"], np.arange(100.0))
+    np.testing.assert_array_equal(hit["y"], np.ones(5))
+    assert (
+        select_codec(
+            np.memmap(tmp_path / "m", np.float32, "w+", shape=(3,)), allow_pickle=False
+        ).name
+        == "npy"
+    )
+
+
 def test_a_result_holding_one_list_or_dict_twice_keeps_the_sharing(tmp_path):
     """A cached result that holds one list or dict in two places comes back holding
     one object there, as the function returned it (and as joblib's pickle keeps

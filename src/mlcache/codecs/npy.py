@@ -6,7 +6,8 @@ order), numpy scalars, ``None``, ``bool``, ``int``, ``float``, ``complex``,
 be any tree value). Arrays and bytes become raw segments, so every array comes
 back memory-mapped when the reader maps; the rest is JSON in the layout.
 Exact types only: a subclass (``defaultdict``, ``np.matrix``) goes to pickle
-(``OrderedDict`` is a leaf: :mod:`mlcache.codecs.ordered`).
+(``OrderedDict`` is a leaf: :mod:`mlcache.codecs.ordered`; a ``numpy.memmap``
+is stored as its array).
 
 A value of another type is a *leaf* when a registered
 :class:`~mlcache.codecs.leaves.Leaf` handles its exact type (pandas, pyarrow
@@ -27,8 +28,13 @@ _SCALARS = (type(None), bool, int, float, str)
 _MAX_DEPTH = 100
 
 
+#: a numpy.memmap is an array whose bytes are a file's (a mapped result passed on
+#: by the next step, ``np.load(..., mmap_mode="r")``): stored as the array it is
+_ARRAYS = (np.ndarray, np.memmap)
+
+
 def _array_ok(a: np.ndarray) -> bool:
-    return type(a) is np.ndarray and not a.dtype.hasobject and a.dtype.fields is None
+    return type(a) in _ARRAYS and not a.dtype.hasobject and a.dtype.fields is None
 
 
 class NumpyCodec:
@@ -44,7 +50,7 @@ class NumpyCodec:
         t = type(v)
         if t in _SCALARS or t is bytes or t is complex:
             return True
-        if t is np.ndarray:
+        if t is np.ndarray or t is np.memmap:
             return _array_ok(v)
         if isinstance(v, np.generic):
             return not v.dtype.hasobject and v.dtype.fields is None
@@ -97,7 +103,7 @@ class NumpyCodec:
             return {"d": [[self._enc(k, segs), self._enc(x, segs)] for k, x in v.items()]}
         if isinstance(v, np.generic):
             return {"s": self._enc(np.asarray(v), segs)}
-        if t is not np.ndarray:
+        if t is not np.ndarray and t is not np.memmap:
             leaf = leaf_for(t)
             if leaf is None:  # can_encode said no: encode() was called anyway
                 raise TypeError(f"the npy codec cannot store a {t.__module__}.{t.__qualname__}")
