@@ -267,6 +267,23 @@ def test_a_step_returning_part_of_a_mapped_input_is_stored_without_pickle(tmp_pa
     )
 
 
+def test_a_result_refused_pickle_is_named_by_the_part_that_needs_it(tmp_path):
+    """With allow_pickle=False, the warning of an unstored result names the part
+    that needs pickle, by its place, not only the container around it (before:
+    "a value of type builtins.dict needs pickle")."""
+    from mlcache import CacheWarning, Memory
+
+    def fit(n):
+        return {"weights": np.ones(n), "extra": [1, {"vocab": collections.Counter(a=n)}]}
+
+    f = Memory(tmp_path, verbose=0, allow_pickle=False).cache(fit)
+    with pytest.warns(CacheWarning, match=r"\['extra'\]\[1\]\['vocab'\]: collections\.Counter"):
+        assert f(2)["extra"][1]["vocab"] == collections.Counter(a=2)
+    with pytest.raises(UnsupportedValue, match=r"\(\[1\]: a list held twice\)"):
+        shared: list[Any] = [1]
+        select_codec(([shared], shared), allow_pickle=False)
+
+
 def test_a_result_holding_one_list_or_dict_twice_keeps_the_sharing(tmp_path):
     """A cached result that holds one list or dict in two places comes back holding
     one object there, as the function returned it (and as joblib's pickle keeps

@@ -7,7 +7,8 @@ either read into memory or memory-mapped, through :class:`Segments`.
 Selection is explicit: safe codecs are asked in registration order whether
 they *fully* represent the value (``can_encode`` is a strict structural check,
 not a try-and-see); pickle is used only when none does and pickle is allowed,
-and refusing it raises :class:`~mlcache.errors.UnsupportedValue` naming the type.
+and refusing it raises :class:`~mlcache.errors.UnsupportedValue` naming the type
+and, where a safe codec can say (:class:`Refuses`), the part that needs pickle.
 
 Typed values that are not arrays (a DataFrame, a pyarrow Table, a tensor) are
 *leaves* of the ``npy`` tree (:mod:`mlcache.codecs.leaves`): one
@@ -31,6 +32,7 @@ __all__ = [
     "Codec",
     "Encoded",
     "Leaf",
+    "Refuses",
     "Segments",
     "codecs",
     "leaves",
@@ -77,6 +79,14 @@ class Codec(Protocol):
     def decode(self, layout: dict[str, Any], segments: Segments) -> Any: ...
 
 
+@runtime_checkable
+class Refuses(Protocol):
+    """An optional power of a codec: saying what part of a value it cannot store,
+    so that a value refused pickle is named by that part, not by its container."""
+
+    def refused(self, value: Any) -> str | None: ...
+
+
 def _check_codec(obj: object) -> None:
     if not isinstance(obj, Codec):
         raise TypeError(
@@ -103,9 +113,15 @@ def select_codec(value: Any, *, allow_pickle: bool) -> Codec:
             return codec
     if allow_pickle:
         return codecs["pickle"]
+    why = ""
+    for name in codecs:  # the error path only: a runtime Protocol check is slow
+        codec = codecs[name]
+        if codec.safe and isinstance(codec, Refuses) and (part := codec.refused(value)):
+            why = f" ({part})"
+            break
     raise UnsupportedValue(
-        f"a value of type {type(value).__module__}.{type(value).__qualname__} needs pickle "
-        "to be stored, and pickle is disabled (allow_pickle=False); return numpy arrays, "
+        f"a value of type {type(value).__module__}.{type(value).__qualname__}{why} needs "
+        "pickle to be stored, and pickle is disabled (allow_pickle=False); return numpy arrays, "
         "plain Python data (int, float, str, bytes, None, list, tuple, dict), or allow pickle"
     )
 

@@ -76,6 +76,41 @@ class NumpyCodec:
         leaf = leaf_for(t)
         return leaf is not None and leaf.can_encode(v) is True
 
+    def refused(self, value: Any) -> str | None:
+        """The first part of ``value`` this codec cannot store, by its place and
+        type (``"['model']: collections.Counter"``), or None: what the warning of
+        a value that needs pickle names. Walked only then."""
+        return self._refused(value, "", 0, set())
+
+    def _refused(self, v: Any, where: str, depth: int, seen: set[int]) -> str | None:
+        t = type(v)
+        place = where or "the value"
+        if t is not tuple and t is not list and t is not dict:
+            if not where or self._ok(v, depth, seen):  # the value itself: named already
+                return None
+            kind = f"{t.__module__}.{t.__qualname__}"
+            if isinstance(v, np.ndarray):
+                kind += f" of dtype {v.dtype}"
+            return f"{where}: {kind}"
+        if depth > _MAX_DEPTH:
+            return f"{place}: nested more than {_MAX_DEPTH} deep"
+        if t is not tuple:
+            if id(v) in seen:
+                return f"{place}: a {t.__name__} held twice"
+            seen.add(id(v))
+        if t is dict:
+            for k, x in v.items():
+                why = self._refused(k, f"{where} key {k!r}".lstrip(), depth + 1, seen)
+                why = why or self._refused(x, f"{where}[{k!r}]", depth + 1, seen)
+                if why:
+                    return why
+            return None
+        for i, x in enumerate(v):
+            why = self._refused(x, f"{where}[{i}]", depth + 1, seen)
+            if why:
+                return why
+        return None
+
     def encode(self, value: Any) -> Encoded:
         segments: list[Any] = []
         with tree(value):  # what its leaves share (tensors of one storage)
