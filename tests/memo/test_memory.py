@@ -943,17 +943,32 @@ def test_unhashable_arguments_call_uncached_with_one_warning(mem):
     assert g(5, threading.Lock()) == 10 and LOCKED_CALLS[2:] == [5]
 
 
-def test_generator_functions_are_refused_when_decorated(mem):
+def test_generator_functions_run_uncached_with_one_warning(mem):
+    """A generator cannot be stored (it is consumed once): a decorated generator
+    function runs uncached, with one warning where it is decorated, as joblib
+    runs it (before: a TypeError broke the user's code at the decoration)."""
+    calls = []
+
     def gen(n):
+        calls.append(n)
         yield from range(n)
 
     async def agen(n):
         yield n
 
-    for func in (gen, agen):
-        for m in (mem, Memory(None)):
-            with pytest.raises(TypeError, match="generator function .* return a list instead"):
-                m.cache(func)
+    with pytest.warns(CacheWarning, match="generator function .*gen: .* runs uncached") as got:
+        f = mem.cache(gen)
+    assert len(got) == 1 and got[0].filename == __file__
+    assert list(f(3)) == [0, 1, 2] and list(f(3)) == [0, 1, 2] and calls == [3, 3]
+    assert not f.check_call_in_cache(3)
+    with pytest.warns(CacheWarning, match="generator function .*agen"):
+        a = mem.cache(agen)
+
+    async def drain():
+        return [x async for x in a(4)]
+
+    assert asyncio.run(drain()) == [4]
+    assert list(Memory(None).cache(gen)(2)) == [0, 1]  # nothing cached there: no warning
 
 
 def test_callback_errors_propagate_and_the_entry_is_kept(mem):

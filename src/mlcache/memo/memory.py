@@ -36,6 +36,7 @@ from ..errors import (
     EntryNotFound,
     UnknownFormat,
     warn,
+    warn_at_user,
 )
 from ..store import Shared, Store
 from ..store.local import default_location
@@ -399,14 +400,19 @@ class Memory:
             func = func.func
         if not callable(func):
             raise TypeError(f"Memory.cache expects a callable, got {type(func).__name__}: {func!r}")
-        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
-            raise TypeError(
-                f"cannot memoize the generator function {getattr(func, '__qualname__', func)}: "
-                "a generator is consumed once and cannot be stored; return a list instead "
-                "(e.g. a helper that returns list(generator(...)))"
-            )
         is_async = inspect.iscoroutinefunction(func)
-        if self.store is None:
+        generates = inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
+        if generates and self.store is not None:
+            # a generator is consumed once and cannot be stored: the function runs
+            # uncached (as joblib, which fails to pickle each generator), rather
+            # than breaking the user's code where it is decorated
+            warn_at_user(
+                f"mlcache: cannot memoize the generator function "
+                f"{getattr(func, '__qualname__', func)}: a generator is consumed once and "
+                "cannot be stored, so it runs uncached; return a list instead (e.g. a "
+                "helper that returns list(generator(...)))"
+            )
+        if self.store is None or generates:
             return (AsyncNotMemorizedFunc if is_async else NotMemorizedFunc)(func)
         cls = AsyncMemorizedFunc if is_async else MemorizedFunc
         return cls(
