@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import errno
 import inspect
 import logging
 import os
@@ -571,6 +573,28 @@ def test_a_failing_store_returns_the_value_and_leaves_nothing(mem, monkeypatch, 
     monkeypatch.setattr(mem.store, "write", real_write)  # the disk has room again
     np.testing.assert_array_equal(f(x), x * 2)
     assert f.check_call_in_cache(x)
+
+
+def test_a_new_cache_folder_on_a_full_disk_opens_and_computes(mount_tmpfs):
+    """``Memory("cache")`` on a disk with no room left (its marker cannot be
+    written) is not an error at import: each call computes and returns, with one
+    warning naming the cause; once there is room the cache stores and hits.
+    Before, ``Memory(...)`` raised StoreError and the user's script stopped."""
+    disk = mount_tmpfs("2m")
+    with open(disk / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+        while filler.write(b"\0" * 4096):  # fill the disk to the last block
+            pass
+    CALLS.clear()
+    mem = Memory(disk / "cache", verbose=0)
+    f = mem.cache(double)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert f(3) == 6.0
+    ours = [w for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1 and os.strerror(errno.ENOSPC) in str(ours[0].message)
+    os.unlink(disk / "filler")  # room again: stored, then a hit
+    assert f(3) == 6.0 and f(3) == 6.0 and len(CALLS) == 2
+    assert f.check_call_in_cache(3) and (disk / "cache" / "CACHEDIR.TAG").is_file()
 
 
 def test_a_cache_folder_removed_while_its_memory_lives_is_made_again(tmp_path):

@@ -67,6 +67,10 @@ _COUNTER_LOCKS: dict[str, threading.Lock] = {}
 _COUNTER_LOCKS_GUARD = threading.Lock()
 
 
+#: errors that say a disk or quota has no room left: transient, not a bad location
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
 def _counter_lock(path: str) -> threading.Lock:
     with _COUNTER_LOCKS_GUARD:
         return _COUNTER_LOCKS.setdefault(path, threading.Lock())
@@ -123,12 +127,18 @@ class LocalStore:
         #: folder of someone else's): entries are read, and every write, lock or
         #: counter raises ``StoreError`` (an ``OSError``) at once
         self.read_only = False
+        #: the folder could not be made or marked for want of room (a full disk,
+        #: a quota): each write says so, and the first to succeed marks it
+        self._unmarked = False
         try:
             os.makedirs(root, mode=mode, exist_ok=True)
         except OSError as exc:
             if exc.errno == errno.EROFS and not os.path.exists(root):
                 # on a read-only mount: a cache with nothing in it, that stores nothing
                 self.read_only = True
+                return
+            if exc.errno in _NO_ROOM:  # not the user's mistake: made at the next write
+                self._unmarked = True
                 return
             raise StoreError(f"cannot create the cache folder {root!r}: {exc.strerror}") from exc
         if not os.path.isdir(root):
@@ -142,6 +152,9 @@ class LocalStore:
         except OSError as exc:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 self.read_only = True  # allowed by the mode bits, refused all the same
+                return
+            if exc.errno in _NO_ROOM:  # a full disk must not stop the script at import
+                self._unmarked = True
                 return
             raise StoreError(f"cannot write in the cache folder {root!r}: {exc.strerror}") from exc
 
@@ -210,6 +223,12 @@ class LocalStore:
         path = os.path.join(self.location, check_name(name))
         if self.read_only:
             self._refuse()
+        if self._unmarked:  # room again, maybe: mark it first (else this write says why)
+            with contextlib.suppress(OSError):
+                os.makedirs(self.location, mode=self.mode, exist_ok=True)
+                _write_marker(self.location)
+                _write_gitignore(self.location)
+                self._unmarked = False
         with contextlib.ExitStack() as stack:
             yield self._remaking(
                 lambda: stack.enter_context(
