@@ -178,3 +178,72 @@ def test_a_class_attribute_rebound_keys_the_next_call(tmp_path, monkeypatch):
     monkeypatch.setattr(_Model, "SCALE", 5, raising=False)
     assert f(1) == 5
     assert len(RAN) == 3
+
+
+class Config:
+    """Settings read as class attributes (``Config.scale``), set by other code."""
+
+    scale = 2
+
+
+class Base:
+    offset = 10
+
+
+class Sub(Base):
+    def shifted(self, x):
+        return x + self.offset  # a class attribute, read through the instance
+
+
+class Tally:
+    calls = 0
+
+
+def _by_config(x):
+    RAN.append(("config", x))
+    return x * Config.scale
+
+
+def _by_method(x):
+    RAN.append(("method", x))
+    return Sub().shifted(x)
+
+
+def _tallied(x):
+    Tally.calls += 1  # the call's own bookkeeping, on a class
+    RAN.append(("tallied", x))
+    return x - 1
+
+
+def test_a_class_attribute_set_between_calls_keys_the_next_call(tmp_path, monkeypatch):
+    """``Config.scale = 3`` in a notebook cell, as ``config.SCALE = 3`` on a
+    module. Before: ``f(1)`` was served 2, the result of ``scale = 2``."""
+    RAN.clear()
+    f = Memory(tmp_path, verbose=0).cache(_by_config)
+    assert f(1) == 2
+    monkeypatch.setattr(Config, "scale", 3)
+    assert f(1) == 3
+    monkeypatch.setattr(Config, "scale", 2)
+    assert f(1) == 2 and len(RAN) == 2  # the first result, found again
+
+
+def test_a_class_attribute_a_method_reads_set_on_it_or_its_subclass(tmp_path, monkeypatch):
+    """``self.offset`` in a method: set on the base class, then on the subclass
+    (where it was inherited, not held). Before: both served 11."""
+    RAN.clear()
+    f = Memory(tmp_path, verbose=0).cache(_by_method)
+    assert f(1) == 11
+    monkeypatch.setattr(Base, "offset", 20)
+    assert f(1) == 21
+    monkeypatch.setattr(Sub, "offset", 30, raising=False)
+    assert f(1) == 31 and len(RAN) == 3
+
+
+def test_a_class_attribute_the_cached_call_sets_itself_is_its_state(tmp_path, monkeypatch):
+    """``Tally.calls += 1`` in the call: its bookkeeping, as a global's; the next
+    calls hit."""
+    RAN.clear()
+    monkeypatch.setattr(Tally, "calls", 0)
+    f = Memory(tmp_path, verbose=0).cache(_tallied)
+    assert [f(5), f(5), f(5)] == [4, 4, 4]
+    assert RAN == [("tallied", 5)] and Tally.calls == 1

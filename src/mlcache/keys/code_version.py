@@ -233,7 +233,7 @@ def _walk_version(
         frozenset(walk.state_used),
         frozenset(walk.attr_reads),
         frozenset(walk.subscripts),
-        tuple(walk.bindings.values()),
+        walk.all_bindings(),
         frozenset(walk.global_reads),
     )
 

@@ -16,12 +16,12 @@ effect; reading it has none).
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import logging
 import os
 import sys
 import types
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "CodeWalkError",
     "DependencyWalk",
     "call_target",
+    "class_namespace",
     "compile_module_file",
     "is_code",
     "library_part",
@@ -47,9 +48,6 @@ _MISSING = object()
 #: a module-level name the walked code reads: its namespace (a module's dict, a
 #: class's view), the name, and what it named then (or ``_MISSING``)
 Binding = tuple[Mapping[str, Any], str, Any]
-#: each class's namespace (a live view), the same object at every walk: a name of
-#: it that a call rebinds is told by it (``(id(namespace), name)``)
-_VIEWS: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
 
 
 #: values a call consumes that no key can hold (what they yield next)
@@ -81,6 +79,20 @@ def rebound_names(
     """The (namespace id, name) of each name of ``bindings`` that :func:`rebound`
     finds rebound."""
     return {(id(ns), name) for ns, name, obj in bindings if ns.get(name, _MISSING) is not obj}
+
+
+def class_namespace(klass: type) -> dict[str, Any]:
+    """The dict that holds ``klass``'s own attributes, as a binding's namespace
+    (:meth:`DependencyWalk._bind`): ``Config.scale = 3`` sets it. ``vars(klass)``
+    is a new read-only proxy at each access, and a binding's namespace must keep
+    one identity across walks (a name the cached call sets itself is left out by
+    it: ``Tally.calls += 1``), so the proxy's dict is taken; a proxy that does not
+    show it is kept as it is (checked alike, its identity only for this walk)."""
+    proxy = vars(klass)
+    found = gc.get_referents(proxy)  # a mappingproxy refers to its mapping alone
+    if len(found) == 1 and type(found[0]) is dict:
+        return found[0]
+    return proxy  # type: ignore[return-value]  # a Mapping: .get is all a binding uses
 
 
 def call_target(func: Any) -> Any:
@@ -123,6 +135,8 @@ class DependencyWalk:
         self.global_reads: set[str] = set()
         #: how the walked code uses containers' keys (raised, read, the container whole)
         self.subscripts: set[tuple[str, Any, Any]] = set()
+        #: the data attributes of the classes walked: bound when some code reads them
+        self._class_data: list[tuple[type, str]] = []
 
     def _first_time(self, obj: Any) -> bool:
         if id(obj) in self._seen:
@@ -291,6 +305,8 @@ class DependencyWalk:
             for attr, member in sorted(vars(klass).items()):
                 if attr.startswith("__") and attr.endswith("__") and not callable(member):
                     continue  # __module__, __doc__, __dict__, __weakref__ ...
+                if not callable(member):  # data (self.offset): other code may set it
+                    self._class_data.append((cls, attr))
                 self.value(f"{_name_of(klass)}.{attr}", member)
 
     def _reference(self, f: types.FunctionType, ref: tuple[str, ...], *, root: bool) -> None:
@@ -343,7 +359,7 @@ class DependencyWalk:
                 if isinstance(obj, types.ModuleType):  # config.SIZE: a module's name
                     # (as its namespace holds it: a module __getattr__'s is no binding)
                     self._bind(vars(obj), attr, vars(obj).get(attr, _MISSING))
-                elif isinstance(obj, type):  # Model.SCALE: the class that holds it
+                elif isinstance(obj, type):  # Config.scale: on it, or on a base it inherits
                     self._bind_class(obj, attr)
                 if nxt is _MISSING:
                     if isinstance(obj, types.ModuleType):  # a submodule not imported yet
@@ -362,16 +378,27 @@ class DependencyWalk:
         again), the version is no longer the code's (see :func:`rebound`)."""
         self.bindings.setdefault((id(namespace), name), (namespace, name, obj))
 
-    def _bind_class(self, cls: type, name: str) -> None:
-        """``cls.name``: bound where the MRO finds it, and as missing in the classes
-        before that (``Model.SCALE = 3`` on a subclass shadows a base's)."""
+    def all_bindings(self) -> tuple[Binding, ...]:
+        """:attr:`bindings`, with the data attributes of the classes walked that the
+        walked code reads (``self.offset``; checked at every call: ~40 ns each, so
+        not the ones no code reads)."""
+        for cls, attr in self._class_data:
+            if attr in self.attr_reads:
+                self._bind_class(cls, attr)
+        return tuple(self.bindings.values())
+
+    def _bind_class(self, cls: type, attr: str) -> None:
+        """``cls.attr`` as the code reads it: bound in each user class of the MRO
+        down to the one that holds it (absent from those before it: set on the
+        subclass later, it is found there first), so that setting it on any of
+        them walks again (``Config.scale = 3`` in a notebook cell)."""
         for klass in cls.__mro__:
-            namespace = _VIEWS.get(klass)
-            if namespace is None:  # a live view of the class's dict, one per class
-                namespace = _VIEWS[klass] = vars(klass)
-            found = namespace.get(name, _MISSING)
-            self._bind(namespace, name, found)
-            if found is not _MISSING:
+            if klass is object or not _is_user_class(klass):
+                return  # a library's or a metaclass's attribute: by version
+            namespace = class_namespace(klass)
+            held = namespace.get(attr, _MISSING)
+            self._bind(namespace, attr, held)
+            if held is not _MISSING:
                 return
 
     def _static_module(self, full: str) -> None:

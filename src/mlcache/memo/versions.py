@@ -181,8 +181,14 @@ class FunctionCode(StateLearning):
         input: the next call walks again and is keyed by it."""
         if rebound(self.bindings):
             with self._lock:
-                reads = self._global_reads
-                own = {(ns, name) for ns, name in rebound_names(self.bindings) if name not in reads}
+                # read otherwise: a global (global_reads), or an attribute (attr_reads:
+                # a class attribute, Tally.calls; None, not walked: every name read)
+                reads, attrs = self._global_reads, self._attr_reads
+                own = {
+                    (ns, name)
+                    for ns, name in rebound_names(self.bindings)
+                    if name not in reads and attrs is not None and name not in attrs
+                }
                 self._own_bindings |= own
                 self.bindings = tuple(
                     b for b in self.bindings if (id(b[0]), b[1]) not in self._own_bindings
