@@ -762,6 +762,33 @@ def test_default_cache_decorator(tmp_path, monkeypatch):
         assert mlcache.default_location() == str(tmp_path / "xdg" / "mlcache")
 
 
+@pytest.mark.parametrize("where", ["MLCACHE_DIR", "HOME"])
+def test_default_cache_in_a_folder_that_cannot_be_made_runs_uncached(tmp_path, monkeypatch, where):
+    """``@mlcache.cache`` where the default folder cannot be made (``$MLCACHE_DIR``
+    naming a file; a container's home that does not exist) decorates, and its
+    calls compute, with one warning naming the folder and the cause. Before, the
+    decorator raised StoreError and the script stopped at import."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    if where == "MLCACHE_DIR":
+        monkeypatch.setenv("MLCACHE_DIR", str(blocker))
+    else:
+        monkeypatch.delenv("MLCACHE_DIR")
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+        monkeypatch.setenv("HOME", str(blocker / "home"))
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        return -x
+
+    with pytest.warns(CacheWarning, match=f"{blocker}.*(not a folder|Not a directory)") as got:
+        g = mlcache.cache(ignore=["calls"])(f)
+    assert len(got) == 1 and (where != "MLCACHE_DIR" or "MLCACHE_DIR" in str(got[0].message))
+    assert g(1) == -1 and g(1) == -1 and calls == [1, 1]
+    assert blocker.read_text() == "not a folder"
+
+
 def test_verbose_logs_through_the_mlcache_logger(tmp_path, caplog):
     mem = Memory(tmp_path, verbose=10)
     f = mem.cache(double)

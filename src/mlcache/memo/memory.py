@@ -34,6 +34,7 @@ from ..errors import (
     ConfigTypeError,
     EntryCorrupted,
     EntryNotFound,
+    StoreError,
     UnknownFormat,
     warn,
     warn_at_user,
@@ -574,11 +575,24 @@ _memory: Memory | None = None
 
 
 def default_memory() -> Memory:
-    """The process-wide default Memory, created on first use (quiet: ``verbose=0``)."""
+    """The process-wide default Memory, created on first use (quiet: ``verbose=0``);
+    one that does not cache, with one warning, when its folder cannot be made (it
+    comes from the environment, not from the code: a script must still run)."""
     global _memory
     with _lock:
-        if _memory is None or _memory.location != os.path.abspath(default_location()):
-            _memory = Memory(os.path.abspath(default_location()), verbose=0)
+        location = os.path.abspath(default_location())
+        if _memory is None or _memory.location != location:
+            try:
+                _memory = Memory(location, verbose=0)
+            except StoreError as exc:
+                env = os.environ.get("MLCACHE_DIR")
+                source = "$MLCACHE_DIR" if env else "the user cache folder"
+                warn_at_user(
+                    f"mlcache: the default cache ({source}) cannot be used: {exc}; the "
+                    "functions of mlcache.cache run uncached (set MLCACHE_DIR to a folder "
+                    "this user can write)"
+                )
+                return Memory(None, verbose=0)
         return _memory
 
 

@@ -140,6 +140,8 @@ class LocalStore:
             if exc.errno in _NO_ROOM:  # not the user's mistake: made at the next write
                 self._unmarked = True
                 return
+            if os.path.lexists(root) and not os.path.isdir(root):  # not "File exists"
+                raise StoreError(f"the cache location {root!r} exists and is not a folder") from exc
             raise StoreError(f"cannot create the cache folder {root!r}: {exc.strerror}") from exc
         if not os.path.isdir(root):
             raise StoreError(f"the cache location {root!r} exists and is not a folder")
