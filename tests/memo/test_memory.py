@@ -597,6 +597,29 @@ def test_a_new_cache_folder_on_a_full_disk_opens_and_computes(mount_tmpfs):
     assert f.check_call_in_cache(3) and (disk / "cache" / "CACHEDIR.TAG").is_file()
 
 
+@pytest.mark.parametrize("err", ["EROFS", "EACCES"])
+def test_clear_on_a_cache_that_became_read_only_warns_and_keeps_its_results(mem, monkeypatch, err):
+    """The file system remounted read-only while the process runs (or a team's
+    folder whose entries are another user's): ``f.clear()`` and ``mem.clear()``
+    say so once each, naming the cause, and the results stay valid, as with a
+    cache read-only from the start (joblib ignores such errors). Before, both
+    raised OSError out of the user's call."""
+    code = getattr(errno, err)
+    f = mem.cache(double)
+    assert f(1) == 2.0
+
+    def refused(name):
+        raise OSError(code, os.strerror(code), name)
+
+    monkeypatch.setattr(mem.store, "delete", refused)
+    for clear in (f.clear, mem.clear):
+        with pytest.warns(CacheWarning, match=f"not cleared.*{os.strerror(code)}") as got:
+            clear()
+        assert len(got) == 1
+    monkeypatch.undo()
+    assert f.check_call_in_cache(1) and f(1) == 2.0
+
+
 def test_a_cache_folder_removed_while_its_memory_lives_is_made_again(tmp_path):
     """``rm -rf cache/`` beside a notebook kernel holding the Memory: the next call
     computes, stores (no warning: warnings are errors here) and the one after hits,

@@ -10,6 +10,7 @@ costs microseconds, so it is never made on the hit path.
 
 from __future__ import annotations
 
+import errno
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from .._audit import AuditPolicy
 from ..codecs.compression import Compression
 from ..entry.signing import Signer
-from ..errors import warn
+from ..errors import warn, warn_at_user
 from ..store import LocalFolders, Locking, ReadOnly, Shared, SharedCounters, Store
 from .eviction import SizeGuard
 from .usage import UsageLog
@@ -124,6 +125,12 @@ class WriteGate:
         )
         return True
 
+    def clearing(self) -> _Clearing:
+        """Around a clear's removals: a cache that became read-only since it was
+        opened (remounted, a team's entries of another user) says so once, naming
+        the cause, and keeps its results (still valid), as :meth:`cannot_clear`."""
+        return _Clearing(str(self._location))
+
     def forget_signer(self) -> None:
         """After a clear forgot the shared cache's key: the next write records ours."""
         self._other_key = None
@@ -136,6 +143,30 @@ class WriteGate:
         warn(
             f"mlcache: the cache at {self._location} is read-only: nothing was cleared",
             stacklevel=4,
+        )
+        return True
+
+
+#: what a file system says when it refuses a removal (read-only, not ours)
+_REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+class _Clearing:
+    """:meth:`WriteGate.clearing` (a class, not a generator: the warning is shown at
+    the user's line, the first frame outside mlcache)."""
+
+    def __init__(self, location: str) -> None:
+        self._location = location
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        if not isinstance(exc, OSError) or exc.errno not in _REFUSED:
+            return False
+        warn_at_user(
+            f"mlcache: the cache at {self._location} was not cleared ({exc.strerror}: "
+            f"{exc.filename or exc}); its results stay"
         )
         return True
 

@@ -515,8 +515,9 @@ class MemorizedFunc(Generic[P, R]):
             return
         if warn and self._verbose:
             logger_for(self._verbose).info("[Memory] clearing the cache of %s", self.func_id)
-        self._store.delete(self._folder)
-        self._ctx.usage.forget(self._folder)
+        with self._ctx.writes.clearing():
+            self._store.delete(self._folder)
+            self._ctx.usage.forget(self._folder)
 
 
 class AsyncMemorizedFunc(MemorizedFunc[P, R]):

@@ -428,23 +428,23 @@ class Memory:
         )
 
     def clear(self, warn: bool = True) -> None:
-        """Remove every cached result of this location (other files there, such as
-        dataset packs, stay). On a shared cache, the other machines stop serving
-        their local copies (see :mod:`mlcache.store.fsspec`), and the record of
-        the key that signs its entries is forgotten (the next result stored
-        records its own); one that cannot be reached raises
-        :class:`~mlcache.errors.StoreError` naming its URL."""
+        """Remove every cached result of this location (other files, such as dataset packs,
+        stay; a cache that became read-only warns and keeps them). On a shared cache, the other
+        machines stop serving their local copies (:mod:`mlcache.store.fsspec`) and the key that
+        signs its entries is forgotten (the next result stored records its own); one that cannot
+        be reached raises :class:`~mlcache.errors.StoreError` naming its URL."""
         ctx = self.context
         if ctx is None or ctx.writes.cannot_clear():
             return
         if warn and self._verbose:
             logger_for(self._verbose).info("[Memory] clearing the whole cache at %s", self.location)
-        for folder in {entry_folder(e.name) for e in cached_objects(ctx.store)}:
-            ctx.store.delete(folder)
-        ctx.usage.forget()
-        if ctx.shared is not None:
-            ctx.shared.new_generation(forget_signer=True)
-            ctx.writes.forget_signer()
+        with ctx.writes.clearing():
+            for folder in {entry_folder(e.name) for e in cached_objects(ctx.store)}:
+                ctx.store.delete(folder)
+            ctx.usage.forget()
+            if ctx.shared is not None:
+                ctx.shared.new_generation(forget_signer=True)
+                ctx.writes.forget_signer()
 
     def reduce_size(
         self,
@@ -576,21 +576,17 @@ _memory: Memory | None = None
 
 def default_memory() -> Memory:
     """The process-wide default Memory, created on first use (quiet: ``verbose=0``);
-    one that does not cache, with one warning, when its folder cannot be made (it
-    comes from the environment, not from the code: a script must still run)."""
+    one that does not cache (warned) when its folder, from the environment, cannot be made."""
     global _memory
     with _lock:
         location = os.path.abspath(default_location())
         if _memory is None or _memory.location != location:
             try:
                 _memory = Memory(location, verbose=0)
-            except StoreError as exc:
-                env = os.environ.get("MLCACHE_DIR")
-                source = "$MLCACHE_DIR" if env else "the user cache folder"
+            except StoreError as exc:  # not the code's mistake: the script must still run
                 warn_at_user(
-                    f"mlcache: the default cache ({source}) cannot be used: {exc}; the "
-                    "functions of mlcache.cache run uncached (set MLCACHE_DIR to a folder "
-                    "this user can write)"
+                    f"mlcache: the default cache ($MLCACHE_DIR, else the user cache folder) "
+                    f"cannot be used: {exc}; the functions of mlcache.cache run uncached"
                 )
                 return Memory(None, verbose=0)
         return _memory
