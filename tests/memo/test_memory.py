@@ -620,6 +620,24 @@ def test_clear_on_a_cache_that_became_read_only_warns_and_keeps_its_results(mem,
     assert f.check_call_in_cache(1) and f(1) == 2.0
 
 
+def test_a_cache_remounted_read_only_with_a_size_limit_says_one_warning(tmpfs):
+    """A cache with ``bytes_limit`` whose file system is remounted read-only while
+    the process runs: a miss is returned with ONE warning naming the cause (the
+    write's), not a second one for the size counter the same cause refused.
+    Before: "could not enforce bytes_limit (Read-only file system)" as well."""
+    CALLS.clear()
+    mem = Memory(tmpfs / "cache", verbose=0, bytes_limit="1M")
+    f = mem.cache(double)
+    assert f(1) == 2.0
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert f(2) == 4.0 and f(1) == 2.0
+    ours = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(ours) == 1 and os.strerror(errno.EROFS) in ours[0], ours
+    assert len(CALLS) == 2  # f(1) still hits
+
+
 def test_a_cache_folder_removed_while_its_memory_lives_is_made_again(tmp_path):
     """``rm -rf cache/`` beside a notebook kernel holding the Memory: the next call
     computes, stores (no warning: warnings are errors here) and the one after hits,

@@ -360,19 +360,22 @@ class MemorizedFunc(Generic[P, R]):
         if limit is not None and plan.size > limit:
             self._warn_unstored(f"({plan.size} bytes) is larger than bytes_limit ({limit})")
             return None
-        guard = ctx.guard
+        guard, unenforced = ctx.guard, None
         if guard is not None:
             try:
                 # room first: with many writers the cache never passes the limit
                 guard.reserve(name, plan.size)
-            except Exception as exc:  # eviction failed: store anyway, say so
-                warn(f"mlcache: could not enforce bytes_limit ({exc})", stacklevel=4)
+            except Exception as exc:  # eviction failed: store anyway, say so once stored
+                unenforced = exc
         try:
             with self._store.write(name) as f:
                 plan.write(f)
         except Exception as exc:  # disk full, permissions, a folder in the way...
+            # one warning: what refused the write (a read-only remount) refused the limit
             self._warn_unstored(f"could not be stored in {self.memory.location} ({exc})")
             return None
+        if unenforced is not None:
+            warn(f"mlcache: could not enforce bytes_limit ({unenforced})", stacklevel=4)
         self._code.write_manifest()
         return info
 
