@@ -247,3 +247,23 @@ def test_a_class_attribute_the_cached_call_sets_itself_is_its_state(tmp_path, mo
     f = Memory(tmp_path, verbose=0).cache(_tallied)
     assert [f(5), f(5), f(5)] == [4, 4, 4]
     assert RAN == [("tallied", 5)] and Tally.calls == 1
+
+
+CLASS_SCRIPT = (
+    SCRIPT.replace("SIZE = 2\n", "class Cfg:\n    size = 2\n")
+    .replace("x * SIZE", "x * Cfg.size")
+    .replace("        SIZE = 3\n", "        Cfg.size = 3\n")
+)
+
+
+def test_a_result_computed_after_a_class_attribute_is_set_is_not_served_to_the_old_value(
+    tmp_path,
+):
+    """The same with ``Cfg.size = 3`` in the loop. Before: the sweep stored 6 under
+    the key of ``size = 2``, and the next run was served 6 for 4."""
+    assert "Cfg.size = 3" in CLASS_SCRIPT and "x * Cfg.size" in CLASS_SCRIPT
+    folder = ScriptFolder(tmp_path)
+    folder.write("sweep.py", CLASS_SCRIPT)
+    assert folder.execute("sweep.py", "sweep").stdout.split() == ["2", "6"]
+    assert folder.execute("sweep.py", "again").stdout.split() == ["4"]
+    assert folder.logged() == ["computed2"]
