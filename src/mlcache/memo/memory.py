@@ -403,15 +403,12 @@ class Memory:
             raise TypeError(f"Memory.cache expects a callable, got {type(func).__name__}: {func!r}")
         is_async = inspect.iscoroutinefunction(func)
         generates = inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
-        if generates and self.store is not None:
-            # a generator is consumed once and cannot be stored: the function runs
-            # uncached (as joblib, which fails to pickle each generator), rather
-            # than breaking the user's code where it is decorated
+        if generates and self.store is not None:  # uncached, as joblib (never a crash)
+            name = getattr(func, "__qualname__", func)
             warn_at_user(
-                f"mlcache: cannot memoize the generator function "
-                f"{getattr(func, '__qualname__', func)}: a generator is consumed once and "
-                "cannot be stored, so it runs uncached; return a list instead (e.g. a "
-                "helper that returns list(generator(...)))"
+                f"mlcache: cannot memoize the generator function {name}: a generator is "
+                "consumed once and cannot be stored, so it runs uncached; return a list "
+                "instead (e.g. a helper that returns list(generator(...)))"
             )
         if self.store is None or generates:
             return (AsyncNotMemorizedFunc if is_async else NotMemorizedFunc)(func)
@@ -428,11 +425,10 @@ class Memory:
         )
 
     def clear(self, warn: bool = True) -> None:
-        """Remove every cached result of this location (other files, such as dataset packs,
-        stay; a cache that became read-only warns and keeps them). On a shared cache, the other
-        machines stop serving their local copies (:mod:`mlcache.store.fsspec`) and the key that
-        signs its entries is forgotten (the next result stored records its own); one that cannot
-        be reached raises :class:`~mlcache.errors.StoreError` naming its URL."""
+        """Remove every cached result of this location (dataset packs stay; a cache that
+        became read-only warns and keeps them). On a shared cache, the other machines stop
+        serving their local copies (:mod:`mlcache.store.fsspec`) and the key that signs its
+        entries is forgotten; one that cannot be reached raises :class:`StoreError`."""
         ctx = self.context
         if ctx is None or ctx.writes.cannot_clear():
             return
@@ -593,9 +589,8 @@ def default_memory() -> Memory:
 
 
 def cache(func: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
-    """Memoize ``func`` in the default cache (``$MLCACHE_DIR`` or the user cache folder).
-
-    Same options as :meth:`Memory.cache`.
+    """Memoize ``func`` in the default cache (``$MLCACHE_DIR`` or the user cache
+    folder), with the options of :meth:`Memory.cache`.
 
     >>> import mlcache
     >>> @mlcache.cache  # doctest: +SKIP
