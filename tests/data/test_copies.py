@@ -311,3 +311,58 @@ def test_a_name_load_item_rebinds_later_in_the_epoch_is_its_state(
     ds = Flagging(6, cache_dir=tmp_path)
     assert _xs(ds) == [[i] * 2 for i in range(6)]
     assert isinstance(ds.packed, PackedDataset)
+
+
+#: a handle opened lazily: by ``source_items`` (Listed) or by a DataLoader's
+#: ``worker_init_fn`` in each worker (set by the test)
+_HANDLE: Any = None
+
+
+class Handle:
+    def scale(self) -> int:
+        return 2
+
+
+class Listed(Sized):
+    def source_items(self) -> range:
+        global _HANDLE
+        if _HANDLE is None:
+            _HANDLE = Handle()
+        return range(self.n)
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        return {"x": np.full(_HANDLE.scale(), i)}
+
+
+@pytest.mark.parametrize("fill", ["as-read", "up-front"])
+def test_a_handle_opened_lazily_is_the_datasets_own_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fill: str
+) -> None:
+    """``_DB = None`` at import, opened by ``source_items`` (after the code walk of
+    the open) or by a ``worker_init_fn``: no rebinding of the open's values. Before
+    (the review), the up-front fill raised ``Rebound`` out of the constructor and
+    the fill as read went unstored with a warning (a warning fails the test)."""
+    monkeypatch.setattr(sys.modules[__name__], "_HANDLE", None)
+    ds = Listed(4, cache_dir=tmp_path, fill=fill)
+    assert _xs(ds) == [[i] * 2 for i in range(4)]
+    assert isinstance(ds.packed, PackedDataset)
+
+
+def test_a_handle_a_worker_init_fn_opens_is_the_datasets_own_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LMDB / HDF5 recipe: ``load_item`` reads a global handle that each
+    DataLoader worker's ``worker_init_fn`` opens (None before). Before (the review),
+    every worker warned and loaded unstored at every epoch."""
+    monkeypatch.setattr(sys.modules[__name__], "_HANDLE", None)
+    ds = Opened(4, cache_dir=tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "_HANDLE", Handle())  # worker_init_fn
+    assert _xs(ds) == [[i] * 2 for i in range(4)]
+    assert isinstance(ds.packed, PackedDataset)
+
+
+class Opened(Sized):
+    """Reads the handle a ``worker_init_fn`` opens (the LMDB / HDF5 recipe)."""
+
+    def load_item(self, i: int) -> dict[str, Any]:
+        return {"x": np.full(_HANDLE.scale(), i)}

@@ -502,7 +502,6 @@ class PackBuilder(BuildLearning):
         ``self._filler`` serves the samples, from the records or loaded."""
         missing = filler.missing
         if missing:
-            filler.check_bound()  # SIZE = 3 since the open: not loaded for this pack
             refuse_in_bootstrap(type(self))
             items = [filler.items[i] for i in missing]
             # in this process when workers would not pay (or cannot: a daemon)

@@ -449,7 +449,8 @@ class CachedDataset(OpenItems, PackBuilder, Copies, Sequence[Any]):
             self._rechecked()
         filler = self._filler
         if self._pack is None and filler is not None:
-            try:
+            try:  # (at the open, what the open rebinds is the dataset's: no check)
+                filler.check_bound()
                 sealed = filler.sealed or self._fill_now(filler, False)
             except Rebound as exc:  # SIZE = 3 since the open: unstored loads
                 return self._rebound(exc.args[0])  # type: ignore[return-value]
@@ -586,11 +587,10 @@ class CachedDataset(OpenItems, PackBuilder, Copies, Sequence[Any]):
         # (see PackedDataset.__reduce__), even if the pack was rebuilt since
         state["_pack"] = self._pack if spawning_worker() else None
         state["_watched"] = ()  # module-level values, met through the class's code
-        state.pop("_watched_before", None)  # a snapshot of them
-        state.pop("_record", None)  # a file and a thread of this process
-        state.pop("_listed", None)  # the items of an open going on: listed anew there
-        for name in ("_listing_once", "_recheck_lock", "_bindings"):  # this process's
+        # this process's: a snapshot, namespaces, a file, a thread, an open's items, locks
+        for name in ("_watched_before", "_bindings", "_record", "_listed", "_listing_once"):
             state.pop(name, None)
+        state.pop("_recheck_lock", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

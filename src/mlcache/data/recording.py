@@ -106,10 +106,17 @@ class RecordWriting:
 
     def check_bound(self) -> None:
         """Raise :class:`Rebound` when a name the code reads was rebound since the
-        open (see ``bindings``): no sample loaded now is the pack's."""
+        open (see ``bindings``): no sample loaded now is the pack's. A name that
+        held None is initialised lazily (``_DB = sqlite3.connect(...)`` in
+        ``source_items``, a DataLoader ``worker_init_fn`` opening an LMDB or HDF5
+        file in each worker): the dataset's own state, as what ``load_item`` binds."""
         names = rebound_names(self.bindings)
-        if names:
-            raise Rebound(sorted(name for _, name in names))
+        if not names:
+            return
+        lazy = {(id(ns), n) for ns, n, held in self.bindings if held is None}
+        if names - lazy:
+            raise Rebound(sorted(name for _, name in names - lazy))
+        self.own_rebound()
 
     def own_rebound(self) -> None:
         """After loads: a name that names another value now was rebound by
