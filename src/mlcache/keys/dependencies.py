@@ -15,6 +15,7 @@ effect; reading it has none).
 
 from __future__ import annotations
 
+import builtins
 import functools
 import gc
 import importlib.util
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 _MISSING = object()
+#: Python's builtins, by name
+_BUILTINS = frozenset(vars(builtins))
 #: a module-level name the walked code reads: its namespace (a module's dict, a
 #: class's view), the name, and what it named then (or ``_MISSING``)
 Binding = tuple[Mapping[str, Any], str, Any]
@@ -375,7 +378,12 @@ class DependencyWalk:
     def _bind(self, namespace: Mapping[str, Any], name: str, obj: Any) -> None:
         """``name`` of the module ``namespace`` named ``obj`` when the code was
         walked: rebound later (``SIZE = 3`` in a notebook cell, a helper defined
-        again), the version is no longer the code's (see :func:`rebound`)."""
+        again), the version is no longer the code's (see :func:`rebound`). Each is
+        checked at every call (and every read of a dataset being filled), so a
+        module (``np``, ``os``: imported once) and a builtin no module defines
+        (``len``) are not."""
+        if isinstance(obj, types.ModuleType) or (obj is _MISSING and name in _BUILTINS):
+            return
         self.bindings.setdefault((id(namespace), name), (namespace, name, obj))
 
     def all_bindings(self) -> tuple[Binding, ...]:
