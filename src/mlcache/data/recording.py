@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import warn_at_user
-from ..keys.dependencies import Binding, rebound_names
+from ..keys.dependencies import Binding, rebound_names, without
 from .layouts import SampleLayout
 from .records import NoRoom, Segment, encode_sample, record_head
 from .sealing import MISSING as _MISSING
@@ -122,8 +122,7 @@ class RecordWriting:
         """After loads: a name that names another value now was rebound by
         ``load_item`` itself (``global LOADS; LOADS += 1``, a warn-once flag): its
         state, not checked from now on."""
-        own = rebound_names(self.bindings)
-        self.bindings = tuple(b for b in self.bindings if (id(b[0]), b[1]) not in own)
+        self.bindings = without(self.bindings, rebound_names(self.bindings))
 
     def _found(self, key: bytes, fp: bytes, segment: int, offset: int) -> None:
         raise NotImplementedError

@@ -43,6 +43,9 @@ __all__ = [
     "is_code",
     "library_part",
     "module_file",
+    "rebound",
+    "rebound_names",
+    "without",
 ]
 
 _MISSING = object()
@@ -96,6 +99,11 @@ def class_namespace(klass: type) -> dict[str, Any]:
     if len(found) == 1 and type(found[0]) is dict:
         return found[0]
     return proxy  # type: ignore[return-value]  # a Mapping: .get is all a binding uses
+
+
+def without(bindings: tuple[Binding, ...], names: set[tuple[int, str]]) -> tuple[Binding, ...]:
+    """``bindings`` less those of ``names`` (namespace id, name: :func:`rebound_names`)."""
+    return tuple(b for b in bindings if (id(b[0]), b[1]) not in names)
 
 
 def call_target(func: Any) -> Any:

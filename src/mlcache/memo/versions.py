@@ -30,7 +30,7 @@ from .._util import slug
 from ..errors import EntryNotFound
 from ..keys.call import CallKeyer
 from ..keys.code_version import CodeVersion, code_version
-from ..keys.dependencies import Binding, rebound, rebound_names
+from ..keys.dependencies import Binding, rebound, rebound_names, without
 from ..keys.identity import call_state, target_function
 from ..keys.state import EPOCH, calls_in_flight, touched_since
 from ..store import EntryStat
@@ -190,9 +190,7 @@ class FunctionCode(StateLearning):
                     if name not in reads and attrs is not None and name not in attrs
                 }
                 self._own_bindings |= own
-                self.bindings = tuple(
-                    b for b in self.bindings if (id(b[0]), b[1]) not in self._own_bindings
-                )
+                self.bindings = without(self.bindings, self._own_bindings)
 
     # -- the code version -------------------------------------------------------------------
     def _code_ids(self) -> tuple[Any, ...]:
@@ -257,8 +255,7 @@ class FunctionCode(StateLearning):
             self.code_prefix = os.path.join(self.code_path, "")
         self._watched = code.watched
         self._watched_objs = tuple(v for _, v in code.watched)
-        own = self._own_bindings
-        self.bindings = tuple(b for b in code.bindings if (id(b[0]), b[1]) not in own)
+        self.bindings = without(code.bindings, self._own_bindings)
         self._global_reads = code.global_reads
         self._note_other_versions(version, code.parts)
         self._manifest = code.parts
